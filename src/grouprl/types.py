@@ -1,0 +1,101 @@
+"""Notation and the few dataclasses that cross folders.
+
+Shapes used in comments everywhere:
+
+- ``P``: prompts in a batch; ``G``: completions sampled per prompt (the group size);
+- ``N = P * G``: sequences; ``T``: completion tokens (padded).
+
+``rewards`` is a float tensor ``[P, G]``; NaN means missing or unscorable (see
+ALGORITHMS.md §0): NaN entries are left out of every statistic and get advantage 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Advantages", "Rollouts", "StepStats"]
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """The result of an advantage estimator (ALGORITHMS.md §0).
+
+    Attributes:
+        values: ``[P, G]`` advantage of each real sample; exactly 0 where the reward is NaN
+            and for groups that take no part in the update.
+        keep: ``[P]`` bool; False means the group takes no part in the loss, in the reward
+            branch **and** the KL branch (e.g. a one-bin group under the resolution protocol).
+        kl_weight: ``[P]`` multiplier on β for the group's KL term (1 unless a method says
+            otherwise, e.g. ``grpo_beta_comp``).
+        scale: ``[P]`` the denominator the method divided by (σ_q + eps for GRPO, s_q for
+            MaxNorm, 1 for RLOO / Dr.GRPO); the diagnostics read the tail of ``1/scale``.
+        stats: per-batch numbers the method wants logged (floats), e.g. AVSPO's trigger state.
+    """
+
+    values: torch.Tensor  # [P, G]
+    keep: torch.Tensor  # [P] bool
+    kl_weight: torch.Tensor  # [P]
+    scale: torch.Tensor  # [P]
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def per_sample(self) -> torch.Tensor:
+        """``[P*G]`` advantages flattened in row-major (prompt-major) order."""
+        return self.values.reshape(-1)
+
+    def sample_mask(self) -> torch.Tensor:
+        """``[P, G]`` bool: samples that take part in the loss (group kept)."""
+        return self.keep[:, None].expand_as(self.values)
+
+
+@dataclass
+class Rollouts:
+    """A batch of sampled completions, prompt-major: row ``p * G + g`` is sample g of prompt p.
+
+    Attributes:
+        prompt_ids: ``[N, Tp]`` left-padded prompt token ids.
+        prompt_mask: ``[N, Tp]`` 1 for real prompt tokens.
+        completion_ids: ``[N, T]`` right-padded completion token ids.
+        completion_mask: ``[N, T]`` 1 for real completion tokens (EOS included).
+        old_logp: ``[N, T]`` behaviour-policy log-probabilities of the completion tokens.
+        finish_reason: one of ``"stop"`` (EOS) or ``"length"`` (truncated) per sequence.
+        texts: decoded completions, one per sequence.
+        group_size: G.
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    old_logp: torch.Tensor
+    finish_reason: list[str]
+    texts: list[str]
+    group_size: int
+
+    @property
+    def num_prompts(self) -> int:
+        return self.completion_ids.shape[0] // self.group_size
+
+    @property
+    def truncated(self) -> torch.Tensor:
+        """``[N]`` bool: the completion hit the token limit before EOS."""
+        return torch.tensor([r == "length" for r in self.finish_reason], dtype=torch.bool)
+
+
+@dataclass
+class StepStats:
+    """Metrics of one optimizer step, as flat ``name -> float`` pairs with ``/`` namespaces.
+
+    The trainer writes one of these per step to ``metrics.jsonl``; sinks read the same dict.
+    """
+
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def update(self, prefix: str, values: dict[str, float]) -> None:
+        for key, value in values.items():
+            self.metrics[f"{prefix}/{key}" if prefix else key] = float(value)
