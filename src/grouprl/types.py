@@ -33,6 +33,10 @@ class Advantages:
         scale: ``[P]`` the denominator the method divided by (σ_q + eps for GRPO, s_q for
             MaxNorm, 1 for RLOO / Dr.GRPO); the diagnostics read the tail of ``1/scale``.
         stats: per-batch numbers the method wants logged (floats), e.g. AVSPO's trigger state.
+        updated: ``[P]`` bool, groups whose reward branch carries signal: kept and not
+            collapsed (σ_q >= tau on the statistics the estimator used, virtual samples
+            included). ``1/scale`` over these groups is the inverse-scale tail of the
+            diagnostics; collapsed groups keep the scale the method would have used.
     """
 
     values: torch.Tensor  # [P, G]
@@ -40,6 +44,7 @@ class Advantages:
     kl_weight: torch.Tensor  # [P]
     scale: torch.Tensor  # [P]
     stats: dict[str, float] = field(default_factory=dict)
+    updated: torch.Tensor | None = None  # [P] bool
 
     @property
     def per_sample(self) -> torch.Tensor:

@@ -77,3 +77,29 @@ def check_positive(name: str, value: float, *, allow_zero: bool = False) -> None
     if not ok:
         bound = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+def collapsed_mask(std: torch.Tensor, count: torch.Tensor, tau: float) -> torch.Tensor:
+    """``[P]`` bool: σ_q < tau or fewer than 2 valid rewards (ALGORITHMS.md §0).
+
+    Never ``σ == 0``: float32 noise makes a constant group's std slightly non-zero.
+    """
+    return (std < tau) | (count < 2)
+
+
+def zero_invalid(
+    values: torch.Tensor, valid: torch.Tensor, collapsed: torch.Tensor
+) -> torch.Tensor:
+    """``[P, G]``: exact zeros at NaN rewards and in collapsed groups."""
+    live = valid & ~collapsed[:, None]  # [P, G]
+    return torch.where(live, values, torch.zeros_like(values))
+
+
+def batch_std(values: torch.Tensor, valid: torch.Tensor, ddof: int = 1) -> torch.Tensor:
+    """Scalar std of the valid entries of a ``[P, G]`` tensor (0 when there are <= ddof)."""
+    n = valid.sum().to(values.dtype)
+    filled = torch.where(valid, values, torch.zeros_like(values))
+    mean = filled.sum() / n.clamp_min(1)
+    dev = torch.where(valid, values - mean, torch.zeros_like(values))
+    var = dev.square().sum() / (n - ddof).clamp_min(1)
+    return torch.where(n > ddof, var.sqrt(), torch.zeros_like(var))

@@ -1,0 +1,195 @@
+"""Baseline-and-scale estimators: grpo, dr_grpo, rloo, batch_std, reinforce_pp,
+grpo_beta_comp, is_grpo (ALGORITHMS.md §1).
+
+Every function maps ``rewards [P, G]`` (NaN = missing) and its validity mask to an
+:class:`~grouprl.types.Advantages`. Shared rules (§0): NaN entries are left out of every
+statistic and get advantage 0; a group with σ_q < ``tau`` or fewer than 2 valid rewards
+gets advantage exactly 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    collapsed_mask,
+    group_mean,
+    group_std,
+    zero_invalid,
+)
+from grouprl.advantages._groups import (
+    batch_std as _batch_std,
+)
+from grouprl.types import Advantages
+
+GRPO_EPS = 1e-6
+"""GRPO's std epsilon: 1e-6 as verl's ``compute_grpo_outcome_advantage`` (TRL uses 1e-4)."""
+
+DEFAULT_DDOF = 1
+"""Bessel-corrected std (``torch.std`` default) as TRL and verl use."""
+
+
+def _result(
+    values: torch.Tensor,
+    valid: torch.Tensor,
+    collapsed: torch.Tensor,
+    scale: torch.Tensor,
+    kl_weight: torch.Tensor | None = None,
+    **stats: float,
+) -> Advantages:
+    p = values.shape[0]
+    ones = torch.ones(p, dtype=values.dtype, device=values.device)
+    return Advantages(
+        values=zero_invalid(values, valid, collapsed),
+        keep=torch.ones(p, dtype=torch.bool, device=values.device),
+        kl_weight=ones if kl_weight is None else kl_weight,
+        scale=scale,
+        stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
+        updated=~collapsed,
+    )
+
+
+def _moments(rewards, valid, ddof, tau):
+    n = valid.sum(dim=1)  # [P]
+    mean = group_mean(rewards, valid)  # [P]
+    std = group_std(rewards, valid, mean, ddof=ddof)  # [P]
+    return n, mean, std, collapsed_mask(std, n, tau)
+
+
+def grpo(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    eps: float = GRPO_EPS,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """GRPO: (r_i − r̄_q) / (σ_q + eps), σ with ``ddof`` (DeepSeekMath; verl, TRL).
+
+    ``eps`` 1e-6 follows verl (TRL: 1e-4); ``ddof`` 1 both. scale = σ_q + eps.
+    """
+    _, mean, std, collapsed = _moments(rewards, valid, ddof, tau)
+    scale = std + eps  # [P]
+    values = (rewards - mean[:, None]) / scale[:, None]  # [P, G]
+    return _result(values, valid, collapsed, scale)
+
+
+def dr_grpo(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """Dr.GRPO: r_i − r̄_q, no std division (Liu et al. 2025, "Understanding R1-Zero"). scale = 1.
+
+    ``ddof`` only enters the collapse test σ_q < tau.
+    """
+    _, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
+    values = rewards - mean[:, None]  # [P, G]
+    return _result(values, valid, collapsed, torch.ones_like(mean))
+
+
+def rloo(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """RLOO: r_i − mean_{j≠i} r_j = n/(n−1)·(r_i − r̄_q), n the valid count (verl, OpenRLHF).
+
+    scale = 1 (ALGORITHMS.md §1). Groups with n < 2 get 0 (no leave-one-out baseline).
+    """
+    n, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
+    nf = n.to(rewards.dtype)
+    factor = nf / (nf - 1).clamp_min(1)  # [P]
+    values = factor[:, None] * (rewards - mean[:, None])  # [P, G]
+    return _result(values, valid, collapsed, torch.ones_like(mean))
+
+
+def batch_std(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    eps: float = GRPO_EPS,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """Global normalisation: (r_i − r̄_q) / (σ_batch + eps), σ over every valid reward.
+
+    TRL ``scale_rewards="batch"``. Collapsed groups (σ_q < tau) still get 0. scale = σ_batch + eps
+    for every group.
+    """
+    _, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
+    sigma = _batch_std(rewards, valid, ddof=ddof) + eps  # []
+    values = (rewards - mean[:, None]) / sigma  # [P, G]
+    return _result(values, valid, collapsed, sigma.expand_as(mean).clone())
+
+
+def reinforce_pp(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    eps: float = GRPO_EPS,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """REINFORCE++-baseline: u = r_i − r̄_q, then (u − mean_B u) / (std_B u + eps) over the batch.
+
+    verl ``reinforce_plus_plus_baseline`` whitens over *tokens* (long answers weigh more); we
+    whiten over valid samples [OURS], so the estimator needs no lengths. Collapsed groups take
+    part in the batch statistics (their u is 0) but get advantage 0. scale = std_B u + eps.
+    """
+    _, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
+    u = torch.where(valid, rewards - mean[:, None], torch.zeros_like(rewards))  # [P, G]
+    n = valid.sum().to(rewards.dtype)
+    mu_b = u.sum() / n.clamp_min(1)
+    sigma = _batch_std(u, valid, ddof=ddof) + eps
+    values = (u - mu_b) / sigma  # [P, G]
+    return _result(values, valid, collapsed, sigma.expand_as(mean).clone())
+
+
+def grpo_beta_comp(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    eps: float = GRPO_EPS,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """GRPO advantages with kl_weight_q = 1/(σ_q + eps): KL rescaled like the reward branch.
+
+    [OURS] from the MaxNorm paper's "GRPO+β_q-comp" baseline: the reward and KL branches keep
+    their cardinal ratio, while the prompt weight 1/σ_q stays unbounded. A collapsed group
+    keeps kl_weight = 1.
+    """
+    out = grpo(rewards, valid, eps=eps, ddof=ddof, tau=tau)
+    collapsed = ~out.updated
+    kl_weight = torch.where(collapsed, torch.ones_like(out.scale), 1.0 / out.scale)  # [P]
+    return Advantages(out.values, out.keep, kl_weight, out.scale, out.stats, out.updated)
+
+
+def is_grpo(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    eps: float = GRPO_EPS,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """IS-GRPO: (σ_q / mean_{q'} σ_{q'}) · (r_i − r̄_q)/(σ_q + eps), mean over non-collapsed groups.
+
+    [OURS] reconstruction of "Why GRPO needs normalization" (IS-GRPO): re-weighting each
+    prompt by σ_q/σ̄ undoes GRPO's per-prompt 1/σ_q so that the expected update is parallel to
+    the full gradient, with the batch-level σ̄ keeping the step size normalised. With no
+    non-collapsed group every advantage is 0. scale = (σ_q + eps)·σ̄/σ_q.
+    """
+    _, mean, std, collapsed = _moments(rewards, valid, ddof, tau)
+    live = (~collapsed).to(rewards.dtype)  # [P]
+    sigma_bar = (std * live).sum() / live.sum().clamp_min(1)  # []
+    weight = std / sigma_bar.clamp_min(torch.finfo(rewards.dtype).tiny)  # [P]
+    values = weight[:, None] * (rewards - mean[:, None]) / (std + eps)[:, None]  # [P, G]
+    scale = torch.where(collapsed, std + eps, (std + eps) / weight.clamp_min(1e-30))
+    return _result(values, valid, collapsed, scale, sigma_bar=float(sigma_bar))

@@ -1,0 +1,194 @@
+"""Transforms that compose with any estimator (ALGORITHMS.md §2).
+
+Applied in this order by :func:`grouprl.advantages.compute`:
+resolution → virtual samples → estimator → focal weight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from grouprl.advantages._groups import DEFAULT_TAU, collapsed_mask, group_mean, group_std
+
+DEFAULT_DELTA_RES = 1e-2
+"""Resolution of a reward in [0, 1] (MaxNorm paper's Reward-Resolution Protocol)."""
+
+VIRTUAL_MODES = ("symmetric", "paper", "code")
+
+
+# --------------------------------------------------------------------------- resolution
+def resolution(
+    rewards: torch.Tensor, valid: torch.Tensor, delta_res: float = DEFAULT_DELTA_RES
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reward-Resolution Protocol: merge sub-resolution gaps, skip one-bin groups.
+
+    MaxNorm paper (seed text) + [OURS] binning rule: sort each group's valid rewards; a new
+    bin starts where the gap to the previous reward is ``>= delta_res`` (single linkage, so
+    a chain of small gaps stays one bin); every reward becomes its bin's mean (the group mean
+    is unchanged). A group whose valid rewards fall in one bin (or that has none) gets
+    ``keep = False``: it is skipped for both the reward and the KL update.
+
+    Returns ``(binned_rewards [P, G], keep [P])``; NaN entries stay NaN.
+    """
+    p, g = rewards.shape
+    sorted_r, order = torch.sort(rewards, dim=1)  # NaN sort last  # [P, G]
+    sorted_valid = torch.gather(valid, 1, order)  # [P, G]
+    gaps = sorted_r[:, 1:] - sorted_r[:, :-1]  # [P, G-1]
+    new_bin = (gaps >= delta_res) & sorted_valid[:, 1:]  # [P, G-1]
+    bin_id = torch.cat([torch.zeros_like(new_bin[:, :1]), new_bin], 1).long().cumsum(1)  # [P, G]
+    flat = bin_id + torch.arange(p, device=rewards.device)[:, None] * g  # [P, G] global bin
+    w = sorted_valid.to(rewards.dtype)
+    filled = torch.where(sorted_valid, sorted_r, torch.zeros_like(sorted_r))
+    sums = torch.zeros(p * g, dtype=rewards.dtype, device=rewards.device)
+    counts = torch.zeros(p * g, dtype=rewards.dtype, device=rewards.device)
+    sums.scatter_add_(0, flat.reshape(-1), filled.reshape(-1))
+    counts.scatter_add_(0, flat.reshape(-1), w.reshape(-1))
+    means = (sums / counts.clamp_min(1)).reshape(p * g)[flat]  # [P, G] sorted order
+    binned_sorted = torch.where(sorted_valid, means, sorted_r)
+    binned = torch.empty_like(rewards).scatter_(1, order, binned_sorted)  # [P, G]
+    n_bins = (bin_id * sorted_valid).amax(dim=1) + 1  # [P]
+    keep = (n_bins > 1) & (valid.sum(dim=1) > 1)
+    return binned, keep
+
+
+# --------------------------------------------------------------------------- virtual samples
+@dataclass
+class VirtualTrigger:
+    """AVSPO's adaptive trigger threshold τ_adapt, carried across steps (ALGORITHMS.md §2).
+
+    Update (ACR paper + code): τ ← clip(τ + η·sign(ΔJ)·(ACR_t − τ), lo, hi), where ΔJ is the
+    change of an EMA of the batch mean reward ([OURS]: the EMA, decay ``ema_decay``, keeps
+    one noisy batch from flipping the sign). The first update only initialises the EMA.
+    Save it with ``state_dict()`` in checkpoints.
+    """
+
+    tau: float = 0.5
+    eta: float = 0.01
+    lo: float = 0.1
+    hi: float = 0.9
+    ema_decay: float = 0.9
+    reward_ema: float | None = None
+    steps: int = 0
+    last_delta: float = field(default=0.0)
+
+    def update(self, acr: float, mean_reward: float) -> float:
+        """Advance one step with the batch's ACR and mean reward; returns the new τ."""
+        if self.reward_ema is None:
+            self.reward_ema, delta = float(mean_reward), 0.0
+        else:
+            new = self.ema_decay * self.reward_ema + (1 - self.ema_decay) * float(mean_reward)
+            delta, self.reward_ema = new - self.reward_ema, new
+        sign = (delta > 0) - (delta < 0)
+        self.tau = min(self.hi, max(self.lo, self.tau + self.eta * sign * (acr - self.tau)))
+        self.last_delta = delta
+        self.steps += 1
+        return self.tau
+
+    def state_dict(self) -> dict[str, float | int | None]:
+        return {
+            "tau": self.tau,
+            "reward_ema": self.reward_ema,
+            "steps": self.steps,
+            "last_delta": self.last_delta,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tau = float(state["tau"])
+        self.reward_ema = None if state["reward_ema"] is None else float(state["reward_ema"])
+        self.steps = int(state["steps"])
+        self.last_delta = float(state.get("last_delta", 0.0))
+
+
+def virtual_count(g: int, acr: float, alpha: float = 0.5) -> int:
+    """K = max(1, min(G, ⌈G·ACR^α⌉)) virtual samples per triggered group (ACR paper, α = 0.5)."""
+    return max(1, min(g, math.ceil(g * acr**alpha - 1e-9)))
+
+
+def virtual_samples(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    mode: str = "symmetric",
+    tau_adapt: float = 0.5,
+    alpha: float = 0.5,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+    tau: float = DEFAULT_TAU,
+    ddof: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """AVSPO virtual samples: extra columns of rewards that enter the statistics only.
+
+    Returns ``(augmented [P, G+K], valid_aug [P, G+K], stats)``: the first G columns are the
+    real samples; the K virtual columns are NaN for groups that are not triggered. The
+    estimator runs on the augmented tensor and only the first G columns are kept, so virtual
+    rewards have no tokens and no gradient.
+
+    - ``"symmetric"`` ([OURS], default): triggered when the batch ACR_t > τ_adapt and
+      σ_q < tau. All-correct group → v_k = r_hi − (r_hi − r_lo)·k/K, all-wrong group →
+      v_k = r_lo + (r_hi − r_lo)·k/K, k = 1..K (for [0, 1] exactly ALGORITHMS.md's r_hi·(1 −
+      k/K) and k/K). Other collapsed groups (a constant strictly inside the range) are left.
+    - ``"paper"``: same trigger; v_1 = r_max, v_k = r_max·(1 − (k−1)/K), r_max the group's
+      max reward. Known defect, kept for comparison: an all-zero group stays collapsed
+      (every v_k = 0), and with K = 1 the virtual sample equals the group's value.
+    - ``"code"`` (what the authors' repository runs): only when every valid reward of the
+      whole batch is r_lo (or every one is r_hi), one virtual sample of the opposite value
+      is added to every group; τ_adapt is not used.
+    """
+    if mode not in VIRTUAL_MODES:
+        raise ValueError(f"unknown virtual mode {mode!r}; valid modes: {', '.join(VIRTUAL_MODES)}")
+    r_lo, r_hi = reward_range
+    p, g = rewards.shape
+    n = valid.sum(dim=1)  # [P]
+    mean = group_mean(rewards, valid)  # [P]
+    collapsed = collapsed_mask(group_std(rewards, valid, mean, ddof=ddof), n, tau) & (n > 0)
+    acr = float(collapsed.float().mean())
+    atol = 1e-6 * (r_hi - r_lo)
+    all_hi = collapsed & (mean >= r_hi - atol)  # [P]
+    all_lo = collapsed & (mean <= r_lo + atol)  # [P]
+    stats = {"virtual/acr": acr, "virtual/tau_adapt": float(tau_adapt)}
+
+    if mode == "code":
+        all_valid = rewards[valid]
+        batch_lo = bool((all_valid <= r_lo + atol).all())
+        batch_hi = bool((all_valid >= r_hi - atol).all())
+        k = 1
+        fill = r_hi if batch_lo else r_lo
+        triggered = torch.full((p,), batch_lo or batch_hi, dtype=torch.bool, device=rewards.device)
+        v = torch.full((p, k), fill, dtype=rewards.dtype, device=rewards.device)
+    else:
+        k = virtual_count(g, acr, alpha)
+        fire = acr > tau_adapt
+        kk = torch.arange(1, k + 1, dtype=rewards.dtype, device=rewards.device)  # [K]
+        if mode == "symmetric":
+            triggered = (all_hi | all_lo) & fire
+            down = r_hi - (r_hi - r_lo) * kk / k  # [K]
+            up = r_lo + (r_hi - r_lo) * kk / k  # [K]
+            v = torch.where(all_hi[:, None], down, up)  # [P, K]
+        else:  # paper
+            triggered = collapsed & fire
+            r_max = torch.where(valid, rewards, torch.full_like(rewards, -math.inf)).amax(1)
+            v = r_max[:, None] * (1 - (kk - 1) / k)  # [P, K]
+    v = torch.where(triggered[:, None], v, torch.full_like(v, float("nan")))
+    stats.update({"virtual/K": float(k), "virtual/triggered_frac": float(triggered.float().mean())})
+    augmented = torch.cat([rewards, v], dim=1)  # [P, G+K]
+    return augmented, torch.cat([valid, ~torch.isnan(v)], dim=1), stats
+
+
+# --------------------------------------------------------------------------- focal weight
+def focal_weight(
+    rewards: torch.Tensor,
+    valid: torch.Tensor,
+    gamma: float,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+) -> torch.Tensor:
+    """F-GRPO's per-group weight g_q = (1 − μ̂_q)^γ, μ̂_q = clip((r̄_q − r_lo)/(r_hi − r_lo), 0, 1).
+
+    F-GRPO (focal weight on high-success groups); γ = 0 gives 1 everywhere. Returns ``[P]``.
+    """
+    r_lo, r_hi = reward_range
+    mu = ((group_mean(rewards, valid) - r_lo) / (r_hi - r_lo)).clamp(0.0, 1.0)  # [P]
+    if gamma == 0:
+        return torch.ones_like(mu)
+    return (1.0 - mu).pow(gamma)
