@@ -30,6 +30,7 @@ from grouprl.advantages.transforms import (
 from grouprl.types import Advantages
 
 __all__ = [
+    "DEFAULT_DELTA_RES",
     "ESTIMATORS",
     "TRANSFORMS",
     "Advantages",
@@ -38,6 +39,7 @@ __all__ = [
     "focal_weight",
     "names",
     "resolution",
+    "transforms",
     "virtual_count",
     "virtual_samples",
 ]
