@@ -1,0 +1,308 @@
+"""Verifiers under a timeout: an exception, a hang or a crash is a counted NaN, never a 0.
+
+A reward that silently becomes 0 when the verifier fails drags every group baseline down
+and teaches the policy to avoid whatever made the verifier fail. Here each call of
+``verify_fn(completion, reference)`` runs in a forked worker process with a wall-clock
+deadline; the caller gets a float reward, or NaN with the reason when the verifier raised,
+hung, crashed its process, returned a non-number or a value outside ``reward_range``.
+NaN rewards are excluded from group baselines by ``grouprl.advantages.compute`` and counted
+in ``reward/unscorable_frac``. [OURS]
+
+Why processes and not threads or ``signal.alarm``: math-verify's sympy simplification can
+loop for minutes in pure Python or in C; a thread cannot be killed, and ``SIGALRM`` only
+works on the main thread of the main interpreter (the trainer may score from a thread).
+A worker process can always be killed (SIGKILL) and replaced. Workers are forked once per
+batch and reused for every item in it, so the per-item cost is one pipe round trip
+(tens of microseconds), not a fork. With the ``fork`` start method ``verify_fn`` and the
+batch are inherited, so lambdas and closures work; where only ``spawn`` exists (Windows)
+they must be picklable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+__all__ = [
+    "BatchScores",
+    "UnscorableError",
+    "safe_verify",
+    "score_batch",
+]
+
+VerifyFn = Callable[[str, Any], float]
+
+
+class UnscorableError(RuntimeError):
+    """Too large a share of a batch could not be scored: the run must stop, not learn from it."""
+
+
+@dataclass(frozen=True)
+class BatchScores:
+    """Rewards of one batch (NaN = unscorable) with the count and a sample of the reasons.
+
+    ``rewards[i]`` belongs to ``completions[i]``. ``errors`` holds at most ``max_errors``
+    messages of the form ``"[i] reason"`` for the log; ``unscorable`` counts all of them.
+    """
+
+    rewards: list[float]
+    unscorable: int
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def unscorable_frac(self) -> float:
+        """Share of the batch that is NaN (0.0 for an empty batch)."""
+        return self.unscorable / len(self.rewards) if self.rewards else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """The numbers the trainer logs each step."""
+        return {
+            "reward/unscorable_frac": self.unscorable_frac,
+            "reward/unscorable": float(self.unscorable),
+            "reward/verify_seconds": self.seconds,
+        }
+
+
+def _describe(exc: BaseException, limit: int = 300) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_value(value: Any, reward_range: tuple[float, float] | None) -> tuple[float, str | None]:
+    """A verifier's return value as a reward, or NaN with the reason it is not one."""
+    try:
+        reward = float(value)
+    except (TypeError, ValueError) as exc:
+        return math.nan, f"verifier returned {type(value).__name__}, not a number ({exc})"
+    if math.isnan(reward):
+        return math.nan, "verifier returned NaN (it could not score this completion)"
+    if math.isinf(reward):
+        return math.nan, f"verifier returned {reward}"
+    if reward_range is not None and not reward_range[0] <= reward <= reward_range[1]:
+        return math.nan, f"verifier returned {reward}, outside reward_range {reward_range}"
+    return reward, None
+
+
+def _worker_main(
+    conn: Connection,
+    verify_fn: VerifyFn,
+    completions: Sequence[str],
+    references: Sequence[Any],
+) -> None:
+    """Score the indices the parent sends until it sends None (runs in the child)."""
+    while True:
+        try:
+            index = conn.recv()
+        except (EOFError, OSError):
+            return
+        if index is None:
+            return
+        try:
+            value: Any = verify_fn(completions[index], references[index])
+            err = None
+        except BaseException as exc:  # the verifier is untrusted: anything it raises is data
+            value, err = math.nan, _describe(exc)
+        try:
+            conn.send((index, value, err))
+        except Exception as exc:  # an unpicklable return value
+            conn.send((index, math.nan, f"verifier result could not be sent: {_describe(exc)}"))
+
+
+def _context() -> mp.context.BaseContext:
+    """``fork`` where available (inherits unpicklable verifiers), else ``spawn``."""
+    methods = mp.get_all_start_methods()
+    return mp.get_context("fork" if "fork" in methods else "spawn")
+
+
+class _Worker:
+    """One verifier process and the item it is scoring."""
+
+    def __init__(self, ctx: mp.context.BaseContext, args: tuple) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, *args), daemon=True)
+        self.proc.start()
+        child.close()
+        self.index: int | None = None
+        self.deadline = math.inf
+
+    def submit(self, index: int, timeout_s: float) -> None:
+        self.index, self.deadline = index, time.monotonic() + timeout_s
+        self.conn.send(index)
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5.0)
+        self.conn.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(None)
+        self.proc.join(timeout=1.0)
+        self.kill()
+
+
+def _validate(
+    completions: Sequence[str],
+    references: Sequence[Any],
+    timeout_s: float,
+    max_unscorable_frac: float,
+) -> None:
+    if len(completions) != len(references):
+        raise ValueError(
+            f"score_batch: {len(completions)} completions but {len(references)} references; "
+            "pass one reference per completion (repeat each prompt's reference G times)."
+        )
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise ValueError(f"score_batch: timeout_s must be a positive number, got {timeout_s!r}.")
+    if not 0.0 <= max_unscorable_frac <= 1.0:
+        raise ValueError(
+            f"score_batch: max_unscorable_frac must be in [0, 1], got {max_unscorable_frac!r}."
+        )
+
+
+def score_batch(
+    verify_fn: VerifyFn,
+    completions: Sequence[str],
+    references: Sequence[Any],
+    *,
+    timeout_s: float = 10.0,
+    max_unscorable_frac: float = 0.5,
+    workers: int | None = None,
+    reward_range: tuple[float, float] | None = None,
+    max_errors: int = 5,
+) -> BatchScores:
+    """Score every completion with ``verify_fn`` under a per-call timeout; failures are NaN.
+
+    Each call gets ``timeout_s`` seconds of wall time in one of ``workers`` forked
+    processes (default ``min(4, cpu_count)``); a call that raises, hangs past its deadline
+    (its worker is killed and replaced), kills its worker, or returns a non-finite value or
+    one outside ``reward_range`` scores NaN and its reason goes into ``errors`` (first
+    ``max_errors``). A verifier that itself returns NaN ("could not score", e.g. the code
+    sandbox failed) is counted the same way. [OURS]
+
+    Raises UnscorableError when the NaN share exceeds ``max_unscorable_frac``: a verifier
+    that fails on most of a batch is broken, and training on the rest would be silent
+    selection bias. Pass ``max_unscorable_frac=1.0`` to never stop.
+    """
+    _validate(completions, references, timeout_s, max_unscorable_frac)
+    start = time.monotonic()
+    n = len(completions)
+    rewards = [math.nan] * n
+    reasons: dict[int, str] = {}
+    if n:
+        _run_workers(
+            verify_fn, completions, references, timeout_s, workers, reward_range, rewards, reasons
+        )
+    unscorable = sum(1 for r in rewards if math.isnan(r))
+    errors = [f"[{i}] {reasons[i]}" for i in sorted(reasons)[:max_errors]]
+    scores = BatchScores(rewards, unscorable, errors, time.monotonic() - start)
+    if scores.unscorable_frac > max_unscorable_frac:
+        raise UnscorableError(
+            f"{unscorable} of {n} completions ({scores.unscorable_frac:.0%}) could not be "
+            f"scored, above max_unscorable_frac={max_unscorable_frac}; first errors: "
+            f"{errors}. Fix the verifier (or raise its timeout_s={timeout_s}) before training."
+        )
+    return scores
+
+
+def _run_workers(
+    verify_fn: VerifyFn,
+    completions: Sequence[str],
+    references: Sequence[Any],
+    timeout_s: float,
+    workers: int | None,
+    reward_range: tuple[float, float] | None,
+    rewards: list[float],
+    reasons: dict[int, str],
+) -> None:
+    """Farm indices out to worker processes, killing and replacing any that time out."""
+    ctx = _context()
+    n_workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(completions)))
+    args = (verify_fn, completions, references)
+    pending = deque(range(len(completions)))
+    idle: list[_Worker] = []
+    busy: dict[Connection, _Worker] = {}
+    spawned = 0
+    retried: set[int] = set()
+    try:
+        while pending or busy:
+            while pending and (idle or spawned < n_workers):
+                if idle:
+                    worker = idle.pop()
+                else:
+                    worker, spawned = _Worker(ctx, args), spawned + 1
+                index = pending.popleft()
+                try:
+                    worker.submit(index, timeout_s)
+                except OSError:  # it died between two items: replace it, retry the item
+                    worker.kill()
+                    spawned -= 1
+                    if index in retried:
+                        reasons[index] = "verifier process died before it took the item"
+                    else:
+                        retried.add(index)
+                        pending.appendleft(index)
+                    continue
+                busy[worker.conn] = worker
+            now = time.monotonic()
+            next_deadline = min(w.deadline for w in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - now)):
+                worker = busy.pop(conn)
+                try:
+                    index, value, err = conn.recv()
+                except (EOFError, OSError):
+                    worker.kill()
+                    spawned -= 1
+                    reasons[worker.index] = (
+                        f"verifier process died (exit code {worker.proc.exitcode})"
+                    )
+                    continue
+                reward, bad = (math.nan, err) if err else _check_value(value, reward_range)
+                rewards[index] = reward
+                if bad:
+                    reasons[index] = bad
+                idle.append(worker)
+            now = time.monotonic()
+            for conn, worker in list(busy.items()):
+                if now >= worker.deadline:
+                    del busy[conn]
+                    worker.kill()
+                    spawned -= 1
+                    reasons[worker.index] = f"verifier timed out after {timeout_s:g} s"
+    finally:
+        for worker in idle + list(busy.values()):
+            worker.stop()
+
+
+def safe_verify(
+    verify_fn: VerifyFn,
+    completion: str,
+    reference: Any,
+    *,
+    timeout_s: float = 10.0,
+    reward_range: tuple[float, float] | None = None,
+) -> float:
+    """One verifier call under a timeout in a forked process: the reward, or NaN on failure.
+
+    Costs a fork per call; score many completions with ``score_batch`` instead.
+    """
+    scores = score_batch(
+        verify_fn,
+        [completion],
+        [reference],
+        timeout_s=timeout_s,
+        max_unscorable_frac=1.0,
+        workers=1,
+        reward_range=reward_range,
+    )
+    return scores.rewards[0]
