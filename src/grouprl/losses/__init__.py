@@ -1,0 +1,55 @@
+"""Losses, split into independent axes (ALGORITHMS.md §3): surrogate × aggregation × KL × filters.
+
+Token tensors are ``[N, T]`` (N = P·G sequences, prompt-major), advantages ``[N]``::
+
+    from grouprl import losses
+    per_token, stats = losses.surrogate("ppo_clip", logp, old_logp, adv, mask,
+                                        eps_low=0.2, eps_high=0.28)
+    loss = losses.aggregate("token_mean", per_token, mask)        # or with StepTotals
+    kl = losses.kl("k3", logp, ref_logp)                           # per token
+    out = losses.objective(logp, old_logp, adv, mask, surrogate="cispo", beta=0.04,
+                           ref_logp=ref_logp, kl_weight=w, keep=keep, totals=totals)
+    out.loss.backward()
+
+Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``; batch filters in
+:mod:`grouprl.losses.filters`.
+"""
+
+from grouprl.losses import filters
+from grouprl.losses.aggregation import (
+    AGGREGATIONS,
+    StepTotals,
+    aggregate,
+    seq_mean_token_mean,
+    seq_mean_token_sum_norm,
+    step_totals,
+    token_mean,
+)
+from grouprl.losses.kl import KL_ESTIMATORS, k1, k2, k3, kl, token_entropy
+from grouprl.losses.objective import Objective, objective
+from grouprl.losses.surrogates import SURROGATES, cispo, gspo, ppo_clip, reinforce, surrogate
+
+__all__ = [
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "SURROGATES",
+    "Objective",
+    "StepTotals",
+    "aggregate",
+    "cispo",
+    "filters",
+    "gspo",
+    "k1",
+    "k2",
+    "k3",
+    "kl",
+    "objective",
+    "ppo_clip",
+    "reinforce",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+    "step_totals",
+    "surrogate",
+    "token_entropy",
+    "token_mean",
+]

@@ -1,0 +1,210 @@
+"""Loss aggregation: per-token losses ``[N, T]`` -> one scalar (ALGORITHMS.md §3).
+
+The normaliser must span the whole optimizer step. With gradient accumulation a step is
+split into micro-batches; normalising each micro-batch by its own token count and averaging
+is *not* the token mean of the step (verl #5625, #7321, #3741; TRL #3178). Here the caller
+builds :class:`StepTotals` once from every micro-batch mask of the step (:func:`step_totals`)
+and passes it to each :func:`aggregate` call; the sum of the micro-batch losses (no extra
+division by the number of micro-batches) then equals the loss of the whole step computed as
+one batch, to float precision::
+
+    totals = losses.step_totals([mb.mask for mb in micro_batches])
+    for mb in micro_batches:
+        loss = losses.aggregate("token_mean", per_token(mb), mb.mask, totals)
+        loss.backward()            # gradients add up to the one-batch gradient
+
+Without ``totals`` the normaliser is the given batch's own (one batch = one step).
+
+Sequences whose mask is all zero (e.g. groups with ``keep = False``, whose rows the
+objective masks out) count in no normaliser, as verl's ``agg_loss`` excludes fully masked
+sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "AGGREGATIONS",
+    "StepTotals",
+    "aggregate",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+    "step_totals",
+    "token_mean",
+]
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Counts over the whole optimizer step that fix every aggregation's normaliser.
+
+    Attributes:
+        num_tokens: valid tokens in the step (``token_mean``'s denominator).
+        num_seqs: sequences with at least one valid token (the ``seq_mean_*`` denominator).
+        max_len: L_max of ``seq_mean_token_sum_norm`` (Dr.GRPO's constant). Dr.GRPO and TRL use
+            the generation limit ``max_completion_length``; verl uses the padded width of the
+            mask unless ``loss_scale_factor`` is set. Give the generation limit for a
+            normaliser that stays constant across steps.
+    """
+
+    num_tokens: float
+    num_seqs: float
+    max_len: float
+
+    @property
+    def is_empty(self) -> bool:
+        """True when the step has no valid token: skip the optimizer step."""
+        return self.num_tokens <= 0 or self.num_seqs <= 0
+
+
+def step_totals(
+    masks: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    keep: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    max_len: int | None = None,
+) -> StepTotals:
+    """Build :class:`StepTotals` from the masks of every micro-batch of one optimizer step.
+
+    ``masks``: one ``[N, T]`` mask or a list of micro-batch masks (widths may differ).
+    ``keep``: optional ``[N]`` bool per mask (or list); rows with ``keep = False`` are left
+    out of the counts, as :func:`grouprl.losses.objective` masks them out of the loss.
+    ``max_len``: L_max for ``seq_mean_token_sum_norm``; default the widest mask
+    (verl's default); pass the generation limit to match TRL / Dr.GRPO.
+    """
+    mask_list = [masks] if isinstance(masks, torch.Tensor) else list(masks)
+    if not mask_list:
+        raise ValueError("step_totals needs at least one mask")
+    if keep is None:
+        keep_list: list[torch.Tensor | None] = [None] * len(mask_list)
+    else:
+        keep_list = [keep] if isinstance(keep, torch.Tensor) else list(keep)
+        if len(keep_list) != len(mask_list):
+            raise ValueError(f"got {len(mask_list)} masks but {len(keep_list)} keep tensors")
+    tokens = 0.0
+    seqs = 0.0
+    width = 0
+    for m, k in zip(mask_list, keep_list):
+        if m.dim() != 2:
+            raise ValueError(f"each mask must be [N, T], got shape {tuple(m.shape)}")
+        counts = m.bool().sum(dim=-1)  # [N]
+        if k is not None:
+            if k.shape != counts.shape:
+                raise ValueError(
+                    f"keep must be [N]={tuple(counts.shape)} for its mask, got {tuple(k.shape)}"
+                )
+            counts = counts * k.bool()
+        tokens += float(counts.sum())
+        seqs += float((counts > 0).sum())
+        width = max(width, m.shape[-1])
+    if max_len is not None:
+        if max_len < width:
+            raise ValueError(
+                f"max_len={max_len} is shorter than a mask ({width} tokens); it must be the "
+                "generation limit, at least the padded completion width"
+            )
+        width = max_len
+    return StepTotals(num_tokens=tokens, num_seqs=seqs, max_len=float(width))
+
+
+def _check(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    if per_token.dim() != 2 or per_token.shape != mask.shape:
+        raise ValueError(
+            f"per_token and mask must both be [N, T] of the same shape, got "
+            f"{tuple(per_token.shape)} and {tuple(mask.shape)}"
+        )
+    return mask.to(per_token.dtype)
+
+
+def _denominator(value: float, what: str) -> float:
+    if value <= 0:
+        raise ValueError(
+            f"the normaliser ({what}) is 0: no valid token in the batch/step; skip the step "
+            "(StepTotals.is_empty) instead of computing a 0/0 loss"
+        )
+    return value
+
+
+def _masked_sum(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # torch.where, not a product: a NaN at a padded position must not leak (NaN * 0 = NaN)
+    return torch.where(mask.bool(), per_token, torch.zeros_like(per_token))
+
+
+def token_mean(
+    per_token: torch.Tensor, mask: torch.Tensor, totals: StepTotals | None = None
+) -> torch.Tensor:
+    """Sum of the valid tokens' losses / the step's valid-token count (DAPO, CISPO, F-*).
+
+    Every token weighs the same, whatever its sequence's length (DAPO §3.3; verl
+    ``token-mean``; TRL ``loss_type="dapo"``, whose normaliser is also global).
+    """
+    m = _check(per_token, mask)
+    denom = totals.num_tokens if totals is not None else float(m.sum())
+    return _masked_sum(per_token, m).sum() / _denominator(denom, "valid tokens")
+
+
+def seq_mean_token_mean(
+    per_token: torch.Tensor, mask: torch.Tensor, totals: StepTotals | None = None
+) -> torch.Tensor:
+    """Mean over sequences of each sequence's token mean (GRPO, DeepSeekMath; TRL "grpo").
+
+    ``(1/S) Σ_i (1/|y_i|) Σ_t ℓ_it`` with S the step's sequences that have a valid token
+    (verl ``seq-mean-token-mean``). Long sequences weigh less per token (Dr.GRPO's critique).
+    """
+    m = _check(per_token, mask)
+    lengths = m.sum(dim=-1)  # [N]
+    seq = _masked_sum(per_token, m).sum(dim=-1) / lengths.clamp_min(1.0)  # [N]
+    denom = totals.num_seqs if totals is not None else float((lengths > 0).sum())
+    return seq.sum() / _denominator(denom, "sequences with a valid token")
+
+
+def seq_mean_token_sum_norm(
+    per_token: torch.Tensor, mask: torch.Tensor, totals: StepTotals | None = None
+) -> torch.Tensor:
+    """Sum of the valid tokens' losses / (sequences · L_max): Dr.GRPO's constant normaliser.
+
+    ``Σ_i Σ_t ℓ_it / (S · L_max)`` (Dr.GRPO, Liu et al. 2025; verl
+    ``seq-mean-token-sum-norm``; TRL ``loss_type="dr_grpo"`` with
+    ``L_max = max_completion_length``). Without ``totals``, L_max is the mask's padded width
+    (verl's default); set ``step_totals(..., max_len=generation_limit)`` for TRL's constant.
+    """
+    m = _check(per_token, mask)
+    if totals is not None:
+        seqs, width = totals.num_seqs, totals.max_len
+    else:
+        seqs, width = float((m.sum(dim=-1) > 0).sum()), float(m.shape[-1])
+    denom = _denominator(seqs, "sequences with a valid token") * width
+    return _masked_sum(per_token, m).sum() / denom
+
+
+AggregationFn = Callable[[torch.Tensor, torch.Tensor, "StepTotals | None"], torch.Tensor]
+
+AGGREGATIONS: dict[str, AggregationFn] = {
+    "token_mean": token_mean,
+    "seq_mean_token_mean": seq_mean_token_mean,
+    "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+}
+"""Aggregation name -> function ``(per_token [N, T], mask [N, T], totals) -> scalar``."""
+
+
+def aggregate(
+    name: str,
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    totals: StepTotals | None = None,
+) -> torch.Tensor:
+    """The scalar loss of ``per_token`` under the aggregation ``name`` (see AGGREGATIONS).
+
+    Pass the step's :class:`StepTotals` when a step spans several micro-batches; the
+    micro-batch losses then *sum* to the one-batch loss.
+    """
+    try:
+        fn = AGGREGATIONS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown aggregation {name!r}; valid aggregations: {', '.join(AGGREGATIONS)}"
+        ) from None
+    return fn(per_token, mask, totals)

@@ -1,0 +1,149 @@
+"""The full objective of one (micro-)batch in one call: surrogate + β·kl_weight·KL − c·entropy.
+
+``per_token = surrogate(A) + β·kl_weight_i·KL_t − entropy_coeff·H_t`` over the tokens of the
+sequences with ``keep = True``, aggregated with one aggregation (verl applies the same
+``loss_agg_mode`` to the policy, KL and entropy terms). The KL term is added *after* and
+*outside* the advantage: an estimator that divides A by a scale s_q (GRPO's σ, MaxNorm's
+s_q) never rescales the KL branch, and ``kl_weight`` (``Advantages.kl_weight``, 1 unless a
+method such as ``grpo_beta_comp`` says otherwise) is the only per-group knob on it
+(ALGORITHMS.md §0, §3). A group with ``keep = False`` takes part in neither branch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from grouprl.losses.aggregation import StepTotals, aggregate
+from grouprl.losses.kl import kl as kl_fn
+from grouprl.losses.surrogates import surrogate as surrogate_fn
+
+__all__ = ["Objective", "objective"]
+
+
+@dataclass
+class Objective:
+    """The result of :func:`objective`.
+
+    Attributes:
+        loss: scalar to ``backward()``: ``pg_loss + kl_loss − entropy_bonus``.
+        pg_loss: the aggregated reward (surrogate) branch, with its graph.
+        kl_loss: the aggregated ``β·kl_weight·KL`` branch, with its graph (0 when β = 0).
+        entropy_bonus: the aggregated ``entropy_coeff·H`` (0 when unused).
+        per_token: ``[N, T]`` the summed per-token objective (0 at masked / dropped tokens).
+        stats: floats: the surrogate's stats (ratio, clip fractions) plus ``pg_loss``,
+            ``kl_loss``, ``kl_mean`` (token mean of the raw KL estimate), ``entropy_mean``,
+            ``kept_frac`` (fraction of sequences kept). Loss values are this micro-batch's
+            contribution: with StepTotals they *sum* over micro-batches to the step's value;
+            means (ratio, kl_mean...) are over this micro-batch's kept tokens.
+    """
+
+    loss: torch.Tensor
+    pg_loss: torch.Tensor
+    kl_loss: torch.Tensor
+    entropy_bonus: torch.Tensor
+    per_token: torch.Tensor
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor:
+    if t is None:
+        return torch.ones(n, dtype=like.dtype, device=like.device)
+    if not isinstance(t, torch.Tensor) or t.shape != (n,):
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(
+            f"{name} must be [N]={n} (one value per sequence), got {got}; expand a per-group "
+            f"[P] tensor with .repeat_interleave(group_size)"
+        )
+    return t
+
+
+def objective(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    surrogate: str = "ppo_clip",
+    surrogate_params: Mapping[str, float] | None = None,
+    aggregation: str = "token_mean",
+    totals: StepTotals | None = None,
+    keep: torch.Tensor | None = None,
+    ref_logp: torch.Tensor | None = None,
+    kl: str = "k3",
+    beta: float = 0.0,
+    kl_weight: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    entropy_coeff: float = 0.0,
+) -> Objective:
+    """Surrogate + β·kl_weight·KL − entropy_coeff·H per token, aggregated, in one call.
+
+    Args:
+        logp, old_logp, mask: ``[N, T]`` as for :func:`grouprl.losses.surrogate`.
+        adv: ``[N]`` advantages (``Advantages.per_sample`` of a prompt-major batch).
+        surrogate, surrogate_params: the surrogate name and its keyword parameters.
+        aggregation, totals: the aggregation and the step's :class:`StepTotals` (build the
+            totals with ``step_totals(masks, keep=keeps)`` so dropped rows are not counted).
+        keep: ``[N]`` bool; False rows contribute to neither branch (``Advantages.keep``
+            expanded per sample). ``None`` keeps all.
+        ref_logp, kl, beta: reference log-probs, KL estimator and β; ``ref_logp`` is required
+            when β > 0.
+        kl_weight: ``[N]`` multiplier on β per sequence (``Advantages.kl_weight`` expanded).
+        entropy, entropy_coeff: ``[N, T]`` token entropies (:func:`token_entropy`) and the
+            bonus coefficient; the bonus is subtracted (higher entropy lowers the loss).
+
+    A micro-batch in which every row has ``keep = False`` returns a zero loss that is still
+    connected to ``logp`` (``backward()`` works and adds nothing).
+    """
+    if beta < 0 or entropy_coeff < 0:
+        raise ValueError(f"beta and entropy_coeff must be >= 0, got {beta} and {entropy_coeff}")
+    if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
+        raise ValueError("logp must be a [N, T] tensor")
+    n = logp.shape[0]
+    keep_t = _per_sample("keep", keep, n, logp).bool()
+    if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
+        raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}")
+    eff = mask.bool() & keep_t[:, None]  # [N, T]
+    any_kept = bool(eff.any())
+    sur_mask = eff if any_kept else mask  # validate the raw inputs when nothing is kept
+    per_token, stats = surrogate_fn(
+        surrogate, logp, old_logp, adv, sur_mask, **dict(surrogate_params or {})
+    )
+    eff_f = eff.to(per_token.dtype)
+    zero = logp.sum() * 0.0  # keeps the graph when nothing contributes
+    if not any_kept:
+        stats = {key: 0.0 for key in stats}
+        stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
+        return Objective(zero, zero, zero, zero, per_token * 0.0, stats)
+    total = per_token * eff_f
+    pg_loss = aggregate(aggregation, total, eff_f, totals)
+    kl_loss = zero
+    if beta > 0:
+        if ref_logp is None:
+            raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
+        w = _per_sample("kl_weight", kl_weight, n, logp).detach().to(per_token.dtype)
+        safe_logp = torch.where(eff, logp, torch.zeros_like(logp))
+        safe_ref = torch.where(eff, ref_logp, torch.zeros_like(ref_logp))
+        kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
+        kl_term = beta * w[:, None] * kl_tok
+        kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
+        total = total + kl_term
+        stats["kl_mean"] = float((kl_tok.detach()).sum() / eff_f.sum())
+    else:
+        stats["kl_mean"] = 0.0
+    ent_bonus = zero
+    if entropy is not None:
+        if entropy.shape != logp.shape:
+            raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
+        ent = torch.where(eff, entropy, torch.zeros_like(entropy))
+        stats["entropy_mean"] = float(ent.detach().sum() / eff_f.sum())
+        if entropy_coeff > 0:
+            ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
+            total = total - entropy_coeff * ent
+    stats["pg_loss"] = float(pg_loss.detach())
+    stats["kl_loss"] = float(kl_loss.detach())
+    stats["kept_frac"] = float(keep_t.float().mean())
+    loss = pg_loss + kl_loss - ent_bonus
+    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, stats)

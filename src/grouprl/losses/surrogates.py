@@ -1,0 +1,314 @@
+"""Policy-gradient surrogates: per-token losses to be minimised (ALGORITHMS.md §3).
+
+Every surrogate has the signature ``f(logp, old_logp, adv, mask, **params) -> (per_token,
+stats)``:
+
+- ``logp``: ``[N, T]`` log-probabilities of the sampled tokens under the current policy
+  (carries the gradient);
+- ``old_logp``: ``[N, T]`` the behaviour policy's log-probabilities (no gradient is taken
+  through it; ``None`` means on-policy, i.e. ``logp.detach()``);
+- ``adv``: ``[N]`` one advantage per sequence (a ``[N, T]`` per-token advantage is accepted
+  too, e.g. for PPO with a critic);
+- ``mask``: ``[N, T]`` 1 / True for real completion tokens.
+
+``per_token`` is ``[N, T]`` and exactly 0 at masked positions; turn it into a scalar with
+:func:`grouprl.losses.aggregate`. ``stats`` are plain floats over the valid tokens:
+``ratio_mean / ratio_min / ratio_max``, ``clip_frac_low`` (A < 0 and ρ < 1 − ε_low: the
+token's gradient is cut), ``clip_frac_high`` (A > 0 and ρ > 1 + ε_high), ``clip_frac_region``
+(either), as TRL's GRPOTrainer logs them, and ``approx_kl`` = token-mean of old − new
+log-probability (verl's ``ppo_kl``).
+
+Masked positions are replaced by 0 before any arithmetic, so padding that holds ``-inf`` or
+NaN never leaks a NaN into the loss or its gradient. A non-finite value at a *valid* position
+is an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+__all__ = [
+    "SURROGATES",
+    "check_inputs",
+    "cispo",
+    "gspo",
+    "ppo_clip",
+    "reinforce",
+    "surrogate",
+]
+
+LOG_RATIO_CLAMP = 20.0
+"""|log ρ| is clamped to this before ``exp`` (verl ``compute_policy_loss_vanilla``)."""
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def check_inputs(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate surrogate inputs; return ``(logp, old_logp, adv [N, 1] or [N, T], mask float)``.
+
+    Raises ValueError for: non-tensors, ``logp`` not 2-D ``[N, T]``, ``old_logp`` / ``mask`` of
+    another shape, ``adv`` neither ``[N]`` nor ``[N, T]``, a mask with no valid token, and
+    non-finite ``logp`` / ``old_logp`` / ``adv`` at valid positions. Masked positions are
+    zero-filled so that padding never produces NaN (ALGORITHMS.md §3 inputs).
+    """
+    for name, t in (("logp", logp), ("adv", adv), ("mask", mask)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if logp.dim() != 2:
+        raise ValueError(
+            f"logp must be [N sequences, T tokens], got shape {_shape(logp)}; "
+            "a single sequence needs logp.unsqueeze(0)"
+        )
+    if old_logp is None:
+        old_logp = logp.detach()
+    if not isinstance(old_logp, torch.Tensor) or old_logp.shape != logp.shape:
+        got = _shape(old_logp) if isinstance(old_logp, torch.Tensor) else type(old_logp).__name__
+        raise ValueError(
+            f"old_logp must have the shape of logp {_shape(logp)}, got {got}; both are the "
+            "per-token log-probabilities of the same completion tokens"
+        )
+    if mask.shape != logp.shape:
+        raise ValueError(
+            f"mask must have the shape of logp {_shape(logp)}, got {_shape(mask)}; pass the "
+            "completion mask (1 = real token), not the prompt+completion attention mask"
+        )
+    n = logp.shape[0]
+    if adv.shape == (n,):
+        adv = adv[:, None]  # [N, 1]
+    elif adv.shape != logp.shape:
+        raise ValueError(
+            f"adv must be [N]={n} (one advantage per sequence) or [N, T]={_shape(logp)}, got "
+            f"{_shape(adv)}; flatten a [P, G] advantage with Advantages.per_sample"
+        )
+    valid = mask.bool()
+    if not valid.any():
+        raise ValueError(
+            "mask has no valid token (all zero): the loss would be 0/0; drop empty batches "
+            "before the loss, or pass StepTotals to aggregate() for an empty micro-batch"
+        )
+    mask_f = valid.to(logp.dtype)
+    for name, t in (("logp", logp), ("old_logp", old_logp)):
+        bad = valid & ~torch.isfinite(t.detach())
+        if bad.any():
+            raise ValueError(
+                f"{name} has {int(bad.sum())} non-finite value(s) at valid (mask = 1) "
+                "positions; check the model's logits (fp16 overflow?) and the mask alignment"
+            )
+    if not torch.isfinite(adv.detach()).all():
+        raise ValueError(
+            "adv has non-finite values; advantages of NaN rewards must be 0 (see "
+            "grouprl.advantages), never NaN"
+        )
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    logp = torch.where(valid, logp, zero)
+    old_logp = torch.where(valid, old_logp.detach().to(logp.dtype), zero)
+    return logp, old_logp, adv.detach().to(logp.dtype), mask_f
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum())
+
+
+@torch.no_grad()
+def _ratio_stats(
+    ratio: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    lo: float | None,
+    hi: float | None,
+    log_ratio: torch.Tensor,
+) -> dict[str, float]:
+    """Ratio and clip statistics over valid tokens (TRL GRPOTrainer's clip_ratio/* metrics)."""
+    valid = mask.bool()
+    r = ratio.detach().expand_as(mask)
+    a = adv.expand_as(mask)
+    stats = {
+        "ratio_mean": _masked_mean(r, mask),
+        "ratio_min": float(r[valid].min()),
+        "ratio_max": float(r[valid].max()),
+        "approx_kl": _masked_mean(-log_ratio.detach().expand_as(mask), mask),
+    }
+    low = (r < lo) & (a < 0) if lo is not None else torch.zeros_like(valid)
+    high = (r > hi) & (a > 0) if hi is not None else torch.zeros_like(valid)
+    stats["clip_frac_low"] = _masked_mean(low.to(mask.dtype), mask)
+    stats["clip_frac_high"] = _masked_mean(high.to(mask.dtype), mask)
+    stats["clip_frac_region"] = _masked_mean((low | high).to(mask.dtype), mask)
+    return stats
+
+
+def _check_eps(eps_low: float, eps_high: float) -> None:
+    if not (eps_low >= 0 and eps_high >= 0):
+        raise ValueError(f"clip bounds must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+
+
+def ppo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_ratio_c: float | None = None,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric bounds (clip-higher) and optional dual clip.
+
+    ``ρ = exp(clamp(logp − old_logp, ±log_ratio_clamp))``;
+    ``ℓ = −min(ρA, clip(ρ, 1 − ε_low, 1 + ε_high)A)`` [PPO; GRPO ε = 0.2/0.2; DAPO
+    clip-higher 0.2/0.28]. Dual clip (Ye et al. 2020, verl ``clip_ratio_c`` = 3.0): for A < 0
+    the loss is further capped, ``ℓ = min(ℓ, −c·A)``, so a huge ρ on a bad token cannot blow
+    up the step. ``clip_ratio_c=None`` (default, as TRL) turns it off; it must be > 1.
+    ``log_ratio_clamp`` = 20 as in verl (TRL does not clamp; identical for |log ρ| < 20).
+    Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``).
+    """
+    _check_eps(eps_low, eps_high)
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(
+            f"clip_ratio_c (dual clip) must be > 1 (verl uses 3.0), got {clip_ratio_c}"
+        )
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+    ratio = torch.exp(log_ratio)  # [N, T]
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(loss1, loss2)  # [N, T]
+    stats = _ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
+    if clip_ratio_c is not None:
+        loss3 = -adv * clip_ratio_c
+        dual = (adv < 0) & (per_token > loss3)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
+        stats["clip_frac_dual"] = _masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
+    return per_token * mask, stats
+
+
+def cispo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 1.0,
+    eps_high: float = 5.0,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO: clipped, stop-gradient importance weight on every token; no token is dropped.
+
+    ``ℓ = −sg(clip(ρ, 1 − ε_low, 1 + ε_high))·A·logp`` (MiniMax-M1; verl
+    ``compute_policy_loss_cispo``). The gradient is ``−sg(w)·A·∇logp`` for every token, also
+    where ρ is outside the bounds (PPO would give 0 there). Defaults ε_low = 1.0, ε_high = 5.0
+    (weight in [0, 6]) as F-GRPO and ScaleRL use. TRL's ``loss_type="cispo"`` clamps only from
+    above at ``epsilon_high`` (an absolute bound): our ``eps_low=1.0`` (lower bound 0, never
+    active) and ``eps_high = epsilon_high − 1`` reproduce it. Clip stats count where the
+    weight is clipped (low: ρ < 1 − ε_low, high: ρ > 1 + ε_high), for either sign of A.
+    """
+    _check_eps(eps_low, eps_high)
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+    ratio = torch.exp(log_ratio).detach()  # [N, T]
+    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, T], no gradient
+    per_token = -weight * adv * logp
+    stats = _ratio_stats(ratio, adv, mask, None, None, log_ratio)
+    with torch.no_grad():
+        low = (ratio < 1.0 - eps_low).to(mask.dtype)
+        high = (ratio > 1.0 + eps_high).to(mask.dtype)
+        stats["clip_frac_low"] = _masked_mean(low, mask)
+        stats["clip_frac_high"] = _masked_mean(high, mask)
+        stats["clip_frac_region"] = _masked_mean(torch.maximum(low, high), mask)
+    return per_token * mask, stats
+
+
+def gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    log_ratio_max: float = 10.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GSPO: PPO clip on the length-normalised sequence ratio s_i.
+
+    ``s_i = exp(mean_t(logp − old_logp))`` over the sequence's valid tokens (GSPO, Zheng et
+    al. 2025); in the GSPO-token form used here (and by verl ``compute_policy_loss_gspo`` and
+    TRL ``importance_sampling_level="sequence"``) each token carries
+    ``s_{i,t} = sg(s_i)·exp(logp_t − sg(logp_t))``: the value equals s_i and, with a
+    per-sequence advantage, the gradient of the per-sequence token mean equals the gradient
+    of ``−min(s_i A, clip(s_i, 1 − ε_low, 1 + ε_high)A)``. ``log s`` is clamped from above at
+    ``log_ratio_max`` = 10 (verl). Defaults ε = 3e-4 / 4e-4 (GSPO paper). Use it with
+    ``seq_mean_token_mean`` to match the paper's sequence-level objective.
+    """
+    _check_eps(eps_low, eps_high)
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lengths = mask.sum(dim=-1).clamp_min(1.0)  # [N]
+    log_seq = ((logp - old_logp) * mask).sum(dim=-1) / lengths  # [N]
+    log_ratio = logp - logp.detach() + log_seq.detach()[:, None]  # [N, T]
+    ratio = torch.exp(log_ratio.clamp(max=log_ratio_max))  # [N, T]
+    loss1 = -adv * ratio
+    loss2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    per_token = torch.maximum(loss1, loss2)
+    stats = _ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
+    stats["approx_kl"] = _masked_mean((old_logp - logp).detach(), mask)
+    return per_token * mask, stats
+
+
+def reinforce(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """REINFORCE: ``ℓ = −A·logp`` (on-policy policy gradient, Williams 1992).
+
+    No importance weight and no clip: correct only when ``logp`` is evaluated at the policy
+    that sampled the tokens (one update per batch). Ratio stats are still reported from
+    ``old_logp`` so that off-policy drift is visible; clip fractions are 0.
+    """
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    log_ratio = (logp - old_logp).detach()
+    stats = _ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    return -adv * logp * mask, stats
+
+
+SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+SURROGATES: dict[str, SurrogateFn] = {
+    "ppo_clip": ppo_clip,
+    "cispo": cispo,
+    "gspo": gspo,
+    "reinforce": reinforce,
+}
+"""Surrogate name -> function ``(logp, old_logp, adv, mask, **params) -> (per_token, stats)``."""
+
+
+def surrogate(
+    name: str,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    **params: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Per-token loss ``[N, T]`` and stats of the surrogate called ``name`` (see SURROGATES)."""
+    try:
+        fn = SURROGATES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown surrogate {name!r}; valid surrogates: {', '.join(SURROGATES)}"
+        ) from None
+    try:
+        return fn(logp, old_logp, adv, mask, **params)
+    except TypeError as err:
+        if "unexpected keyword" in str(err):
+            raise ValueError(f"surrogate {name!r}: {err}") from None
+        raise
