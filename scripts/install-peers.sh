@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Install the peer frameworks grouprl integrates with (TRL, verl) into ./.venv, so that the
+# parity tests in tests/integrations and the adapter benchmark run instead of skipping.
+#
+# - TRL is installed normally (its dependencies are light: datasets, pandas, pyarrow...).
+# - verl is installed WITHOUT its dependencies (no vllm, sglang, flash-attn, megatron, wandb):
+#   only the few pure-Python packages its algorithm code and `compute_advantage` import are
+#   added. `import verl` imports `ray` unconditionally (verl/protocol.py), so Ray core is
+#   installed (not ray[default]); no cluster is ever started.
+# - torch and transformers are frozen at whatever is installed (a constraint file), so this
+#   never pulls a CUDA torch or moves transformers past verl's cap (<5.11).
+# Safe to run again: it exits at once when everything already imports at the tested versions.
+# Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC (pip specifiers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+[ -x "$PY" ] || { echo "install-peers.sh: $PY not found; run scripts/install.sh first" >&2; exit 1; }
+
+TRL_SPEC=${GROUPRL_TRL_SPEC:-trl==1.16.0}
+VERL_SPEC=${GROUPRL_VERL_SPEC:-verl==0.9.1}
+# What `import verl.trainer.ppo.core_algos`, `verl.workers.config` and
+# `verl.trainer.ppo.ray_trainer.compute_advantage` need beyond TRL's own dependencies.
+VERL_RUNTIME=(
+  "ray==2.60.0" "tensordict>=0.8,!=0.9.0,<=0.10.0" "omegaconf>=2.3" "hydra-core>=1.3"
+  "codetiming>=1.4" "torchdata>=0.11" "cachetools>=5" "fastapi>=0.110" "uvicorn>=0.29" "dill"
+)
+
+check() {
+  HF_HUB_OFFLINE=1 "$PY" - "$@" <<'EOF'
+import importlib.metadata as md
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+want = dict(a.split("==") for a in sys.argv[1:] if "==" in a)
+for name, version in want.items():
+    have = md.version(name)
+    if have != version:
+        raise SystemExit(f"{name} {have} installed, {version} wanted")
+import trl  # noqa: F401
+from trl import GRPOConfig, GRPOTrainer  # noqa: F401
+import verl.trainer.ppo.core_algos  # noqa: F401
+from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: F401
+from verl.workers.config import ActorConfig  # noqa: F401
+EOF
+}
+
+if check "$TRL_SPEC" "$VERL_SPEC" >/dev/null 2>&1; then
+  echo "peers already installed: $TRL_SPEC $VERL_SPEC"
+  exit 0
+fi
+
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+"$PY" - >"$constraints" <<'EOF'
+import importlib.metadata as md
+
+for name in ("torch", "transformers"):
+    try:
+        print(f"{name}=={md.version(name)}")
+    except md.PackageNotFoundError:
+        pass
+EOF
+pip=("$PY" -m pip install --disable-pip-version-check -q -c "$constraints")
+quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* requires" || true; }
+
+"${pip[@]}" "$TRL_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
+"${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
+
+if ! check "$TRL_SPEC" "$VERL_SPEC"; then
+  echo "install-peers.sh: TRL/verl installed but the import check above failed" >&2
+  exit 1
+fi
+echo "peers installed: $TRL_SPEC $VERL_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
