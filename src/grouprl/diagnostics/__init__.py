@@ -1,0 +1,52 @@
+"""Training-health diagnostics: pure functions over batches, and rules that turn them into advice.
+
+- :func:`acr`, :func:`collapse_split`: advantage-collapse rate and its split (ALGORITHMS.md §5);
+- :func:`step_metrics`: the trainer's per-step metric dict (cheap, flat, namespaced);
+- :class:`RunHealth` (``health``): cumulative ACR, ACR_100, stall alarm, divergence and tail
+  rules, each warning with the recommended action;
+- :func:`inverse_scale_tail`: P95/P99 of 1/scale over updated groups;
+- :func:`reward_kl_balance`, :func:`kl_stats`: R/KL, direction cosine, KL mean / P95;
+- :func:`tail_miss_probability`, :func:`p_active`, :func:`advise_group_size`: F-GRPO Lemma 3.1;
+- :func:`sigma_stats`, :func:`gradient_orthogonality`: the normalisation regime;
+- :func:`pass_at_k`: unbiased pass@k.
+"""
+
+from __future__ import annotations
+
+from grouprl.diagnostics import health
+from grouprl.diagnostics.acr import DEFAULT_TAU, acr, collapse_split
+from grouprl.diagnostics.balance import kl_stats, reward_kl_balance
+from grouprl.diagnostics.health import HealthConfig, RunHealth
+from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, step_metrics
+from grouprl.diagnostics.passk import pass_at_k
+from grouprl.diagnostics.regime import gradient_orthogonality, per_prompt_gradients, sigma_stats
+from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
+from grouprl.diagnostics.tailmiss import (
+    GroupSizeAdvice,
+    advise_group_size,
+    p_active,
+    tail_miss_probability,
+)
+
+__all__ = [
+    "DEFAULT_TAU",
+    "STEP_METRIC_KEYS",
+    "GroupSizeAdvice",
+    "HealthConfig",
+    "RunHealth",
+    "acr",
+    "advise_group_size",
+    "collapse_split",
+    "gradient_orthogonality",
+    "health",
+    "inverse_scale_tail",
+    "kl_stats",
+    "p_active",
+    "pass_at_k",
+    "per_prompt_gradients",
+    "reward_kl_balance",
+    "sigma_stats",
+    "step_metrics",
+    "tail_miss_probability",
+    "updated_groups",
+]

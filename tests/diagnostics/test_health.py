@@ -1,0 +1,96 @@
+"""RunHealth rules fire where they should, stay silent where they should, and checkpoint."""
+
+import copy
+import json
+
+import pytest
+
+from grouprl.diagnostics import HealthConfig, RunHealth
+from grouprl.diagnostics.health import acr_100_accuracy_fit
+
+
+def _feed(h, rates, start=0, **extra):
+    out = []
+    for i, r in enumerate(rates):
+        out += h.update(
+            start + i, {"acr/rate": r, "acr/all_wrong": r, "acr/all_correct": 0.0, **extra}
+        )
+    return out
+
+
+def test_stall_fires_on_the_50th_consecutive_step_only():
+    h = RunHealth()
+    assert _feed(h, [0.4] * 49) == []
+    w = h.update(49, {"acr/rate": 0.4, "acr/all_wrong": 0.3, "acr/all_correct": 0.1})
+    assert len(w) == 1 and w[0].startswith("[acr_stall] step 49") and "avspo" in w[0]
+    # Cooldown: silent for the next 49 steps, then fires again at step 99.
+    assert _feed(h, [0.4] * 49, start=50) == []
+    assert any("acr_stall" in x for x in _feed(h, [0.4], start=99))
+
+
+def test_stall_resets_when_acr_drops():
+    h = RunHealth()
+    # 49 high, 1 low, 49 high: never 50 in a row.
+    assert _feed(h, [0.5] * 49 + [0.2] + [0.5] * 49) == []
+    # Exactly at the threshold is not "above" it.
+    assert _feed(RunHealth(), [0.35] * 80) == []
+
+
+def test_stall_advice_follows_the_split():
+    h = RunHealth()
+    _feed(h, [0.9] * 49)
+    w = h.update(49, {"acr/rate": 0.9, "acr/all_wrong": 0.1, "acr/all_correct": 0.8})
+    assert "all-correct" in w[0] and "dynamic sampling" in w[0]
+
+
+def test_window_std_rule():
+    # Alternating 0 / 0.4: population std 0.2 > 0.15 once 25 steps are in.
+    h = RunHealth()
+    warns = _feed(h, [0.0, 0.4] * 12 + [0.0])
+    assert len(warns) == 1 and "acr_unstable" in warns[0] and "step 24" in warns[0]
+    assert h.acr_window_std == pytest.approx(0.4 * (12 * 13) ** 0.5 / 25, abs=1e-12)
+    # Alternating 0.1 / 0.3: std 0.1 -> silent.
+    assert _feed(RunHealth(), [0.1, 0.3] * 20) == []
+
+
+def test_cumulative_and_acr_100():
+    h = RunHealth(HealthConfig(acr_first=4))
+    _feed(h, [0.1, 0.2, 0.3, 0.4, 1.0, 1.0])
+    assert h.acr_100 == pytest.approx(0.25)
+    assert h.acr_cumulative == pytest.approx(3.0 / 6)
+    assert h.metrics()["health/acr_100"] == pytest.approx(0.25)
+    assert acr_100_accuracy_fit(0.5) == pytest.approx(51.4 - 14.8)
+
+
+def test_tail_nan_balance_loss_rules():
+    h = RunHealth()
+    assert (
+        h.update(
+            0,
+            {"scale/inv_p99": 50.0, "reward/nan_frac": 0.01, "balance/r_over_kl": 1.0, "loss": 0.3},
+        )
+        == []
+    )
+    w = h.update(1, {"scale/inv_p99": 3100.0})
+    assert len(w) == 1 and "maxnorm_rloo" in w[0] and "delta_res" in w[0]
+    w = h.update(2, {"reward/nan_frac": 0.2})
+    assert len(w) == 1 and "verifier" in w[0]
+    assert "kl_dominated" in h.update(3, {"balance/r_over_kl": 0.48})[0]
+    assert "kl_overwhelmed" in RunHealth().update(3, {"balance/r_over_kl": 3.1})[0]
+    assert "nonfinite_loss" in h.update(4, {"loss": float("nan")})[0]
+    # Absent keys: silent.
+    assert RunHealth().update(0, {}) == []
+
+
+def test_state_dict_roundtrip_equals_uninterrupted():
+    rates = [0.5] * 30 + [0.0, 0.6] * 20
+    a = RunHealth()
+    wa = _feed(a, rates)
+    b = RunHealth()
+    wb = _feed(b, rates[:37])
+    state = json.loads(json.dumps(b.state_dict()))  # survives JSON
+    c = RunHealth()
+    c.load_state_dict(copy.deepcopy(state))
+    wb += _feed(c, rates[37:], start=37)
+    assert wa == wb and wa  # something fired, and identically
+    assert c.state_dict() == a.state_dict()
