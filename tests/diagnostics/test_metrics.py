@@ -83,3 +83,18 @@ def test_inverse_scale_quantiles_match_numpy_rule():
     # A dropped group (keep False) is not updated.
     adv2 = _adv(torch.ones(2, 2), scale=[1e-3, 1.0], keep=[False, True])
     assert inverse_scale_tail(adv2, (1.0,)).item() == pytest.approx(1.0)
+
+
+def test_step_metrics_with_real_estimators():
+    advantages = pytest.importorskip("grouprl.advantages")
+    # Group 0: σ = 1e-4 jitter (updated by GRPO with 1/scale ≈ 1e4); group 1 collapsed.
+    r = torch.tensor([[0.5, 0.5001, 0.5, 0.5001], [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
+    sigma0 = torch.tensor([0.5, 0.5001, 0.5, 0.5001]).std().item()
+    g = step_metrics(r, advantages.compute("grpo", r))
+    assert g["acr/rate"] == pytest.approx(1 / 3) and g["adv/updated_frac"] == pytest.approx(2 / 3)
+    assert g["scale/inv_max"] == pytest.approx(1 / (sigma0 + 1e-6), rel=1e-3)
+    m = step_metrics(r, advantages.compute("maxnorm_rloo", r, delta_res=1e-2))
+    # The jitter group and the constant group are one bin each -> both skipped (keep False);
+    # the mixed group is bounded by 1/tau_res = 100.
+    assert m["adv/keep_frac"] == pytest.approx(1 / 3) and m["scale/inv_max"] <= 100.0
+    assert m["adv/abs_max"] <= 1.0 + 1e-6

@@ -18,12 +18,15 @@ DEFAULT_QUANTILES = (0.5, 0.95, 0.99)
 
 
 def updated_groups(adv: Advantages) -> torch.Tensor:
-    """``[P]`` bool: groups that move the policy's reward branch (kept, some advantage ≠ 0).
+    """``[P]`` bool: groups that move the policy's reward branch.
 
-    [OURS]: "updated" is read off the result rather than re-derived from σ_q, so it is right
-    for every estimator and transform (a virtual-sample rescue counts as updated, a resolution
-    skip does not).
+    ``adv.updated`` when the estimator set it (kept and σ_q >= tau on the statistics it used,
+    virtual samples included); otherwise [OURS] read off the result: kept and some A ≠ 0, which
+    is right for every estimator and transform (a virtual-sample rescue counts as updated, a
+    resolution skip does not).
     """
+    if adv.updated is not None:
+        return adv.updated.to(torch.bool) & adv.keep.to(torch.bool)
     nonzero = adv.values.abs().amax(dim=1) > 0  # [P]
     return adv.keep.to(torch.bool) & nonzero
 
