@@ -1,0 +1,110 @@
+"""AVSPO virtual samples in each mode, and the adaptive trigger (ALGORITHMS.md §2)."""
+
+import math
+
+import pytest
+import torch
+
+from grouprl import advantages
+from grouprl.advantages import VirtualTrigger, virtual_count
+
+# G = 4; groups: all-correct, all-wrong, all-correct, all-wrong, mixed [1, 0, 0, 0].
+# ACR = 4/5 = 0.8 > τ_adapt = 0.5, so K = ceil(4·sqrt(0.8)) = ceil(3.578) = 4.
+BATCH = torch.tensor(
+    [[1.0] * 4, [0.0] * 4, [1.0] * 4, [0.0] * 4, [1.0, 0.0, 0.0, 0.0]], dtype=torch.float64
+)
+
+
+def test_virtual_count():
+    assert virtual_count(4, 0.8) == 4
+    assert virtual_count(8, 0.25) == 4  # ceil(8 · 0.5)
+    assert virtual_count(8, 0.0) == 1  # at least one
+    assert virtual_count(8, 1.0) == 8  # at most G
+
+
+def test_before_virtual_samples_collapsed_groups_are_zero():
+    out = advantages.compute("grpo", BATCH)
+    assert (out.values[:4] == 0).all()
+
+
+def test_symmetric_all_correct_and_all_wrong():
+    # all-correct: 1,1,1,1 + virtual 0.75, 0.5, 0.25, 0 -> mean 5.5/8 = 0.6875,
+    # Σ dev² = 4·0.3125² + 0.0625² + 0.1875² + 0.4375² + 0.6875² = 1.09375,
+    # Bessel var 1.09375/7 = 0.15625, σ = 0.3952847 -> A = 0.3125/σ = 0.7905694.
+    # all-wrong mirrors it: -0.7905694. The mixed group is untouched: [1.5, -0.5, ...].
+    out = advantages.compute("grpo", BATCH, virtual="symmetric")
+    a = 0.3125 / (math.sqrt(0.15625) + 1e-6)
+    assert out.values[0].tolist() == pytest.approx([a] * 4, abs=1e-9)
+    assert out.values[1].tolist() == pytest.approx([-a] * 4, abs=1e-9)
+    assert out.values[4].tolist() == pytest.approx(advantages.compute("grpo", BATCH).values[4].tolist())
+    assert out.stats["virtual/K"] == 4 and out.stats["virtual/triggered_frac"] == pytest.approx(0.8)
+    assert out.values.shape == BATCH.shape  # virtual samples have no tokens
+
+
+def test_symmetric_helps_with_k_equal_one():
+    # G = 2 and ACR = 0.2: K = ceil(2·sqrt(0.2)) = 1; symmetric puts v_1 = 0 beside an
+    # all-correct group [1, 1]: mean 2/3, Bessel σ = sqrt(1/3) -> A = (1/3)/0.57735 = 0.57735
+    r = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    out = advantages.compute("grpo", r, virtual="symmetric", trigger=VirtualTrigger(tau=0.1))
+    assert out.stats["virtual/K"] == 1
+    assert out.values[0].tolist() == pytest.approx([1 / math.sqrt(3)] * 2, abs=1e-5)
+
+
+def test_paper_mode_and_its_documented_defect():
+    # all-correct: v = r_max·(1 - (k-1)/K) = [1, 0.75, 0.5, 0.25] -> mean 6.5/8 = 0.8125,
+    # Σ dev² = 5·0.1875² + 0.0625² + 0.3125² + 0.5625² = 0.59375, var 0.59375/7,
+    # σ = 0.2912414 -> A = 0.1875/σ = 0.6437963.
+    out = advantages.compute("grpo", BATCH, virtual="paper")
+    a = 0.1875 / (math.sqrt(0.59375 / 7) + 1e-6)
+    assert out.values[0].tolist() == pytest.approx([a] * 4, abs=1e-9)
+    # defect 1: an all-wrong group gets r_max = 0, so every virtual reward is 0: still collapsed
+    assert (out.values[1] == 0).all()
+    # defect 2: with K = 1 the single virtual sample equals r_max: an all-correct group stays
+    # collapsed too (compare test_symmetric_helps_with_k_equal_one)
+    r = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    out1 = advantages.compute("grpo", r, virtual="paper", trigger=VirtualTrigger(tau=0.1))
+    assert out1.stats["virtual/K"] == 1 and (out1.values[0] == 0).all()
+
+
+def test_code_mode_fires_only_on_a_uniform_batch():
+    # every reward 0: each group gets one virtual 1 -> [0, 0, 0, 0, 1]: mean 0.2,
+    # Bessel σ = sqrt((4·0.04 + 0.64)/4) = sqrt(0.2) -> A = -0.2/0.4472136 = -0.4472136
+    zeros = torch.zeros(3, 4, dtype=torch.float64)
+    out = advantages.compute("grpo", zeros, virtual="code")
+    assert out.values.reshape(-1).tolist() == pytest.approx([-0.2 / (math.sqrt(0.2) + 1e-6)] * 12, abs=1e-9)
+    ones = torch.ones(3, 4, dtype=torch.float64)
+    assert (advantages.compute("grpo", ones, virtual="code").values > 0).all()
+    # a batch with any mixed reward: nothing is added, even though most groups collapsed
+    out = advantages.compute("grpo", BATCH, virtual="code")
+    assert torch.equal(out.values, advantages.compute("grpo", BATCH).values)
+
+
+def test_no_trigger_below_tau_adapt():
+    # ACR = 0.8 but τ_adapt = 0.9: nothing fires
+    out = advantages.compute("grpo", BATCH, virtual="symmetric", trigger=VirtualTrigger(tau=0.9))
+    assert (out.values[:4] == 0).all() and out.stats["virtual/triggered_frac"] == 0
+
+
+def test_trigger_update_rule():
+    # τ ← clip(τ + η·sign(ΔJ)·(ACR − τ), 0.1, 0.9); the first call only sets the reward EMA
+    t = VirtualTrigger()
+    assert t.update(acr=0.75, mean_reward=0.2) == 0.5
+    # reward rises: EMA 0.2 -> 0.9·0.2 + 0.1·0.6 = 0.24, ΔJ > 0: τ = 0.5 + 0.01·(0.75 - 0.5) = 0.5025
+    assert t.update(acr=0.75, mean_reward=0.6) == pytest.approx(0.5025)
+    assert t.reward_ema == pytest.approx(0.24)
+    # reward falls: ΔJ < 0: τ = 0.5025 - 0.01·(0.75 - 0.5025) = 0.5025 - 0.002475 = 0.500025
+    assert t.update(acr=0.75, mean_reward=0.0) == pytest.approx(0.500025)
+    # clipped to [0.1, 0.9]
+    t2 = VirtualTrigger(tau=0.895, eta=1.0)
+    t2.update(0.0, 0.0)
+    assert t2.update(acr=1.0, mean_reward=1.0) == 0.9
+
+
+def test_trigger_state_round_trip_and_compute_advances_it():
+    t = VirtualTrigger()
+    for acr_batch, mean in [(BATCH, 0.0), (BATCH * 0 + 1, 1.0)]:
+        advantages.compute("grpo", acr_batch, virtual="symmetric", trigger=t)
+    assert t.steps == 2 and t.tau != 0.5  # reward rose with ACR 1.0 > τ: τ moved up
+    clone = VirtualTrigger()
+    clone.load_state_dict(t.state_dict())
+    assert clone.state_dict() == t.state_dict()

@@ -1,0 +1,153 @@
+"""Hand-derived values for every estimator and transform; the derivations are in comments."""
+
+import math
+
+import pytest
+import torch
+
+from grouprl import advantages
+
+# One group r = [1, 0, 0, 0]: mean 0.25, deviations [0.75, -0.25, -0.25, -0.25],
+# Bessel variance (0.75² + 3·0.25²)/3 = 0.75/3 = 0.25, so σ = 0.5.
+G1 = torch.tensor([[1.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+# A second group r = [1, 1, 0, 0]: mean 0.5, Bessel σ = sqrt(4·0.25/3) = sqrt(1/3) = 0.577350.
+B2 = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+
+
+def adv(name, rewards, **kw):
+    return advantages.compute(name, rewards, **kw).values
+
+
+def test_grpo():
+    # (r - 0.25) / (0.5 + 1e-6)
+    a = adv("grpo", G1)
+    assert a[0, 0].item() == pytest.approx(0.75 / 0.500001, abs=1e-12)
+    assert a[0, 1].item() == pytest.approx(-0.25 / 0.500001, abs=1e-12)
+    # TRL's eps 1e-4 is a named parameter
+    assert adv("grpo", G1, eps=1e-4)[0, 0].item() == pytest.approx(0.75 / 0.5001, abs=1e-12)
+
+
+def test_grpo_ddof0():
+    # ddof=0: variance 0.75/4 = 0.1875, σ = 0.4330127; 0.75/σ = sqrt(3) = 1.7320508
+    a = adv("grpo", G1, ddof=0, eps=1e-12)
+    assert a[0, 0].item() == pytest.approx(math.sqrt(3), abs=1e-9)
+    assert a[0, 1].item() == pytest.approx(-math.sqrt(3) / 3, abs=1e-9)
+
+
+def test_dr_grpo():
+    # r - mean, no division
+    assert adv("dr_grpo", G1)[0].tolist() == pytest.approx([0.75, -0.25, -0.25, -0.25], abs=1e-12)
+
+
+def test_rloo():
+    # 1 - mean(0,0,0) = 1;  0 - mean(1,0,0) = -1/3   (= 4/3 · (r - 0.25))
+    assert adv("rloo", G1)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+
+
+def test_maxnorm_rloo_and_dr_grpo():
+    # u = [1, -1/3, ...]; s = max(0.01, 1) = 1  -> A = u
+    assert adv("maxnorm_rloo", G1)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    # u = [0.75, -0.25, ...]; s = 0.75 -> [1, -1/3, ...]
+    assert adv("maxnorm_dr_grpo", G1)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    # a tiny credible gap: r = [0.02, 0, 0, 0] -> u = [0.02, -0.02/3]; s = max(0.01, 0.02) = 0.02
+    tiny = torch.tensor([[0.02, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    assert adv("maxnorm_rloo", tiny)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    # gap below the floor: r = [0.004, 0, 0, 0] -> u = [0.004, -0.004/3]; s = tau_res = 0.01
+    sub = torch.tensor([[0.004, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    out = advantages.compute("maxnorm_rloo", sub)
+    assert out.values[0].tolist() == pytest.approx([0.4, -0.4 / 3, -0.4 / 3, -0.4 / 3], abs=1e-12)
+    assert out.scale.item() == pytest.approx(0.01)
+    assert out.kl_weight.item() == 1.0  # KL is not divided by s_q
+
+
+def test_p90():
+    # |u| sorted = [1/3, 1/3, 1/3, 1]; linear quantile at 0.9·(4-1) = 2.7:
+    # 1/3 + 0.7·(1 - 1/3) = 0.8 -> A = [1.25, -0.416667, ...]
+    a = adv("p90", G1)[0].tolist()
+    assert a == pytest.approx([1.25, -1 / 3 / 0.8, -1 / 3 / 0.8, -1 / 3 / 0.8], abs=1e-12)
+
+
+def test_gopo():
+    # rank(1) = 3 below + (1 equal + 1)/2 = 4; rank(0) = 0 + (3 + 1)/2 = 2;
+    # centred by (n+1)/2 = 2.5 and divided by (n-1)/2 = 1.5: [1, -1/3, -1/3, -1/3]
+    assert adv("gopo", G1)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    # distinct rewards 0.1 < 0.5 < 0.9: ranks 1, 2, 3 -> [-1, 0, 1] whatever the gaps
+    r = torch.tensor([[0.5, 0.9, 0.1]], dtype=torch.float64)
+    assert adv("gopo", r)[0].tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-12)
+
+
+def test_batch_std():
+    # 8 rewards, three 1s and five 0s: mean 3/8, Bessel var (3·(5/8)² + 5·(3/8)²)/7 = 120/448,
+    # σ_B = 0.5175492; group 1: 0.75/σ_B = 1.4491377, group 2: ±0.5/σ_B = ±0.9660918
+    a = adv("batch_std", B2, eps=0.0)
+    sb = math.sqrt(120 / 448)
+    assert a[0].tolist() == pytest.approx([0.75 / sb] + [-0.25 / sb] * 3, abs=1e-12)
+    assert a[1].tolist() == pytest.approx([0.5 / sb] * 2 + [-0.5 / sb] * 2, abs=1e-12)
+
+
+def test_reinforce_pp():
+    # u = [.75, -.25, -.25, -.25, .5, .5, -.5, -.5]: batch mean 0, Bessel var 1.75/7 = 0.25,
+    # std 0.5 -> A = 2u
+    a = adv("reinforce_pp", B2, eps=0.0)
+    assert a.reshape(-1).tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5, 1, 1, -1, -1], abs=1e-12)
+
+
+def test_is_grpo():
+    # σ1 = 0.5, σ2 = sqrt(1/3); σ̄ = (0.5 + 0.5773503)/2 = 0.5386751. With eps -> 0 the
+    # advantage is (r - r̄_q)/σ̄: group 1 0.75/σ̄ = 1.3923048, group 2 0.5/σ̄ = 0.9282032
+    a = adv("is_grpo", B2, eps=1e-12)
+    sbar = (0.5 + math.sqrt(1 / 3)) / 2
+    assert a[0].tolist() == pytest.approx([0.75 / sbar] + [-0.25 / sbar] * 3, abs=1e-9)
+    assert a[1].tolist() == pytest.approx([0.5 / sbar] * 2 + [-0.5 / sbar] * 2, abs=1e-9)
+
+
+def test_grpo_beta_comp():
+    # same advantages as GRPO; kl_weight = 1/(σ_q + eps): 1/0.5 = 2 and 1/0.5773503 = 1.7320508
+    out = advantages.compute("grpo_beta_comp", B2, eps=0.0)
+    assert out.kl_weight.tolist() == pytest.approx([2.0, math.sqrt(3)], abs=1e-12)
+    assert torch.equal(out.values, advantages.compute("grpo", B2, eps=0.0).values)
+    # a collapsed group keeps kl_weight 1
+    flat = torch.tensor([[1.0, 1.0, 1.0]])
+    assert advantages.compute("grpo_beta_comp", flat).kl_weight.item() == 1.0
+
+
+def test_fgrpo_worked_example():
+    # F-GRPO: N = 8, 2 correct. mean 0.25, Bessel σ = sqrt(8·0.25·0.75/7) = 0.4629100.
+    # GRPO: A+ = 0.75/σ = 1.620185, A- = -0.25/σ = -0.540062 (the paper's 1.620 / -0.540).
+    # The focal weight (1 - 0.25)^0.5 = 0.8660254 then scales both: 1.403122 / -0.467707.
+    r = torch.tensor([[1.0, 1.0, 0, 0, 0, 0, 0, 0]])
+    base = adv("grpo", r)
+    assert base[0, 0].item() == pytest.approx(1.620, abs=5e-4)
+    assert base[0, 2].item() == pytest.approx(-0.540, abs=5e-4)
+    focal = adv("grpo", r, focal_gamma=0.5)
+    assert focal[0, 0].item() == pytest.approx(1.620185 * math.sqrt(0.75), abs=1e-5)
+    assert focal[0, 2].item() == pytest.approx(-0.540062 * math.sqrt(0.75), abs=1e-5)
+
+
+def test_focal_reward_range():
+    # rewards in [-1, 1]: mean of [1, -1, -1, -1] = -0.5 -> mu = (−0.5 + 1)/2 = 0.25 -> g = 0.75^γ
+    r = torch.tensor([[1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)
+    g = advantages.focal_weight(r, ~torch.isnan(r), 1.0, (-1.0, 1.0))
+    assert g.item() == pytest.approx(0.75)
+
+
+def test_resolution_bins_and_skips():
+    # [0, 0.001, 0.5, 0.503]: gaps 0.001 | 0.499 | 0.003 -> bins {0, .001} and {.5, .503},
+    # replaced by their means 0.0005 and 0.5015; the group mean is unchanged.
+    r = torch.tensor([[0.5, 0.0, 0.503, 0.001], [0.3, 0.305, 0.309, 0.3]], dtype=torch.float64)
+    binned, keep = advantages.resolution(r, ~torch.isnan(r), 1e-2)
+    assert binned[0].tolist() == pytest.approx([0.5015, 0.0005, 0.5015, 0.0005], abs=1e-12)
+    # second group: single linkage keeps the chain 0.3 .. 0.309 in one bin -> skipped
+    assert keep.tolist() == [True, False]
+    out = advantages.compute("maxnorm_rloo", r, delta_res=1e-2)
+    assert (out.values[1] == 0).all() and out.stats["resolution/skipped_frac"] == 0.5
+    # after binning group 0 is two-valued: u = ±0.501 · 4/3 ... -> MaxNorm gives ±1
+    assert out.values[0].tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-12)
+
+
+def test_collapsed_and_singleton_groups_are_exactly_zero():
+    r = torch.tensor([[0.7, 0.7, 0.7], [1.0, math.nan, math.nan], [math.nan] * 3])
+    for name in advantages.names():
+        out = advantages.compute(name, r)
+        assert (out.values == 0).all(), name
+        assert not out.updated.any(), name
