@@ -23,6 +23,7 @@ VERL_SPEC=${GROUPRL_VERL_SPEC:-verl==0.9.1}
 VERL_RUNTIME=(
   "ray==2.60.0" "tensordict>=0.8,!=0.9.0,<=0.10.0" "omegaconf>=2.3" "hydra-core>=1.3"
   "codetiming>=1.4" "torchdata>=0.11" "cachetools>=5" "fastapi>=0.110" "uvicorn>=0.29" "dill"
+  "pillow" "peft>=0.15"
 )
 
 check() {
@@ -67,7 +68,8 @@ quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* 
 "${pip[@]}" "$TRL_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
 "${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
 
-if ! check "$TRL_SPEC" "$VERL_SPEC"; then
+if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" 2>&1); then
+  echo "$log" >&2
   echo "install-peers.sh: TRL/verl installed but the import check above failed" >&2
   exit 1
 fi
