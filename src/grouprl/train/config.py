@@ -1,0 +1,425 @@
+"""The run configuration: one small frozen dataclass per stage, composed into ``RunConfig``.
+
+YAML files and command-line overrides load into the same classes::
+
+    cfg = load_config("configs/maze.yaml", overrides=["optim.lr=1e-4", "sampling.group_size=16"])
+
+Cross-field checks run in ``RunConfig.validate()`` at load time, before any model is loaded:
+a batch that does not split into whole groups, LoRA without ``peft``, an unknown preset,
+task or model name each raise a ``ConfigError`` (a ``ValueError``) that says what to change.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "AlgorithmConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "EvalConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "TaskConfig",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; the message says which field and what to do."""
+
+
+def _frozen(d: Any = None) -> MappingProxyType:
+    return MappingProxyType(dict(d or {}))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The policy: a name for ``grouprl.models.load`` (registered name, HF id, folder, GGUF)."""
+
+    name: str = "tiny"
+    """``tiny[:d=64,layers=4,...]``, ``smollm2``, a folder, a ``.gguf`` file or an HF id."""
+    dtype: str = "float32"
+    warm_start: bool = True
+    """Supervised warm start before RL (``grouprl.train.sft.warm_start``), cached; only used
+    for models built from scratch (the tiny model), as in F-GRPO §5.2 (SFT then RL)."""
+    lora_rank: int = 0
+    """0 = full fine-tuning; > 0 wraps the policy in a peft LoRA adapter of that rank."""
+    lora_alpha: float = 32.0
+    lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
+    """LoRA target modules (peft's ``target_modules``); defaults follow the LoRA paper."""
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The verifiable task: a name in ``grouprl.tasks.TASKS`` and its configuration."""
+
+    name: str = "maze"
+    params: MappingProxyType = field(default_factory=_frozen)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the training groups are sampled."""
+
+    prompts_per_step: int = 32
+    group_size: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 32
+    max_unscorable_frac: float = 0.5
+    """Stop the run when more than this fraction of a step's rewards are NaN (unscorable):
+    the verifier, not the policy, is broken [OURS]."""
+    verify_timeout_s: float = 10.0
+    """Per-completion verifier timeout in a forked worker (``tasks.verify.score_batch``);
+    0 = verify in-process without a timeout (cheap trusted verifiers such as the maze)."""
+    overlong_cache: int = 0
+    """DAPO's soft-penalty ramp L_cache in tokens; 0 = max_new_tokens // 5 (DAPO: 4096 of
+    20480) [OURS scaling]."""
+    max_resample_tries: int = 3
+    """Dynamic sampling (DAPO): rounds of extra prompts before training on a short batch;
+    DAPO's code uses ``max_num_gen_batches`` (0 = unlimited) [OURS default 3]."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    """A preset name plus overrides of any of its fields (``beta``, ``surrogate_params``...)."""
+
+    preset: str = "grpo"
+    overrides: MappingProxyType = field(default_factory=_frozen)
+
+    def resolve(self) -> Any:
+        """The ``grouprl.presets.Preset`` with the overrides applied."""
+        from grouprl import presets
+
+        return presets.get(self.preset).with_(**dict(self.overrides))
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Optimisation: AdamW, PPO epochs and minibatches, exact gradient accumulation."""
+
+    steps: int = 300
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    """Global-norm clip (verl and TRL default 1.0); <= 0 disables clipping."""
+    ppo_epochs: int = 1
+    minibatches: int = 1
+    """Optimizer steps per epoch; 1 = fully on-policy (ratio 1 at the first step)."""
+    micro_batch_size: int = 0
+    """Sequences per forward/backward; 0 = the whole minibatch at once."""
+    logprob_chunk: int = 2048
+    """Tokens per chunk of the vocabulary projection in ``logprobs`` (bounds [chunk, V])."""
+    max_nonfinite_steps: int = 3
+    """Stop after this many consecutive optimizer steps with a non-finite loss or gradient."""
+    entropy: bool = True
+    """Log the policy's token entropy (computed without gradient from the same chunks)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: ``samples`` completions on each of ``prompts`` test examples."""
+
+    every: int = 50
+    """Evaluate every this many steps (and before the first and after the last); 0 = never."""
+    prompts: int = 200
+    samples: int = 16
+    ks: tuple[int, ...] = (1, 8, 16)
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Run folder, seed, checkpoints and sinks."""
+
+    out: str = "runs/default"
+    seed: int = 0
+    resume: bool = False
+    every: int = 50
+    """Checkpoint every this many steps (and at the end and on SIGINT/SIGTERM); 0 = only those."""
+    keep_last: int = 2
+    progress: bool = True
+    tensorboard: bool = True
+    wandb: bool = False
+    report: bool = True
+    threads: int = 1
+    """torch threads; one thread per process was faster than two on a loaded 2-core box."""
+    device: str = "cpu"
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every stage's configuration; ``validate()`` checks the cross-field constraints."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per step: ``prompts_per_step * group_size``."""
+        return self.sampling.prompts_per_step * self.sampling.group_size
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict (YAML-safe): tuples become lists, mappings dicts."""
+        return {
+            f.name: {
+                g.name: _plain(getattr(getattr(self, f.name), g.name))
+                for g in fields(getattr(self, f.name))
+            }
+            for f in fields(self)
+        }
+
+    def validate(self, *, check_names: bool = True) -> RunConfig:
+        """Raise ``ConfigError`` on a configuration that cannot work; returns ``self``."""
+        _check_ranges(self)
+        _check_batch(self)
+        if self.model.lora_rank > 0 and importlib.util.find_spec("peft") is None:
+            raise ConfigError(
+                "model.lora_rank > 0 needs peft, which is not installed: "
+                "pip install 'grouprl[lora]' or set model.lora_rank=0"
+            )
+        if check_names:
+            _check_names(self)
+        return self
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, (dict, MappingProxyType)):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _check_ranges(cfg: RunConfig) -> None:
+    s, o, e = cfg.sampling, cfg.optim, cfg.eval
+    positive = {
+        "sampling.prompts_per_step": s.prompts_per_step,
+        "sampling.max_new_tokens": s.max_new_tokens,
+        "optim.steps": o.steps,
+        "optim.ppo_epochs": o.ppo_epochs,
+        "optim.minibatches": o.minibatches,
+        "optim.logprob_chunk": o.logprob_chunk,
+        "optim.max_nonfinite_steps": o.max_nonfinite_steps,
+        "run.keep_last": cfg.run.keep_last,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if s.group_size < 2:
+        raise ConfigError(
+            f"sampling.group_size must be >= 2 (group-relative baselines need two samples), "
+            f"got {s.group_size}"
+        )
+    if not (s.temperature > 0 and e.temperature > 0):
+        raise ConfigError("sampling.temperature and eval.temperature must be > 0")
+    if not 0 < s.top_p <= 1:
+        raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p}")
+    if not 0 <= s.max_unscorable_frac <= 1:
+        raise ConfigError("sampling.max_unscorable_frac must be in [0, 1]")
+    if o.lr <= 0:
+        raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
+    if e.every and (e.samples < max(e.ks) or e.prompts < 1):
+        raise ConfigError(
+            f"eval.samples ({e.samples}) must be >= max(eval.ks) ({max(e.ks)}): pass@k needs "
+            "n >= k samples per prompt; raise eval.samples or drop the large k"
+        )
+
+
+def _check_batch(cfg: RunConfig) -> None:
+    """Minibatches hold whole groups and micro-batches split minibatches exactly."""
+    n, g, m = cfg.batch_size, cfg.sampling.group_size, cfg.optim.minibatches
+    if cfg.sampling.prompts_per_step % m:
+        raise ConfigError(
+            f"optim.minibatches={m} does not divide sampling.prompts_per_step="
+            f"{cfg.sampling.prompts_per_step}: each minibatch must hold whole groups of "
+            f"{g}; pick minibatches among the divisors of prompts_per_step"
+        )
+    mini = n // m
+    micro = cfg.optim.micro_batch_size
+    if micro < 0 or (micro and (mini % micro or micro % g)):
+        raise ConfigError(
+            f"optim.micro_batch_size={micro} must be a multiple of the group size ({g}) that "
+            f"divides the minibatch ({mini} sequences = {n} / {m} minibatches), or 0"
+        )
+
+
+def _check_names(cfg: RunConfig) -> None:
+    from grouprl import presets
+
+    if cfg.algorithm.preset not in presets.PRESETS:
+        raise ConfigError(
+            f"unknown preset {cfg.algorithm.preset!r}; valid presets: {', '.join(presets.names())}"
+        )
+    fields_ = {f.name for f in fields(presets.Preset)} - {"name", "description", "sources"}
+    unknown = sorted(set(cfg.algorithm.overrides) - fields_)
+    if unknown:
+        raise ConfigError(
+            f"unknown algorithm override(s) {unknown}; valid: {', '.join(sorted(fields_))}"
+        )
+    from grouprl import tasks
+
+    if cfg.task.name not in tasks.TASKS:
+        from grouprl.tasks.reasoning_gym import dataset_names
+
+        if cfg.task.name not in dataset_names():
+            raise ConfigError(
+                f"unknown task {cfg.task.name!r}; valid tasks: {', '.join(tasks.TASKS)}, or a "
+                "reasoning-gym dataset name (e.g. basic_arithmetic; `grouprl list` shows them)"
+            )
+    _check_model_name(cfg.model.name)
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(
+            f"model.dtype must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"
+        )
+
+
+def _check_model_name(name: str) -> None:
+    """A registered name, a local path, a GGUF file or an ``org/name`` HF id."""
+    from grouprl import models
+
+    registry = getattr(models, "MODELS", {})
+    base = name.split(":", 1)[0]
+    if base in registry or Path(name).expanduser().exists() or "/" in name:
+        return
+    raise ConfigError(
+        f"unknown model {name!r}; give one of: {', '.join(registry)}, a local folder or "
+        "GGUF file, or a Hugging Face id (org/name; needs the hub or a local cache)"
+    )
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+_SECTIONS: dict[str, type] = {
+    "model": ModelConfig,
+    "task": TaskConfig,
+    "sampling": SamplingConfig,
+    "algorithm": AlgorithmConfig,
+    "optim": OptimConfig,
+    "eval": EvalConfig,
+    "run": CheckpointConfig,
+}
+"""Section name in YAML / ``--set`` -> its dataclass."""
+
+_MAPPINGS = {"params", "overrides"}
+
+
+_EXP_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
+
+
+def _numbers(x: Any) -> Any:
+    """YAML 1.1 reads ``1e-4`` as a string; turn such strings into floats, recursively."""
+    if isinstance(x, str) and _EXP_FLOAT.match(x.strip()):
+        return float(x)
+    if isinstance(x, dict):
+        return {k: _numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_numbers(v) for v in x]
+    return x
+
+
+def _coerce(f: Any, value: Any, section: str) -> Any:
+    """Check a value against the field's annotation; ints are accepted for floats."""
+    ann = str(f.type)
+    ok = {
+        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "bool": lambda v: isinstance(v, bool),
+        "str": lambda v: isinstance(v, str),
+    }.get(ann)
+    if ok is not None and not ok(value):
+        raise ConfigError(f"{section}.{f.name} must be {ann}, got {value!r}")
+    if ann == "float":
+        return float(value)
+    if ann.startswith("tuple["):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{section}.{f.name} must be a list ({ann}), got {value!r}")
+        return tuple(float(v) if "float" in ann else v for v in value)
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], section: str) -> Any:
+    """One section's dataclass from a dict; unknown keys raise, listing the valid ones."""
+    names = {f.name: f for f in fields(cls)}
+    kwargs: dict[str, Any] = {}
+    shorthand: dict[str, Any] = {}
+    for key, value in values.items():
+        if cls is AlgorithmConfig and key not in names:
+            # ``algorithm.beta: 0.04`` is shorthand for ``algorithm.overrides.beta``.
+            shorthand[key] = value
+            continue
+        if key not in names:
+            raise ConfigError(f"unknown field {section}.{key}; valid fields: {', '.join(names)}")
+        kwargs[key] = _frozen(value) if key in _MAPPINGS else _coerce(names[key], value, section)
+    if shorthand:
+        kwargs["overrides"] = _frozen({**kwargs.get("overrides", {}), **shorthand})
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> RunConfig:
+    """A ``RunConfig`` from a nested dict (the YAML layout); missing sections take defaults."""
+    unknown = sorted(set(data) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown}; valid sections: {', '.join(_SECTIONS)}")
+    return RunConfig(
+        **{name: _build(cls, data.get(name) or {}, name) for name, cls in _SECTIONS.items()}
+    )
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    if len(parts) < 2 or parts[0] not in _SECTIONS:
+        raise ConfigError(
+            f"override {dotted!r} must be SECTION.FIELD[.KEY]=VALUE with SECTION one of "
+            f"{', '.join(_SECTIONS)}"
+        )
+    node = data.setdefault(parts[0], {})
+    for part in parts[1:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.field=value`` strings (values parsed as YAML) to a nested dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, raw = item.split("=", 1)
+        _set(data, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+    return data
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    validate: bool = True,
+) -> RunConfig:
+    """Defaults <- YAML file <- ``section.field=value`` overrides, validated at load."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{path}: expected a mapping of sections, got {type(loaded).__name__}"
+            )
+        data = _plain(loaded or {})
+    cfg = from_dict(_numbers(apply_overrides(data, list(overrides or []))))
+    return cfg.validate() if validate else cfg

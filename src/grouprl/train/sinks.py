@@ -1,0 +1,193 @@
+"""Where a run's numbers go: metrics.jsonl (always), TensorBoard, W&B offline, a progress bar.
+
+``RUN_DIR`` after a run::
+
+    config.yaml      the resolved RunConfig
+    metrics.jsonl    one JSON object per step {"step": s, "reward/mean": ..., ...}, flushed
+    rewards.jsonl    one line per group {"step": s, "prompt_id": ..., "rewards": [...]}
+                     (NaN written as null), read by ``grouprl diagnose RUN_DIR``
+    tb/              TensorBoard events (when tensorboard is installed)
+    report.html      ``grouprl.report.write_run_report`` (when importable)
+
+A resumed run first cuts both JSONL files after the resume step, so no step appears twice.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["Sinks", "read_jsonl", "truncate_jsonl"]
+
+_BAR_FIELDS = {"reward": "reward/mean", "ACR": "acr/rate", "KL": "kl/mean"}
+"""Progress-bar label -> metric name."""
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf floats become null (JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of a JSONL file (a torn last line after a kill is skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def truncate_jsonl(path: str | Path, last_step: int) -> int:
+    """Keep only rows with ``step <= last_step`` (and drop a torn line); return rows kept."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    rows = [r for r in read_jsonl(path) if int(r.get("step", -1)) <= last_step]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, path)
+    return len(rows)
+
+
+class Sinks:
+    """All outputs of one run; ``log`` writes a step everywhere, ``close`` ends the run."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: dict[str, Any],
+        *,
+        total_steps: int,
+        resume_step: int = 0,
+        tensorboard: bool = True,
+        wandb: bool = False,
+        progress: bool = True,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.rewards_path = self.run_dir / "rewards.jsonl"
+        for path in (self.metrics_path, self.rewards_path):
+            if resume_step > 0:
+                truncate_jsonl(path, resume_step)
+            elif path.exists():
+                path.unlink()
+        self._metrics = open(self.metrics_path, "a")  # noqa: SIM115 - closed in close()
+        self._rewards = open(self.rewards_path, "a")  # noqa: SIM115
+        self._tb = self._open_tensorboard(resume_step) if tensorboard else None
+        self._wandb = self._open_wandb(config, resume_step) if wandb else None
+        self._bar = self._open_bar(total_steps, resume_step) if progress else None
+
+    # ---- optional backends ----------------------------------------------------------------
+    def _open_tensorboard(self, resume_step: int) -> Any:
+        if importlib.util.find_spec("tensorboard") is None:
+            return None
+        from torch.utils.tensorboard import SummaryWriter
+
+        return SummaryWriter(str(self.run_dir / "tb"), purge_step=resume_step + 1)
+
+    def _open_wandb(self, config: dict[str, Any], resume_step: int) -> Any:
+        if importlib.util.find_spec("wandb") is None:
+            return None
+        import wandb
+
+        os.environ.setdefault("WANDB_MODE", "offline")
+        return wandb.init(dir=str(self.run_dir), config=config, mode="offline")
+
+    def _open_bar(self, total_steps: int, resume_step: int) -> Any:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        bar = Progress(
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[live]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        bar.start()
+        self._task = bar.add_task("train", total=total_steps, completed=resume_step, live="")
+        return bar
+
+    # ---- per step -------------------------------------------------------------------------
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append one step to metrics.jsonl (flushed) and the optional backends."""
+        row = {"step": step, **{k: _clean(float(v)) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self._tb is not None:
+            for key, value in metrics.items():
+                if math.isfinite(value):
+                    self._tb.add_scalar(key, value, step)
+        if self._wandb is not None:
+            self._wandb.log(dict(metrics), step=step)
+        if self._bar is not None:
+            live = "  ".join(
+                f"{label} {metrics[key]:.3f}"
+                for label, key in _BAR_FIELDS.items()
+                if key in metrics
+            )
+            self._bar.update(self._task, completed=step, live=live)
+
+    def log_groups(self, step: int, prompt_ids: list[Any], rewards: Any) -> None:
+        """One rewards.jsonl line per group: ``{"step", "prompt_id", "rewards"}``."""
+        lines = [
+            json.dumps({"step": step, "prompt_id": pid, "rewards": _clean([float(r) for r in row])})
+            for pid, row in zip(prompt_ids, rewards.tolist())
+        ]
+        self._rewards.write("\n".join(lines) + "\n")
+        self._rewards.flush()
+
+    def print(self, message: str) -> None:
+        """A line above the progress bar (or on stdout without one)."""
+        if self._bar is not None:
+            self._bar.console.print(message)
+        else:
+            print(message, flush=True)
+
+    def close(self, *, report: bool = True) -> Path | None:
+        """Flush and close everything; write report.html when the report module is there."""
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        for f in (self._metrics, self._rewards):
+            f.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if not report:
+            return None
+        try:
+            from grouprl.report import write_run_report
+        except ImportError:
+            return None
+        try:
+            return write_run_report(self.run_dir)
+        except Exception as err:  # a report bug must not lose a finished run
+            print(f"report.html not written ({type(err).__name__}: {err}); metrics are kept")
+            return None

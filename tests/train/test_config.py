@@ -1,0 +1,88 @@
+"""Config: YAML and --set overrides load into the same frozen classes; bad configs fail at load."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from grouprl.train import config as C
+
+
+def test_defaults_are_the_maze_miniature_and_validate():
+    cfg = C.load_config()
+    assert (cfg.model.name, cfg.task.name, cfg.algorithm.preset) == ("tiny", "maze", "grpo")
+    # MODELS-AND-TASKS.md: 32 mazes x 8, lr 2e-4
+    assert (cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.optim.lr) == (32, 8, 2e-4)
+    assert cfg.batch_size == 256
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.optim.lr = 1.0
+
+
+def test_yaml_and_overrides_load_into_the_same_classes(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "optim: {lr: 1.0e-4, betas: [0.8, 0.9]}\n"
+        "sampling: {group_size: 4}\n"
+        "algorithm: {preset: dapo, beta: 0.04}\n"
+        "task: {name: maze, params: {size: 4}}\n"
+    )
+    a = C.load_config(path)
+    b = C.load_config(
+        None,
+        [
+            "optim.lr=1e-4",
+            "optim.betas=[0.8, 0.9]",
+            "sampling.group_size=4",
+            "algorithm.preset=dapo",
+            "algorithm.beta=0.04",
+            "task.params.size=4",
+        ],
+    )
+    assert a == b
+    assert a.optim.betas == (0.8, 0.9) and isinstance(a.optim.betas, tuple)
+    assert a.algorithm.resolve().beta == 0.04
+    assert a.algorithm.resolve().surrogate_params["eps_high"] == 0.28  # DAPO's clip-higher
+    assert dict(a.task.params) == {"size": 4}
+    # overrides win over the file; the round trip through to_dict is lossless
+    c = C.load_config(path, ["optim.lr=3e-4"])
+    assert c.optim.lr == 3e-4 and c.sampling.group_size == 4
+    assert C.from_dict(c.to_dict()) == c
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["algorithm.preset=nope"], "valid presets: grpo"),
+        (["task.name=nope"], "valid tasks: maze"),
+        (["model.name=nope"], "unknown model 'nope'; give one of: tiny"),
+        (["optim.minibatches=3"], "does not divide sampling.prompts_per_step=32"),
+        (["optim.micro_batch_size=12"], "multiple of the group size (8)"),
+        (["optim.micro_batch_size=48"], "divides the minibatch (256 sequences"),
+        (["sampling.group_size=1"], "group_size must be >= 2"),
+        (["optim.bogus=1"], "unknown field optim.bogus; valid fields: steps"),
+        (["bogus.x=1"], "SECTION one of model"),
+        (["algorithm.not_a_field=1"], "unknown algorithm override(s) ['not_a_field']"),
+        (["eval.samples=4"], "pass@k needs n >= k"),
+        (["model.dtype=int8"], "model.dtype must be"),
+    ],
+)
+def test_bad_configs_fail_at_load_with_the_fix(overrides, message):
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config(None, overrides)
+    assert message in str(err.value)
+
+
+def test_lora_without_peft_is_rejected_before_any_model(monkeypatch):
+    real = C.importlib.util.find_spec
+    monkeypatch.setattr(
+        C.importlib.util, "find_spec", lambda name: None if name == "peft" else real(name)
+    )
+    with pytest.raises(C.ConfigError, match="needs peft, which is not installed"):
+        C.load_config(None, ["model.lora_rank=8"])
+
+
+def test_reasoning_gym_names_and_model_paths_are_accepted(tmp_path):
+    C.load_config(None, ["task.name=basic_arithmetic", "model.name=smollm2"])
+    C.load_config(None, ["model.name=tiny:d=32,layers=2"])
+    C.load_config(None, [f"model.name={tmp_path}"])
