@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grouprl.tasks.base import SPLITS, Example, Task
+from grouprl.tasks.code import HumanEvalTask
 from grouprl.tasks.math import MathTask
 from grouprl.tasks.maze import MazeTask
 from grouprl.tasks.reasoning_gym import ReasoningGymTask
@@ -29,6 +30,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "maze": MazeTask,
     "reasoning_gym": ReasoningGymTask,
     "math": MathTask,
+    "humaneval": HumanEvalTask,
 }
 """Task name -> factory. Any reasoning-gym dataset name (e.g. ``basic_arithmetic``) is also
 accepted by :func:`get`, which passes it as ``ReasoningGymTask(dataset=name, **config)``."""
