@@ -123,8 +123,8 @@ def _ratio_stats(
     ratio: torch.Tensor,
     adv: torch.Tensor,
     mask: torch.Tensor,
-    lo: float | None,
-    hi: float | None,
+    lo: float | torch.Tensor | None,
+    hi: float | torch.Tensor | None,
     log_ratio: torch.Tensor,
 ) -> dict[str, float]:
     """Ratio and clip statistics over valid tokens (TRL GRPOTrainer's clip_ratio/* metrics)."""
@@ -145,9 +145,28 @@ def _ratio_stats(
     return stats
 
 
-def _check_eps(eps_low: float, eps_high: float) -> None:
-    if not (eps_low >= 0 and eps_high >= 0):
+Eps = float | torch.Tensor
+
+
+def _check_eps(eps_low: Eps, eps_high: Eps) -> None:
+    ok = all(
+        bool((torch.as_tensor(e) >= 0).all()) and bool(torch.isfinite(torch.as_tensor(e)).all())
+        for e in (eps_low, eps_high)
+    )
+    if not ok:
         raise ValueError(f"clip bounds must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+
+
+def _eps_column(eps: Eps, n: int, like: torch.Tensor) -> float | torch.Tensor:
+    """A float stays a float; a per-sequence ``[N]`` tensor becomes ``[N, 1]``."""
+    if not isinstance(eps, torch.Tensor):
+        return float(eps)
+    if eps.shape != (n,):
+        raise ValueError(
+            f"a tensor clip bound must be [N]={n} (one per sequence, e.g. AGPO's per-prompt "
+            f"epsilon repeated G times), got {tuple(eps.shape)}"
+        )
+    return eps.detach().to(like.dtype)[:, None]
 
 
 def ppo_clip(
@@ -156,8 +175,8 @@ def ppo_clip(
     adv: torch.Tensor,
     mask: torch.Tensor,
     *,
-    eps_low: float = 0.2,
-    eps_high: float = 0.2,
+    eps_low: Eps = 0.2,
+    eps_high: Eps = 0.2,
     clip_ratio_c: float | None = None,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
 ) -> tuple[torch.Tensor, dict[str, float]]:
@@ -168,6 +187,8 @@ def ppo_clip(
     clip-higher 0.2/0.28]. Dual clip (Ye et al. 2020, verl ``clip_ratio_c`` = 3.0): for A < 0
     the loss is further capped, ``ℓ = min(ℓ, −c·A)``, so a huge ρ on a bad token cannot blow
     up the step. ``clip_ratio_c=None`` (default, as TRL) turns it off; it must be > 1.
+    ``eps_low`` / ``eps_high`` may be ``[N]`` tensors (one bound per sequence: AGPO's
+    per-prompt adaptive ε, :class:`grouprl.control.agpo.AdaptiveClip`).
     ``log_ratio_clamp`` = 20 as in verl (TRL does not clamp; identical for |log ρ| < 20).
     Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``).
     """
@@ -177,12 +198,14 @@ def ppo_clip(
             f"clip_ratio_c (dual clip) must be > 1 (verl uses 3.0), got {clip_ratio_c}"
         )
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lo = 1.0 - _eps_column(eps_low, logp.shape[0], logp)  # float or [N, 1]
+    hi = 1.0 + _eps_column(eps_high, logp.shape[0], logp)
     log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
     loss1 = -adv * ratio
-    loss2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    loss2 = -adv * torch.clamp(ratio, lo, hi)
     per_token = torch.maximum(loss1, loss2)  # [N, T]
-    stats = _ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
+    stats = _ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
     if clip_ratio_c is not None:
         loss3 = -adv * clip_ratio_c
         dual = (adv < 0) & (per_token > loss3)

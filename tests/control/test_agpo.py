@@ -1,0 +1,248 @@
+"""AGPO: probe statistics, clip formula test vectors, controllers and their state."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grouprl.control import agpo
+
+# ----------------------------------------------------------------------------- clip formula
+
+
+def test_clip_epsilon_test_vector_from_algorithms_md():
+    # ε_base 0.2, h 1.5, E 0.7, δ_E 0.1, σ̂ 0.4, D 0.2, γ_KL 0.5, |κ| 0.3, ζ 0.2
+    # numerator 0.2·1.5·(1 + 0.07) = 0.321; denominator 1 + 0.4 + 0.1 + 0.06 = 1.56
+    # ε = 0.321 / 1.56 = 0.205769... -> 0.2058
+    eps = agpo.clip_epsilon(
+        dispersion=0.4,
+        vote_entropy=0.7,
+        abs_skew=0.3,
+        h=1.5,
+        drift=0.2,
+        eps_base=0.2,
+        delta_e=0.1,
+        gamma_kl=0.5,
+        zeta=0.2,
+    )
+    assert eps == pytest.approx(0.321 / 1.56, abs=1e-12)
+    assert round(eps, 4) == 0.2058
+
+
+def test_clip_epsilon_own_vector_two_answers_split():
+    # Our vector 1: probe rewards [1, 0, 0, 0] -> σ̂ = 0.5 (ddof 1: mean 0.25, Σdev² = 0.75,
+    # /3 = 0.25, √ = 0.5); answers split 50/50 -> E = ln 2 = 0.693147; H/H_ref = 2 -> h = 1.5;
+    # D = 0, ζ = 0. ε = 0.2·1.5·(1 + 0.0693147)/(1 + 0.5) = 0.2·1.0693147 = 0.21386294
+    eps = agpo.clip_epsilon(
+        dispersion=0.5, vote_entropy=math.log(2), abs_skew=2.0, h=1.5, drift=0.0
+    )
+    assert eps == pytest.approx(0.2 * (1 + 0.1 * math.log(2)), abs=1e-12)
+    assert round(eps, 6) == 0.213863
+
+
+def test_clip_epsilon_own_vector_bounds():
+    # Our vector 2 (lower bound): h 0.5, E 0, σ̂ 3, D 2 (γ 0.5 -> 1): 0.2·0.5/(1+3+1) = 0.02
+    # -> clipped up to ε_min 0.05.
+    assert (
+        agpo.clip_epsilon(dispersion=3.0, vote_entropy=0.0, abs_skew=0.0, h=0.5, drift=2.0) == 0.05
+    )
+    # upper bound: h 1.5, E = ln 8 = 2.0794, δ_E 1: 0.2·1.5·3.0794 = 0.924 -> ε_max 0.4
+    assert (
+        agpo.clip_epsilon(
+            dispersion=0.0, vote_entropy=math.log(8), abs_skew=0.0, h=1.5, drift=0.0, delta_e=1.0
+        )
+        == 0.4
+    )
+
+
+# ----------------------------------------------------------------------------- probe stats
+
+
+def test_dispersions_hand_values():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    # std (ddof 1): row 0 -> 0.5; row 1: mean .5, Σdev² = 1, /3 -> √(1/3) = 0.57735; row 2 -> 0
+    torch.testing.assert_close(
+        agpo.dispersion(r, "std"), torch.tensor([0.5, 1 / math.sqrt(3), 0.0])
+    )
+    # mad: row 0 median 0, |r - 0| = [1,0,0,0], median 0 -> 0
+    #      row 1 median 0.5 (mean of middle), |r - .5| = .5 each -> 1.4826·0.5 = 0.7413
+    #      with the AGPO code's lower median: median 0, |r| = [0,0,1,1], lower median 0 -> 0
+    torch.testing.assert_close(agpo.dispersion(r, "mad"), torch.tensor([0.0, 0.7413, 0.0]))
+    torch.testing.assert_close(
+        agpo.dispersion(r, "mad", median="lower"), torch.tensor([0.0, 0.0, 0.0])
+    )
+    # iqr, linear interpolation on sorted [0,0,0,1]: Q25 at 0.75 -> 0, Q75 at 2.25 -> 0.25
+    # -> 0.25/1.349 = 0.185322; row 1 sorted [0,0,1,1]: Q25 0, Q75 1 -> 1/1.349 = 0.741290
+    torch.testing.assert_close(
+        agpo.dispersion(r, "iqr"), torch.tensor([0.25 / 1.349, 1 / 1.349, 0.0])
+    )
+    with pytest.raises(ValueError, match="valid dispersions: std, mad, iqr"):
+        agpo.dispersion(r, "var")
+
+
+def test_dispersion_ignores_nan():
+    r = torch.tensor([[1.0, math.nan, 0.0, 0.0, 0.0], [math.nan] * 5])
+    for mode in ("std", "mad", "iqr"):
+        out = agpo.dispersion(r, mode)
+        torch.testing.assert_close(out[0], agpo.dispersion(r[:1, [0, 2, 3, 4]], mode)[0])
+        assert out[1] == 0.0
+
+
+def test_skewness_hand_values():
+    # [1, 0, 0, 0]: mean .25, deviations .75, -.25 ×3; m2 = .75/4 = .1875,
+    # m3 = (.421875 - 3·.015625)/4 = .09375; g1 = m3/m2^1.5 = 1.1547;
+    # G1 = √(4·3)/2 · g1 = 1.7320508·1.1547005 = 2.0 exactly
+    # AGPO code (Bessel std .5): mean(((x-m)/.5)³) = (3.375 - 3·.125)/4 = .75; ×1.7320508 = 1.299
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0], [1.0] * 4, [0.0, 1.0, 0, 0]])
+    torch.testing.assert_close(agpo.skewness(r)[:3], torch.tensor([2.0, -2.0, 0.0]))
+    assert float(agpo.skewness(r, moment_ddof=1)[0]) == pytest.approx(0.75 * math.sqrt(3))
+    # clamp at ±10: one 1 among 200 zeros has G1 ≈ 14.1
+    big = torch.zeros(1, 200)
+    big[0, 0] = 1.0
+    assert float(agpo.skewness(big)) == 10.0
+
+
+def test_skewness_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    g = torch.Generator().manual_seed(0)
+    r = torch.rand(20, 7, generator=g, dtype=torch.float64) ** 3
+    expect = torch.tensor(scipy_stats.skew(r.numpy(), axis=1, bias=False))
+    torch.testing.assert_close(agpo.skewness(r), expect, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("so the answer is \\boxed{42}.", "42"),
+        ("\\boxed{3} wait, \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),  # last box, nested braces
+        ("reasoning...\n#### 1,234", "1234"),
+        ("The Answer is Seven", "the answer is seven"),
+        ("x = 3, y = 4.0 so total 8/2", "4"),  # last number, canonical: 8/2 = 4
+        ("result -0.50", "-1/2"),
+        ("  many   spaces\nhere  ", "many spaces here"),
+        ("\\boxed{ABC } end", "abc"),
+    ],
+)
+def test_extract_answer_key(text, key):
+    assert agpo.extract_answer_key(text) == key
+
+
+def test_vote_entropy_hand_values():
+    # keys 4, 4, 5, 4 -> p = (3/4, 1/4): E = -(.75 ln .75 + .25 ln .25) = 0.215762 + 0.346574
+    texts = ["\\boxed{4}", "#### 4", "the answer is 5", "so 4.0"]
+    assert agpo.vote_entropy(texts) == pytest.approx(0.5623351446, abs=1e-9)
+    assert agpo.vote_entropy(["a", "b", "c", "d"]) == pytest.approx(math.log(4))
+    assert agpo.vote_entropy(["7", "7.0"]) == 0.0
+    assert agpo.vote_entropy([]) == 0.0
+
+
+def test_probe_stats_batch():
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    stats = agpo.probe_stats(rewards, ["#### 1", "#### 2", "#### 3", "#### 3"])
+    torch.testing.assert_close(stats.vote_entropy, torch.tensor([math.log(2), 0.0]))
+    torch.testing.assert_close(stats.dispersion, torch.tensor([math.sqrt(0.5), 0.0]))
+    assert set(stats.as_dict()) == {"probe_dispersion", "probe_skewness", "probe_vote_entropy"}
+    with pytest.raises(ValueError, match="P\\*G = 4"):
+        agpo.probe_stats(rewards, ["x"])
+
+
+# ----------------------------------------------------------------------------- controllers
+
+
+def test_temperature_moves_up_above_baseline_and_down_below():
+    # U: 0.5 (first: c = 0, τ = 1, EMA = .5)
+    #    1.0 (c = (1 - .5)/.5 = 1 -> τ = 1·(1 + .15) = 1.15; EMA = .1 + .45 = .55)
+    #    0.0 (c = -.55/.55 = -1 -> τ = 0.85; EMA = .495)
+    #    10  (c = 9.505/.495 = 19.2 -> 3.88 -> τ_max 1.5; EMA = 1 + .4455 = 1.4455)
+    temp = agpo.AdaptiveTemperature()
+    taus = [temp.update(u) for u in (0.5, 1.0, 0.0, 10.0)]
+    assert taus == pytest.approx([1.0, 1.15, 0.85, 1.5], abs=1e-6)
+    assert temp.ema == pytest.approx(1.4455, abs=1e-12)
+    # far below baseline -> τ_min
+    assert temp.update(0.0) == pytest.approx(max(0.5, 1 - 0.15), abs=1e-6)
+
+
+def test_temperature_update_batch_equals_sequential_updates():
+    a, b = agpo.AdaptiveTemperature(), agpo.AdaptiveTemperature()
+    u = torch.tensor([0.3, 0.9, 0.1, 0.6])
+    out = a.update_batch(u)
+    expect = torch.tensor([b.update(x) for x in u.tolist()])
+    torch.testing.assert_close(out, expect)
+    stats = agpo.ProbeStats(
+        dispersion=torch.tensor([0.5]),
+        skewness=torch.tensor([-2.0]),
+        vote_entropy=torch.tensor([0.7]),
+    )
+    # U = 1·0.5 + 1·0.7 + 0·2 = 1.2; with w_k = 0.5: 2.2
+    assert float(a.uncertainty(stats)) == pytest.approx(1.2)
+    assert float(agpo.AdaptiveTemperature(w_k=0.5).uncertainty(stats)) == pytest.approx(2.2)
+
+
+def test_adaptive_clip_entropy_reference_and_drift_ema():
+    clip = agpo.AdaptiveClip()
+    # first call: H_ref = H = 2 -> h = 2/(2 + 1e-8) ≈ 1; σ̂ .5, E 0: ε = .2/1.5 = 0.133333
+    assert clip.update(0.5, 0.0, 0.0, 2.0) == pytest.approx(0.2 / 1.5, abs=1e-8)
+    assert clip.entropy_ref == 2.0
+    # second: H = 3, H_ref = 2 -> h = 1.5: ε = .2·1.5/1.5 = 0.2; H_ref <- .01·3 + .99·2 = 2.01
+    assert clip.update(0.5, 0.0, 0.0, 3.0) == pytest.approx(0.2, abs=1e-8)
+    assert clip.entropy_ref == pytest.approx(2.01)
+    # drift EMA from 0 with α .1: 0.4 -> .04 -> .076
+    assert clip.observe_drift(0.4) == pytest.approx(0.04)
+    assert clip.observe_drift(0.4) == pytest.approx(0.076)
+    # now D = .076 enters the denominator: H = H_ref -> h ≈ 1; ε = .2/(1 + .5·.076) = 0.192678
+    clip.entropy_ref = 2.0
+    assert clip.update(0.0, 0.0, 0.0, 2.0) == pytest.approx(0.2 / 1.038, abs=1e-8)
+
+
+def test_state_dict_round_trip_resumes_identically():
+    temp, clip = agpo.AdaptiveTemperature(), agpo.AdaptiveClip()
+    for u, h in [(0.4, 1.0), (0.8, 1.3), (0.2, 0.9)]:
+        temp.update(u)
+        clip.update(u, 0.3, 1.0, h)
+        clip.observe_drift(u / 10)
+    temp2, clip2 = agpo.AdaptiveTemperature(), agpo.AdaptiveClip()
+    temp2.load_state_dict(temp.state_dict())
+    clip2.load_state_dict(clip.state_dict())
+    for u, h in [(0.5, 1.1), (0.1, 2.0)]:
+        assert temp.update(u) == temp2.update(u)
+        assert clip.update(u, 0.2, 0.5, h) == clip2.update(u, 0.2, 0.5, h)
+    assert temp.state_dict() == temp2.state_dict() and clip.state_dict() == clip2.state_dict()
+
+
+def test_group_token_mean_and_step_drift():
+    # G = 2, P = 2. group 0 tokens (old - new): [.2, .4 | .6, pad] -> mean .4
+    # group 1: [-.3, -.1 | -.2, pad] -> mean -.2 -> max(0, .) = 0; drift = (.4 + 0)/2 = .2
+    old = torch.zeros(4, 2)
+    new = -torch.tensor([[0.2, 0.4], [0.6, 9.0], [-0.3, -0.1], [-0.2, 9.0]])
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1], [1, 0]])
+    assert agpo.step_drift(old, new, mask, group_size=2) == pytest.approx(0.2)
+    torch.testing.assert_close(agpo.group_token_mean(old - new, mask, 2), torch.tensor([0.4, -0.2]))
+    with pytest.raises(ValueError, match="divisible by group_size=3"):
+        agpo.group_token_mean(old, mask, 3)
+
+
+def test_per_prompt_epsilon_in_ppo_clip():
+    # AGPO applies ε per prompt: ppo_clip accepts [N] bounds. ρ = 1.5, A = 1:
+    # ε = .2 -> -1.2; ε = .4 -> -1.4; ε = .6 -> -1.5 (not clipped)
+    from grouprl import losses
+
+    logp = torch.full((3, 1), math.log(1.5))
+    eps = torch.tensor([0.2, 0.4, 0.6])
+    per_token, stats = losses.ppo_clip(
+        logp, torch.zeros(3, 1), torch.ones(3), torch.ones(3, 1), eps_low=eps, eps_high=eps
+    )
+    torch.testing.assert_close(per_token[:, 0], torch.tensor([-1.2, -1.4, -1.5]))
+    assert stats["clip_frac_high"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="tensor clip bound must be"):
+        losses.ppo_clip(logp, None, torch.ones(3), torch.ones(3, 1), eps_low=torch.ones(2))
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="tau_min <= tau_base"):
+        agpo.AdaptiveTemperature(tau_min=1.2)
+    with pytest.raises(ValueError, match="eps_min <= eps_base"):
+        agpo.AdaptiveClip(eps_base=0.5)
+    with pytest.raises(ValueError, match="finite"):
+        agpo.AdaptiveTemperature().update(math.nan)
