@@ -1,0 +1,426 @@
+"""grouprl's estimators and surrogates in verl's registries (verl >= 0.9).
+
+Importing this module registers, in the importing process:
+
+- every estimator of :data:`grouprl.advantages.ESTIMATORS` as ``grouprl_<name>`` in verl's
+  advantage-estimator registry (``core_algos.ADV_ESTIMATOR_REGISTRY``);
+- every surrogate of :data:`grouprl.losses.SURROGATES` as ``grouprl_<name>`` in verl's
+  policy-loss registry (``core_algos.POLICY_LOSS_REGISTRY``).
+
+verl's registries live in each process (driver and Ray workers alike), so name this module
+in ``VERL_USE_EXTERNAL_MODULES`` (verl imports it at ``import verl`` in every process), or
+rely on the ``verl.plugins`` entry point that grouprl's package metadata declares::
+
+    VERL_USE_EXTERNAL_MODULES=grouprl.integrations.verl python -m verl.trainer.main_ppo \\
+        algorithm.adv_estimator=grouprl_grpo +algorithm.grouprl.preset=f_grpo ...
+
+Options come from verl's algorithm config, section ``algorithm.grouprl`` (all optional):
+``preset`` (a grouprl preset whose advantage half is applied: its estimator must be the
+registered one), ``focal_gamma``, ``delta_res``, ``virtual``, ``virtual_alpha``,
+``reward_range``, ``singleton`` (``"zero"`` ours, ``"verl"`` verl's rule) and any estimator
+parameter (``eps``, ``ddof``, ``tau``, ``tau_res``...), validated by
+:func:`grouprl.advantages.compute`.
+
+verl's input is flat: ``token_level_rewards [N, T]`` and ``index [N]`` (the prompt ``uid``);
+:func:`group_layout` maps it to our ``[P, G]`` without a Python loop (ragged and
+non-contiguous groups, NaN padding), and the advantages come back per token, times the
+response mask, exactly as verl's own outcome estimators return them.
+
+Limits: verl's estimator API returns advantages only, so ``Advantages.keep`` zeroes a
+skipped group's reward branch but cannot remove it from verl's KL loss, and
+``Advantages.kl_weight`` (``grpo_beta_comp``) is not applied to verl's KL term.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from grouprl import advantages as adv_lib
+from grouprl import losses as loss_lib
+from grouprl import presets as preset_lib
+from grouprl.advantages import VirtualTrigger
+from grouprl.types import Advantages
+
+try:
+    from verl.trainer.ppo import core_algos
+except ImportError as err:  # pragma: no cover - exercised only without verl
+    raise ImportError(
+        "grouprl.integrations.verl needs verl (>= 0.9): run scripts/install-peers.sh, or "
+        "`pip install verl` in a verl environment"
+    ) from err
+
+__all__ = [
+    "LOSS_NAMES",
+    "OPTION_KEYS",
+    "PREFIX",
+    "SINGLETON_RULES",
+    "GroupLayout",
+    "estimator_names",
+    "group_layout",
+    "last_result",
+    "load_trigger_state_dict",
+    "make_estimator",
+    "make_policy_loss",
+    "register",
+    "trigger_state_dict",
+]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "grouprl_"
+"""Prefix of every name grouprl registers in verl (``grouprl_grpo``, ``grouprl_cispo``...)."""
+
+SINGLETON_RULES = ("zero", "verl")
+"""What a group with a single sample gets.
+
+``"zero"`` (default, ALGORITHMS.md §0): no baseline exists, advantage 0. ``"verl"``: verl's
+rule (``compute_grpo_outcome_advantage`` / ``group_mean_std``: mean 0, std 1 for a
+singleton): the raw reward, divided by ``1 + eps`` for the estimators that divide by a
+per-group ``σ + eps`` (:data:`_SIGMA_EPS_ESTIMATORS`).
+"""
+
+_SIGMA_EPS_ESTIMATORS = frozenset({"grpo", "grpo_beta_comp"})
+
+OPTION_KEYS = (
+    "preset",
+    "singleton",
+    "focal_gamma",
+    "delta_res",
+    "virtual",
+    "virtual_alpha",
+    "reward_range",
+)
+"""Keys of ``algorithm.grouprl`` handled here; any other key is an estimator parameter."""
+
+LOSS_NAMES: tuple[str, ...] = tuple(PREFIX + name for name in loss_lib.SURROGATES)
+
+_TRIGGERS: dict[str, VirtualTrigger] = {}
+_LAST: dict[str, Advantages] = {}
+
+
+# --------------------------------------------------------------------------- flat <-> [P, G]
+@dataclass(frozen=True)
+class GroupLayout:
+    """Where each of verl's N flat samples sits in a ``[P, W]`` grid (W = largest group).
+
+    Attributes:
+        group: ``[N]`` long, the sample's group (0..P-1, in order of the sorted uids).
+        pos: ``[N]`` long, its column: rank within the group in batch order.
+        counts: ``[P]`` long, samples per group.
+        width: W, the largest group size; smaller groups are NaN-padded.
+    """
+
+    group: torch.Tensor  # [N]
+    pos: torch.Tensor  # [N]
+    counts: torch.Tensor  # [P]
+    width: int
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.counts.shape[0])
+
+    def to_grid(self, flat: torch.Tensor) -> torch.Tensor:
+        """``[N]`` -> ``[P, W]``, NaN where a group has fewer than W samples."""
+        grid = torch.full(
+            (self.num_groups, self.width), float("nan"), dtype=flat.dtype, device=flat.device
+        )
+        grid[self.group, self.pos] = flat
+        return grid
+
+    def to_flat(self, grid: torch.Tensor) -> torch.Tensor:
+        """``[P, W]`` -> ``[N]`` in verl's original sample order."""
+        return grid[self.group, self.pos]
+
+
+def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
+    """``[N]`` long group id per sample from verl's ``index`` (uids: str, int, or a tensor)."""
+    if isinstance(index, torch.Tensor):
+        if index.dim() != 1:
+            raise ValueError(f"index must be 1-D [N], got shape {tuple(index.shape)}")
+        return torch.unique(index, return_inverse=True)[1].to(device)
+    arr = np.asarray(index)
+    if arr.ndim != 1:
+        raise ValueError(f"index must be 1-D [N], got shape {arr.shape}")
+    if arr.dtype == object:
+        # verl's uids are Python str objects; a fixed-width unicode array sorts in C.
+        arr = arr.astype(str)
+    inverse = np.unique(arr, return_inverse=True)[1].reshape(-1)
+    return torch.from_numpy(inverse.astype(np.int64)).to(device)
+
+
+def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> GroupLayout:
+    """Map verl's flat ``index [N]`` (one uid per sample) to a ``[P, W]`` grid layout.
+
+    Vectorised: ``np.unique(return_inverse)`` gives the group of each sample, a stable sort
+    by group gives each sample's rank within its group. Groups may be ragged (different
+    sizes) and non-contiguous (a group's samples anywhere in the batch).
+    """
+    device = torch.device(device)
+    group = _group_ids(index, device)  # [N]
+    if group.shape[0] != n:
+        raise ValueError(
+            f"index has {group.shape[0]} entries but token_level_rewards has {n} rows; "
+            "pass data.non_tensor_batch['uid'] as index"
+        )
+    counts = torch.bincount(group)  # [P]
+    order = torch.argsort(group, stable=True)  # [N] samples sorted by group, batch order kept
+    starts = torch.cumsum(counts, 0) - counts  # [P]
+    pos = torch.empty_like(group)
+    pos[order] = torch.arange(n, device=device) - starts[group[order]]
+    return GroupLayout(group=group, pos=pos, counts=counts, width=int(counts.max()))
+
+
+# --------------------------------------------------------------------------- options
+def _as_dict(section: Any) -> dict[str, Any]:
+    if section is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(section, DictConfig):
+            return dict(OmegaConf.to_container(section, resolve=True))
+    except ImportError:  # pragma: no cover
+        pass
+    if isinstance(section, Mapping):
+        return dict(section)
+    raise ValueError(
+        f"algorithm.grouprl must be a mapping of options, got {type(section).__name__}; "
+        "e.g. +algorithm.grouprl.focal_gamma=0.5"
+    )
+
+
+def _options(name: str, config: Any) -> tuple[str, dict[str, Any]]:
+    """``(singleton_rule, compute kwargs)`` from verl's algorithm config for estimator ``name``."""
+    section = config.get("grouprl", None) if config is not None else None
+    opts = _as_dict(section)
+    kwargs: dict[str, Any] = {}
+    preset_name = opts.pop("preset", None)
+    if preset_name is not None:
+        preset = preset_lib.get(preset_name)
+        if preset.estimator != name:
+            raise ValueError(
+                f"preset {preset_name!r} uses the estimator {preset.estimator!r}, but "
+                f"algorithm.adv_estimator is {PREFIX + name!r}; set "
+                f"algorithm.adv_estimator={PREFIX + preset.estimator}"
+            )
+        kwargs.update(preset.advantage_kwargs())
+    singleton = opts.pop("singleton", "zero")
+    if singleton not in SINGLETON_RULES:
+        raise ValueError(
+            f"algorithm.grouprl.singleton must be one of {', '.join(SINGLETON_RULES)}, "
+            f"got {singleton!r}"
+        )
+    if "reward_range" in opts:
+        opts["reward_range"] = tuple(opts["reward_range"])
+    kwargs.update(opts)
+    return singleton, kwargs
+
+
+def _trigger(name: str) -> VirtualTrigger:
+    if name not in _TRIGGERS:
+        _TRIGGERS[name] = VirtualTrigger()
+    return _TRIGGERS[name]
+
+
+def trigger_state_dict() -> dict[str, dict]:
+    """AVSPO trigger state of every registered estimator in this process (for checkpoints)."""
+    return {name: trig.state_dict() for name, trig in _TRIGGERS.items()}
+
+
+def load_trigger_state_dict(state: Mapping[str, Mapping]) -> None:
+    """Restore what :func:`trigger_state_dict` returned (e.g. after resuming a verl run)."""
+    for name, sub in state.items():
+        _trigger(name).load_state_dict(dict(sub))
+
+
+def last_result(name: str) -> Advantages | None:
+    """The :class:`Advantages` the estimator ``name`` computed last in this process (or None).
+
+    verl's estimator API returns tensors only; read ``.stats`` / ``.scale`` here to log them.
+    """
+    return _LAST.get(name.removeprefix(PREFIX))
+
+
+# --------------------------------------------------------------------------- estimators
+def _apply_singleton_rule(
+    name: str, values: torch.Tensor, rewards: torch.Tensor, counts: torch.Tensor, eps: float
+) -> torch.Tensor:
+    """verl's singleton rule on ``values [P, W]``: a lone sample's advantage is its reward."""
+    single = (counts == 1)[:, None] & ~torch.isnan(rewards)  # [P, W]
+    lone = rewards / (1.0 + eps) if name in _SIGMA_EPS_ESTIMATORS else rewards
+    return torch.where(single, lone, values)
+
+
+def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """verl advantage estimator running grouprl's ``name`` (called as verl calls estimators).
+
+    ``fn(token_level_rewards [N, T], response_mask [N, T], index [N], config=None, **_)
+    -> (advantages [N, T], returns [N, T])``: score = the sum of the token rewards (verl's
+    outcome estimators), grouped by ``index``, estimated on ``[P, W]`` by
+    :func:`grouprl.advantages.compute`, broadcast over tokens and multiplied by the mask.
+    NaN scores are excluded from the statistics and get 0 (grouprl's rule).
+    """
+    estimator = adv_lib.ESTIMATORS[name]
+    default_eps = (estimator.__kwdefaults__ or {}).get("eps", 0.0)
+
+    def fn(
+        token_level_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        index: Any = None,
+        config: Any = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if index is None:
+            raise ValueError(
+                f"{PREFIX + name} is a group estimator: verl must pass index "
+                "(data.non_tensor_batch['uid'])"
+            )
+        singleton, kwargs = _options(name, config)
+        if kwargs.get("virtual") is not None:
+            kwargs["trigger"] = _trigger(name)
+        with torch.no_grad():
+            scores = token_level_rewards.sum(dim=-1)  # [N]
+            layout = group_layout(index, scores.shape[0], scores.device)
+            rewards = layout.to_grid(scores.float())  # [P, W]
+            out = adv_lib.compute(name, rewards, **kwargs)
+            values = out.values  # [P, W]
+            if singleton == "verl":
+                eps = float(kwargs.get("eps", default_eps))
+                values = _apply_singleton_rule(name, values, rewards, layout.counts, eps)
+            _LAST[name] = out
+            flat = layout.to_flat(values).to(token_level_rewards.dtype)  # [N]
+            advantages = flat[:, None] * response_mask
+        return advantages, advantages
+
+    fn.__name__ = fn.__qualname__ = PREFIX + name
+    first = (estimator.__doc__ or name).strip().splitlines()[0]
+    fn.__doc__ = f"grouprl {name} in verl: {first}"
+    fn._grouprl_estimator = name  # type: ignore[attr-defined]
+    return fn
+
+
+def estimator_names() -> list[str]:
+    """The names grouprl registers in verl's advantage-estimator registry."""
+    return [PREFIX + name for name in adv_lib.ESTIMATORS]
+
+
+# --------------------------------------------------------------------------- policy losses
+def _clip_bounds(config: Any) -> dict[str, float]:
+    clip = config.get("clip_ratio", 0.2)
+    low = config.get("clip_ratio_low", None)
+    high = config.get("clip_ratio_high", None)
+    return {"eps_low": clip if low is None else low, "eps_high": clip if high is None else high}
+
+
+_LOSS_PARAMS: dict[str, Callable[[Any], dict[str, float]]] = {
+    # verl ``compute_policy_loss_vanilla``: clip_ratio_low/high, dual clip clip_ratio_c = 3.0
+    "ppo_clip": lambda c: {**_clip_bounds(c), "clip_ratio_c": c.get("clip_ratio_c", 3.0)},
+    # verl ``compute_policy_loss_cispo``: weight clipped to [1 - low, 1 + high]
+    "cispo": _clip_bounds,
+    # verl ``compute_policy_loss_gspo``: the same clip_ratio_low/high on the sequence ratio
+    "gspo": _clip_bounds,
+    "reinforce": lambda c: {},
+}
+"""Surrogate -> its parameters read from verl's ActorConfig (same meaning as verl's losses)."""
+
+
+def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, Any]]]:
+    """verl policy loss running grouprl's surrogate ``name`` and verl's ``agg_loss``.
+
+    The per-token loss is :func:`grouprl.losses.surrogate`; the aggregation is verl's own
+    ``agg_loss(..., **config.global_batch_info)``, so ``loss_agg_mode`` and the global token /
+    sequence counts across data-parallel ranks and micro-batches mean what they mean in verl.
+    Metrics: verl's ``actor/pg_clipfrac`` (our ``clip_frac_region``), ``actor/ppo_kl``,
+    ``actor/pg_clipfrac_lower`` (dual clip), plus ``actor/grouprl/<stat>``.
+    """
+    if name not in loss_lib.SURROGATES:
+        raise ValueError(
+            f"unknown surrogate {name!r}; valid surrogates: {', '.join(loss_lib.SURROGATES)}"
+        )
+    params_of = _LOSS_PARAMS.get(name, lambda c: {})
+
+    def fn(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        if config is None:
+            raise ValueError(f"{PREFIX + name} needs verl's ActorConfig as config")
+        per_token, stats = loss_lib.surrogate(
+            name, log_prob, old_log_prob, advantages, response_mask, **params_of(config)
+        )
+        if rollout_is_weights is not None:
+            per_token = per_token * rollout_is_weights
+        batch_info = dict(config.get("global_batch_info", None) or {})
+        loss = core_algos.agg_loss(
+            loss_mat=per_token,
+            loss_mask=response_mask,
+            loss_agg_mode=loss_agg_mode,
+            **batch_info,
+        )
+        metrics: dict[str, Any] = {
+            "actor/pg_clipfrac": stats.get("clip_frac_region", 0.0),
+            "actor/ppo_kl": stats.get("approx_kl", 0.0),
+            "actor/pg_clipfrac_lower": stats.get("clip_frac_dual", 0.0),
+        }
+        metrics.update({f"actor/grouprl/{key}": value for key, value in stats.items()})
+        return loss, metrics
+
+    fn.__name__ = fn.__qualname__ = PREFIX + name
+    first = (loss_lib.SURROGATES[name].__doc__ or name).strip().splitlines()[0]
+    fn.__doc__ = f"grouprl {name} surrogate in verl: {first}"
+    fn._grouprl_surrogate = name  # type: ignore[attr-defined]
+    return fn
+
+
+# --------------------------------------------------------------------------- registration
+def _put(registry: dict[str, Any], name: str, fn: Callable, register: Callable) -> None:
+    current = registry.get(name)
+    if current is not None and not (
+        hasattr(current, "_grouprl_estimator") or hasattr(current, "_grouprl_surrogate")
+    ):
+        raise ValueError(f"verl already has a {name!r} that is not grouprl's: {current!r}")
+    if current is None:
+        register(name)(fn)
+    else:  # re-import / reload: replace our own earlier registration
+        registry[name] = fn
+
+
+def register() -> list[str]:
+    """Register every grouprl estimator and surrogate in verl's registries (idempotent).
+
+    Returns the registered names. Called when this module is imported.
+    """
+    names = []
+    for name in adv_lib.ESTIMATORS:
+        _put(
+            core_algos.ADV_ESTIMATOR_REGISTRY,
+            PREFIX + name,
+            make_estimator(name),
+            core_algos.register_adv_est,
+        )
+        names.append(PREFIX + name)
+    for name in loss_lib.SURROGATES:
+        _put(
+            core_algos.POLICY_LOSS_REGISTRY,
+            PREFIX + name,
+            make_policy_loss(name),
+            core_algos.register_policy_loss,
+        )
+        names.append(PREFIX + name)
+    log.debug("grouprl registered in verl: %s", ", ".join(names))
+    return names
+
+
+REGISTERED: list[str] = register()
+"""Every name this import registered in verl."""

@@ -1,0 +1,331 @@
+"""grouprl inside verl: registry names, the flat -> [P, G] adapter, parity with verl's own code.
+
+Every estimator is called through verl's real ``compute_advantage`` (ray_trainer) with a
+DataProto, as verl's trainer calls it, and compared with ``advantages.compute`` on a grid
+built by a plain Python loop in the test.
+"""
+
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.peer
+
+warnings.filterwarnings("ignore")
+core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
+ray_trainer = pytest.importorskip("verl.trainer.ppo.ray_trainer")
+from omegaconf import OmegaConf  # noqa: E402
+from verl import DataProto  # noqa: E402
+from verl.workers.config import ActorConfig  # noqa: E402
+
+from grouprl import advantages, losses  # noqa: E402
+from grouprl.integrations import verl as gv  # noqa: E402
+
+T = 5
+
+
+def ragged_batch(seed, sizes=(1, 2, 3, 4, 5, 8, 8, 6, 1, 3), nan=False, values=None):
+    """A verl-style flat batch: groups of the given sizes, samples shuffled across the batch.
+
+    Returns (token_level_rewards [N, T], response_mask [N, T], uid object array [N], scores [N]).
+    The score sits on the last valid token, as verl's reward managers put it.
+    """
+    rng = np.random.default_rng(seed)
+    uids = np.concatenate([[f"uid-{k}"] * s for k, s in enumerate(sizes)])
+    n = len(uids)
+    if values is None:
+        scores = np.where(rng.random(n) < 0.5, rng.integers(0, 2, n), rng.random(n))
+    else:
+        scores = rng.choice(values, n)
+    if nan:
+        scores[rng.random(n) < 0.1] = np.nan
+    perm = rng.permutation(n)  # non-contiguous groups
+    uids, scores = uids[perm].astype(object), scores[perm]
+    lengths = rng.integers(1, T + 1, n)
+    mask = (np.arange(T)[None, :] < lengths[:, None]).astype(np.float32)
+    tlr = np.zeros((n, T), np.float32)
+    tlr[np.arange(n), lengths - 1] = scores
+    return torch.tensor(tlr), torch.tensor(mask), uids, torch.tensor(scores, dtype=torch.float32)
+
+
+def loop_reference(name, scores, uids, mask, singleton="zero", **kwargs):
+    """Plain-loop reference: group by uid in first-seen order, NaN-pad, compute, scatter back."""
+    order, members = [], {}
+    for i, u in enumerate(uids):
+        if u not in members:
+            members[u] = []
+            order.append(u)
+        members[u].append(i)
+    width = max(len(v) for v in members.values())
+    grid = torch.full((len(order), width), float("nan"))
+    for p, u in enumerate(order):
+        for g, i in enumerate(members[u]):
+            grid[p, g] = scores[i]
+    out = advantages.compute(name, grid, **kwargs).values
+    flat = torch.zeros(len(uids))
+    for p, u in enumerate(order):
+        for g, i in enumerate(members[u]):
+            flat[i] = out[p, g]
+            if singleton == "verl" and len(members[u]) == 1 and not torch.isnan(scores[i]):
+                eps = kwargs.get("eps", 1e-6) if name in ("grpo", "grpo_beta_comp") else 0.0
+                flat[i] = scores[i] / (1.0 + eps)
+    return flat[:, None] * mask
+
+
+def via_compute_advantage(estimator, tlr, mask, uids, grouprl_options=None, **algo):
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": tlr.clone(), "response_mask": mask.clone()},
+        non_tensors={"uid": uids},
+    )
+    cfg = OmegaConf.create({"adv_estimator": estimator, **algo})
+    if grouprl_options is not None:
+        cfg.grouprl = grouprl_options
+    out = ray_trainer.compute_advantage(data, adv_estimator=estimator, config=cfg, **algo)
+    return out.batch["advantages"], out.batch["returns"]
+
+
+# --------------------------------------------------------------------------- registration
+def test_every_estimator_and_surrogate_is_registered():
+    for name in advantages.names():
+        fn = core_algos.get_adv_estimator_fn(f"grouprl_{name}")
+        assert fn._grouprl_estimator == name
+        assert fn.__doc__.startswith(f"grouprl {name} in verl: ")
+    for name in losses.SURROGATES:
+        assert core_algos.get_policy_loss_fn(f"grouprl_{name}")._grouprl_surrogate == name
+    assert gv.register() == gv.REGISTERED  # idempotent: re-registering our own names is fine
+
+
+def test_register_refuses_to_shadow_a_foreign_entry(monkeypatch):
+    monkeypatch.setitem(core_algos.ADV_ESTIMATOR_REGISTRY, "grouprl_grpo", lambda **kw: None)
+    with pytest.raises(ValueError, match="not grouprl's"):
+        gv.register()
+
+
+@pytest.mark.slow
+def test_verl_use_external_modules_registers_in_a_fresh_process():
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "grouprl.integrations.verl"}
+    code = (
+        "import warnings; warnings.filterwarnings('ignore'); import verl\n"
+        "from verl.trainer.ppo import core_algos as c\n"
+        "print(sorted(k for k in c.ADV_ESTIMATOR_REGISTRY if k.startswith('grouprl_')))\n"
+        "print(sorted(k for k in c.POLICY_LOSS_REGISTRY if k.startswith('grouprl_')))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.strip().splitlines()[-2:]
+    assert lines[0] == str(sorted(f"grouprl_{n}" for n in advantages.names()))
+    assert lines[1] == str(sorted(f"grouprl_{n}" for n in losses.SURROGATES))
+
+
+# --------------------------------------------------------------------------- the layout
+def test_group_layout_hand_case():
+    # uids b a b c a b -> sorted groups a=0, b=1, c=2; columns = rank within group in batch order
+    layout = gv.group_layout(np.array(list("babcab"), dtype=object), 6)
+    assert layout.group.tolist() == [1, 0, 1, 2, 0, 1]
+    assert layout.pos.tolist() == [0, 0, 1, 0, 1, 2]
+    assert layout.counts.tolist() == [2, 3, 1] and layout.width == 3
+    grid = layout.to_grid(torch.arange(6.0))
+    want = torch.tensor(
+        [[1.0, 4.0, float("nan")], [0.0, 2.0, 5.0], [3.0, float("nan"), float("nan")]]
+    )
+    torch.testing.assert_close(grid, want, equal_nan=True)
+    torch.testing.assert_close(layout.to_flat(grid), torch.arange(6.0))
+
+
+@pytest.mark.parametrize("index_kind", ["str", "int", "tensor"])
+def test_group_layout_round_trip_any_index_type(index_kind):
+    rng = np.random.default_rng(3)
+    raw = rng.integers(0, 50, 400)
+    index = {
+        "str": np.array([f"u{x}" for x in raw], dtype=object),
+        "int": raw,
+        "tensor": torch.tensor(raw),
+    }[index_kind]
+    layout = gv.group_layout(index, len(raw))
+    x = torch.tensor(rng.random(400), dtype=torch.float32)
+    torch.testing.assert_close(layout.to_flat(layout.to_grid(x)), x)
+    # every row of the grid holds exactly one uid's samples, all of them
+    assert layout.num_groups == len(np.unique(raw))
+    group = layout.group.numpy()
+    for i in range(0, 400, 7):
+        same = raw == raw[i]
+        assert (group[same] == group[i]).all() and (group[~same] != group[i]).all()
+        assert int(layout.counts[group[i]]) == int(same.sum())
+
+
+def test_group_layout_rejects_bad_index():
+    with pytest.raises(ValueError, match="index has 3 entries"):
+        gv.group_layout(np.array(["a", "b", "c"], dtype=object), 4)
+    with pytest.raises(ValueError, match="1-D"):
+        gv.group_layout(np.zeros((2, 2)), 4)
+
+
+# --------------------------------------------------------------------------- estimator parity
+@pytest.mark.parametrize("name", advantages.names())
+def test_every_estimator_through_compute_advantage_equals_ours(name):
+    tlr, mask, uids, scores = ragged_batch(seed=advantages.names().index(name), nan=True)
+    adv, ret = via_compute_advantage(f"grouprl_{name}", tlr, mask, uids)
+    want = loop_reference(name, scores, uids, mask)
+    torch.testing.assert_close(adv, want, atol=1e-6, rtol=1e-6)
+    assert torch.equal(adv, ret)
+    assert (adv[mask == 0] == 0).all()
+
+
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("grpo", {"focal_gamma": 0.5}),
+        ("maxnorm_rloo", {"delta_res": 0.01}),
+        ("grpo", {"virtual": "symmetric", "singleton": "verl"}),
+        ("rloo", {"reward_range": [0.0, 2.0], "focal_gamma": 1.0}),
+        ("grpo", {"eps": 1e-4, "ddof": 0}),
+    ],
+)
+def test_options_come_from_the_algorithm_config(name, options):
+    tlr, mask, uids, scores = ragged_batch(seed=11, values=[0.0, 1.0])
+    adv, _ = via_compute_advantage(f"grouprl_{name}", tlr, mask, uids, options)
+    kwargs = {k: v for k, v in options.items() if k != "singleton"}
+    if "reward_range" in kwargs:
+        kwargs["reward_range"] = tuple(kwargs["reward_range"])
+    if "virtual" in kwargs:
+        kwargs["trigger"] = advantages.VirtualTrigger()  # a fresh trigger, as the adapter's
+        gv._TRIGGERS.pop(name, None)
+    want = loop_reference(name, scores, uids, mask, options.get("singleton", "zero"), **kwargs)
+    torch.testing.assert_close(adv, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("preset", "estimator", "kwargs"),
+    [
+        ("f_grpo", "grpo", {"focal_gamma": 0.5}),
+        ("maxnorm_rloo", "maxnorm_rloo", {"delta_res": 0.01}),
+    ],
+)
+def test_preset_option_applies_the_advantage_half(preset, estimator, kwargs):
+    tlr, mask, uids, scores = ragged_batch(seed=5)
+    adv, _ = via_compute_advantage(f"grouprl_{estimator}", tlr, mask, uids, {"preset": preset})
+    torch.testing.assert_close(
+        adv, loop_reference(estimator, scores, uids, mask, **kwargs), atol=1e-6, rtol=1e-6
+    )
+
+
+def test_bad_options_fail_loudly():
+    tlr, mask, uids, _ = ragged_batch(seed=1)
+    with pytest.raises(ValueError, match="adv_estimator=grouprl_maxnorm_rloo"):
+        via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"preset": "maxnorm_rloo"})
+    with pytest.raises(ValueError, match="singleton"):
+        via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"singleton": "raw"})
+    with pytest.raises(ValueError, match="unknown parameter"):
+        via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"focal": 0.5})
+    fn = core_algos.get_adv_estimator_fn("grouprl_grpo")
+    with pytest.raises(ValueError, match="uid"):
+        fn(token_level_rewards=tlr, response_mask=mask)
+
+
+@pytest.mark.parametrize("verl_name", ["grpo", "grpo_vectorized"])
+def test_our_grpo_with_verls_singleton_rule_equals_verls_grpo(verl_name):
+    # singletons (raw score / (1 + eps) in verl), collapsed groups (0 in both) and mixed ones
+    tlr, mask, uids, _ = ragged_batch(seed=7, values=[0.0, 0.25, 0.5, 1.0])
+    theirs, _ = via_compute_advantage(verl_name, tlr, mask, uids)
+    ours, _ = via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"singleton": "verl"})
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+    # and our default rule differs exactly on the singletons
+    default, _ = via_compute_advantage("grouprl_grpo", tlr, mask, uids)
+    counts = {u: int((uids == u).sum()) for u in uids}
+    lone = torch.tensor([counts[u] == 1 for u in uids])
+    assert torch.equal(default[~lone], ours[~lone]) and (default[lone] == 0).all()
+
+
+def test_dr_grpo_and_rloo_with_singleton_rule_equal_verls():
+    tlr, mask, uids, _ = ragged_batch(seed=8, values=[0.0, 0.25, 0.5, 1.0])
+    theirs, _ = via_compute_advantage("grpo", tlr, mask, uids, norm_adv_by_std_in_grpo=False)
+    ours, _ = via_compute_advantage("grouprl_dr_grpo", tlr, mask, uids, {"singleton": "verl"})
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+    theirs, _ = via_compute_advantage("rloo", tlr, mask, uids)
+    ours, _ = via_compute_advantage("grouprl_rloo", tlr, mask, uids, {"singleton": "verl"})
+    torch.testing.assert_close(ours, theirs, atol=1e-6, rtol=1e-6)
+
+
+def test_avspo_trigger_advances_per_call_and_round_trips():
+    gv._TRIGGERS.clear()
+    fn = core_algos.get_adv_estimator_fn("grouprl_grpo")
+    cfg = OmegaConf.create({"grouprl": {"virtual": "symmetric"}})
+    tlr, mask, uids, _ = ragged_batch(seed=2, values=[0.0, 1.0])
+    for _ in range(3):
+        fn(token_level_rewards=tlr, response_mask=mask, index=uids, config=cfg)
+    state = gv.trigger_state_dict()
+    assert state["grpo"]["steps"] == 3
+    assert gv.last_result("grouprl_grpo").stats["virtual/acr"] >= 0.0
+    gv._TRIGGERS.clear()
+    gv.load_trigger_state_dict(state)
+    assert gv.trigger_state_dict() == state
+
+
+# --------------------------------------------------------------------------- policy losses
+def actor_config(**kw):
+    base = {"strategy": "fsdp", "rollout_n": 4, "ppo_micro_batch_size_per_gpu": 2}
+    return ActorConfig(**{**base, **kw})
+
+
+def loss_inputs(seed=0, n=6, t=7):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(n, t, generator=g) * 3
+    logp = (old + 0.4 * torch.randn(n, t, generator=g)).requires_grad_(True)
+    adv = torch.randn(n, generator=g)[:, None].expand(n, t).contiguous()
+    mask = (torch.arange(t)[None, :] < torch.randint(1, t + 1, (n,), generator=g)[:, None]).float()
+    return old, logp, adv * mask, mask
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "config"),
+    [
+        ("grouprl_ppo_clip", "vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+        ("grouprl_cispo", "cispo", {"clip_ratio_low": 1.0, "clip_ratio_high": 5.0}),
+        ("grouprl_gspo", "gspo", {"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}),
+    ],
+)
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_registered_losses_equal_verls_and_backpropagate(ours, theirs, config, mode):
+    cfg = actor_config(**config)
+    old, logp, adv, mask = loss_inputs()
+    loss, metrics = core_algos.get_policy_loss_fn(ours)(old, logp, adv, mask, mode, cfg)
+    (grad,) = torch.autograd.grad(loss, logp)
+    old2, logp2, _, _ = loss_inputs()
+    want, their_metrics = core_algos.get_policy_loss_fn(theirs)(old2, logp2, adv, mask, mode, cfg)
+    (want_grad,) = torch.autograd.grad(want, logp2)
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(grad, want_grad, atol=1e-6, rtol=1e-6)
+    assert grad.abs().sum() > 0
+    assert set(their_metrics) <= set(metrics)
+    assert metrics["actor/ppo_kl"] == pytest.approx(their_metrics["actor/ppo_kl"], abs=1e-6)
+
+
+def test_registered_losses_follow_verls_global_batch_info_and_is_weights():
+    cfg = actor_config()
+    cfg.global_batch_info.update({"dp_size": 2, "batch_num_tokens": 50, "global_batch_size": 12})
+    old, logp, adv, mask = loss_inputs(seed=4)
+    w = torch.rand_like(mask)
+    ours, _ = core_algos.get_policy_loss_fn("grouprl_ppo_clip")(
+        old, logp, adv, mask, "token-mean", cfg, rollout_is_weights=w
+    )
+    want, _ = core_algos.get_policy_loss_fn("vanilla")(
+        old, logp, adv, mask, "token-mean", cfg, rollout_is_weights=w
+    )
+    torch.testing.assert_close(ours, want, atol=1e-6, rtol=1e-6)
+
+
+def test_reinforce_loss_is_minus_adv_logp():
+    cfg = actor_config()
+    old, logp, adv, mask = loss_inputs(seed=9)
+    loss, _ = core_algos.get_policy_loss_fn("grouprl_reinforce")(
+        old, logp, adv, mask, "token-mean", cfg
+    )
+    want = (-(adv * logp) * mask).sum() / mask.sum()
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-6)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, -adv * mask / mask.sum(), atol=1e-6, rtol=1e-6)
