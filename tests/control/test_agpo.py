@@ -246,3 +246,33 @@ def test_bad_parameters():
         agpo.AdaptiveClip(eps_base=0.5)
     with pytest.raises(ValueError, match="finite"):
         agpo.AdaptiveTemperature().update(math.nan)
+
+
+def test_agpo_facade_one_step_by_hand():
+    # P = 2 probe groups, G = 2. group 0: rewards [1, 0], answers "1", "2" -> σ̂ = √.5 = .70711,
+    # E = ln 2 = .69315, U = 1.40026; group 1: [1, 1], answers "3", "3" -> σ̂ 0, E 0, U = 0.
+    # temperature: prompt 0 is the first call (c = 0, τ = 1, EMA = 1.40026); prompt 1:
+    # c = (0 - 1.40026)/1.40026 = -1 -> τ = .85. Batch τ = mean = .925
+    ctl = agpo.AGPO(base_temperature=1.0)
+    rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    tau, m = ctl.temperature_from_probe(rewards, ["#### 1", "#### 2", "#### 3", "#### 3"])
+    assert tau == pytest.approx(0.925, abs=1e-6)
+    assert m["agpo/temperature_min"] == pytest.approx(0.85, abs=1e-6)
+    # clip: H = [2, 2]; prompt 0: H_ref = H -> h ≈ 1: ε0 = .2·(1 + .0693147)/(1 + .70711)
+    # = .125276; prompt 1: h = 2/2 = 1, ε1 = .2/(1 + 0) = .2 -> mean .162638
+    clip = ctl.clip_params(torch.tensor([2.0, 2.0]))
+    e0 = 0.2 * (1 + 0.1 * math.log(2)) / (1 + math.sqrt(0.5))
+    assert clip["eps_low"] == clip["eps_high"] == pytest.approx((e0 + 0.2) / 2, abs=1e-6)
+    # drift: old - new = .5 on every token -> D = .1·.5 = .05
+    out = ctl.observe_update(torch.zeros(4, 3), torch.full((4, 3), -0.5), torch.ones(4, 3), 2)
+    assert out == {"agpo/step_drift": 0.5, "agpo/drift_ema": pytest.approx(0.05)}
+    state = ctl.state_dict()
+    again = agpo.AGPO()
+    again.load_state_dict(state)
+    assert again.state_dict() == state
+    per = agpo.AGPO(per_prompt=True)
+    per.temperature_from_probe(rewards, ["#### 1", "#### 2", "#### 3", "#### 3"])
+    eps = per.clip_params(2.0, group_size=2)["eps_low"]
+    assert eps.shape == (4,) and float(eps[0]) == pytest.approx(e0, abs=1e-6)
+    with pytest.raises(ValueError, match="temperature_from_probe"):
+        agpo.AGPO().clip_params(1.0)

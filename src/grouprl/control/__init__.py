@@ -7,15 +7,17 @@
 """
 
 from grouprl.control import agpo
-from grouprl.control.agpo import AdaptiveClip, AdaptiveTemperature, ProbeStats, probe_stats
+from grouprl.control.agpo import AGPO, AdaptiveClip, AdaptiveTemperature, ProbeStats, probe_stats
 
 CONTROLLERS = {
+    "agpo": AGPO,
     "agpo_temperature": AdaptiveTemperature,
     "agpo_clip": AdaptiveClip,
 }
 """Controller name -> class (each checkpoints with state_dict / load_state_dict)."""
 
 __all__ = [
+    "AGPO",
     "CONTROLLERS",
     "AdaptiveClip",
     "AdaptiveTemperature",

@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "AGPO",
     "DISPERSIONS",
     "AdaptiveClip",
     "AdaptiveTemperature",
@@ -498,3 +499,106 @@ class AdaptiveClip:
     def load_state_dict(self, state: dict[str, float]) -> None:
         self.entropy_ref = float(state["entropy_ref"])
         self.drift = float(state["drift"])
+
+
+class AGPO:
+    """Both AGPO controllers behind one object, for a trainer that samples at one τ per batch.
+
+    Per step (P prompts, G completions each, prompt-major)::
+
+        tau, m = agpo.temperature_from_probe(probe_rewards, probe_texts)   # probe at tau_base
+        ... sample the training groups at tau ...
+        H = agpo_mod.group_token_mean(entropy, mask, G)   # [P] policy entropy, before update
+        clip = agpo.clip_params(H)                         # {"eps_low": ε, "eps_high": ε}
+        ... update with ppo_clip(**clip) ...
+        m2 = agpo.observe_update(old_logp, new_logp, mask, G)               # drift -> D
+
+    The controllers run per prompt, in order, exactly as the AGPO code (their EMAs advance once
+    per prompt). [OURS] batch reduction: the AGPO code samples and clips each prompt with its
+    own τ_t and ε; a batched sampler takes one temperature, so :meth:`temperature_from_probe`
+    returns the mean of the P per-prompt τ_t, and :meth:`clip_params` the mean ε
+    (``per_prompt=True`` returns the per-sample ε ``[P·G]`` instead; ``ppo_clip`` accepts it).
+    """
+
+    def __init__(
+        self,
+        *,
+        base_temperature: float = 1.0,
+        per_prompt: bool = False,
+        dispersion_mode: str = "std",
+        temperature_params: dict[str, float] | None = None,
+        clip_params: dict[str, float] | None = None,
+    ) -> None:
+        tp = {"tau_base": base_temperature, **(temperature_params or {})}
+        tp.setdefault("tau_min", min(0.5, tp["tau_base"]))
+        tp.setdefault("tau_max", max(1.5, tp["tau_base"]))
+        self.temperature = AdaptiveTemperature(**tp)
+        self.clip = AdaptiveClip(**(clip_params or {}))
+        self.per_prompt = per_prompt
+        self.dispersion_mode = dispersion_mode
+        self.base_temperature = self.temperature.tau_base
+        self.last_stats: ProbeStats | None = None
+
+    def temperature_from_probe(
+        self, rewards: torch.Tensor, texts: Sequence[str]
+    ) -> tuple[float, dict[str, float]]:
+        """τ for the training groups from the probe's ``[P, G]`` rewards and P·G texts."""
+        stats = probe_stats(rewards, texts, dispersion_mode=self.dispersion_mode)
+        self.last_stats = stats
+        taus = self.temperature.update_batch(self.temperature.uncertainty(stats))  # [P]
+        tau = float(taus.mean())
+        metrics = {f"agpo/{k}": v for k, v in stats.as_dict().items()}
+        metrics.update(
+            {
+                "agpo/temperature": tau,
+                "agpo/temperature_min": float(taus.min()),
+                "agpo/temperature_max": float(taus.max()),
+                "agpo/uncertainty_ema": self.temperature.ema,
+            }
+        )
+        return tau, metrics
+
+    def clip_params(
+        self, policy_entropy: torch.Tensor | float, group_size: int | None = None
+    ) -> dict[str, Any]:
+        """``{"eps_low": ε, "eps_high": ε}`` from the last probe and the policy entropy.
+
+        ``policy_entropy``: ``[P]`` token-mean entropy of each training group before the update
+        (:func:`group_token_mean`), or one float for the batch. Needs
+        :meth:`temperature_from_probe` first. With ``per_prompt=True`` the values are ``[P·G]``
+        tensors (``group_size`` required).
+        """
+        if self.last_stats is None:
+            raise ValueError("AGPO.clip_params needs temperature_from_probe() on this step first")
+        p = self.last_stats.dispersion.shape[0]
+        h = torch.as_tensor(policy_entropy, dtype=torch.float32).reshape(-1)
+        if h.numel() == 1:
+            h = h.expand(p)
+        if h.shape != (p,):
+            raise ValueError(f"policy_entropy must be a float or [P]={p}, got {tuple(h.shape)}")
+        eps = self.clip.update_batch(self.last_stats, h)  # [P]
+        if self.per_prompt:
+            if group_size is None:
+                raise ValueError("per_prompt=True needs group_size to expand ε to [P*G]")
+            e = eps.repeat_interleave(group_size)
+            return {"eps_low": e, "eps_high": e}
+        value = float(eps.mean())
+        return {"eps_low": value, "eps_high": value}
+
+    def observe_update(
+        self,
+        old_logp: torch.Tensor,
+        new_logp: torch.Tensor,
+        mask: torch.Tensor,
+        group_size: int,
+    ) -> dict[str, float]:
+        """Fold the update's drift (:func:`step_drift`, new log-probs after the step) into D."""
+        drift = step_drift(old_logp, new_logp, mask, group_size)
+        return {"agpo/step_drift": drift, "agpo/drift_ema": self.clip.observe_drift(drift)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"temperature": self.temperature.state_dict(), "clip": self.clip.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.temperature.load_state_dict(state["temperature"])
+        self.clip.load_state_dict(state["clip"])
