@@ -1,0 +1,76 @@
+"""``grouprl simulate NAME``: run a paper-reproducing simulation, print a table, write results."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+HELP = "run a simulation that reproduces a paper's analysis (categorical, tail-miss, ...)"
+
+_CHOICES = ("categorical", "tail-miss", "low-variance", "acr")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=_CHOICES, help="which simulation")
+    parser.add_argument("--quick", action="store_true", help="small setting (under a minute)")
+    parser.add_argument("--seed", type=int, default=0, help="base random seed (default 0)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("simulations"),
+        help="output folder (default ./simulations)",
+    )
+    parser.add_argument(
+        "--lr", type=float, default=None, help="override the learning rate (categorical, acr)"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="override the steps (categorical)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a claim does not hold")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+
+
+def _print(result) -> None:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(title=result.title, show_lines=False)
+    cols = list(result.rows[0]) if result.rows else []
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("method",) else "right")
+    for row in result.rows:
+        cells = []
+        for c in cols:
+            v = row.get(c)
+            cells.append(f"{v:.4g}" if isinstance(v, float) else str(v))
+        table.add_row(*cells)
+    console.print(table)
+    for c in result.claims:
+        mark = "[green]✓[/green]" if c.holds else "[red]✗[/red]"
+        console.print(f"{mark} [bold]{c.name}[/bold]: {c.detail}")
+    for n in result.notes:
+        console.print(f"[dim]note: {n}[/dim]")
+    console.print(f"[dim]{result.seconds:.1f} s[/dim]")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from grouprl.simulate import get, write_result
+
+    torch.set_num_threads(max(1, args.threads))
+    overrides = {}
+    if args.lr is not None:
+        if args.name not in ("categorical", "acr"):
+            raise SystemExit(f"--lr applies to categorical and acr, not {args.name}")
+        overrides["lr"] = args.lr
+    if args.steps is not None:
+        if args.name != "categorical":
+            raise SystemExit("--steps applies to categorical only")
+        overrides["steps"] = args.steps
+    result = get(args.name)(quick=args.quick, seed=args.seed, **overrides)
+    _print(result)
+    paths = write_result(result, args.out)
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 1 if args.strict and not result.ok else 0
