@@ -196,6 +196,37 @@ def _python() -> str:
     return os.path.realpath(sys.executable)
 
 
+_PROBE = "import json\nprint(json.dumps(6 * 7))\n"  # json: a stdlib import after the uid drop
+
+
+def _probe(level: str, python: str, drop_uid: bool) -> str | None:
+    """None when a real sandboxed run works at ``level``, else why it does not."""
+    try:
+        res = _run(_PROBE, "", 10.0, 256, None, 32, 64, 16, 1 << 16, level, python, drop_uid)
+    except SandboxError as exc:
+        return str(exc)
+    if res.status == "ok" and res.stdout.strip() == "42":
+        return None
+    return f"probe ended {res.status}: {res.stderr.strip()[-300:]!r}"
+
+
+@functools.cache
+def _rlimits_drop_uid(python: str) -> bool:
+    """Whether the rlimits fallback can run ``python`` as an unprivileged uid (root only)."""
+    if os.geteuid() != 0:
+        return False
+    why = _probe("rlimits", python, True)
+    if why:
+        log.warning(
+            "grouprl sandbox: cannot run %s as an unprivileged uid (%s); the 'rlimits' "
+            "fallback runs untrusted code AS ROOT: it can write any file and fork without "
+            "bound until the CPU/wall limit. Install Python where all users can read it.",
+            python,
+            why,
+        )
+    return why is None
+
+
 @functools.cache
 def detect_isolation() -> str:
     """The strongest isolation level that works here (probed once, by a real sandboxed run).
@@ -210,26 +241,20 @@ def detect_isolation() -> str:
                 f"GROUPRL_SANDBOX_ISOLATION={forced!r}; choose one of {', '.join(ISOLATION_LEVELS)}"
             )
         return forced
-    candidates = ["namespaces"] if os.geteuid() == 0 else ["userns"]
-    reasons = []
-    for level in candidates:
-        if shutil.which("unshare") is None:
-            reasons.append("util-linux `unshare` is not installed")
-            break
-        try:
-            res = run_untrusted("print(6 * 7)", timeout_s=10.0, memory_mb=256, isolation=level)
-            if res.status == "ok" and res.stdout.strip() == "42":
-                return level
-            reasons.append(f"{level}: probe ended {res.status}: {res.stderr.strip()[-300:]}")
-        except SandboxError as exc:
-            reasons.append(f"{level}: {exc}")
+    level = "namespaces" if os.geteuid() == 0 else "userns"
+    if shutil.which("unshare") is None:
+        why = "util-linux `unshare` is not installed"
+    else:
+        why = _probe(level, _python(), level == "namespaces")
+        if why is None:
+            return level
     log.warning(
         "grouprl sandbox: namespaces are not available (%s). Falling back to 'rlimits': "
         "rlimits, own session, uid drop when root, and a sweep of leftover processes; "
         "untrusted code CAN reach the network and write world-writable dirs "
         "(/tmp). Run as root with util-linux unshare, or allow unprivileged user "
         "namespaces, for full isolation (docs/sandbox.md).",
-        "; ".join(reasons) or "not root and no user namespaces",
+        f"{level}: {why}",
     )
     return "rlimits"
 
@@ -239,7 +264,18 @@ def detect_isolation() -> str:
 
 def _sandbox_uid() -> int:
     """A fresh uid for this call (root only): unused, so RLIMIT_NPROC counts this call alone."""
-    return random.SystemRandom().randrange(1_000_000, 2_000_000_000) if os.geteuid() == 0 else -1
+    return random.SystemRandom().randrange(1_000_000, 2_000_000_000)
+
+
+def _tasks_of(uid: int) -> int:
+    """Processes + threads the user already runs (RLIMIT_NPROC counts them all)."""
+    n = 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if entry.stat().st_uid == uid:
+                    n += len(os.listdir(f"/proc/{entry.name}/task"))
+    return n
 
 
 def _clean_env(marker: str) -> dict[str, str]:
@@ -397,6 +433,7 @@ def run_untrusted(
     max_file_mb: int = 16,
     max_output_bytes: int = 1 << 20,
     isolation: str | None = None,
+    python: str | None = None,
 ) -> SandboxResult:
     """Run Python ``source`` contained (see the module docstring) and report what happened.
 
@@ -405,16 +442,58 @@ def run_untrusted(
     address space per process, ``max_processes`` processes+threads for the call,
     ``max_open_files`` descriptors, ``max_file_mb`` per written file,
     ``max_output_bytes`` per output stream (exceeding it kills the program: ``killed``,
-    ``truncated=True``). ``isolation`` defaults to :func:`detect_isolation`'s probe.
+    ``truncated=True``). ``isolation`` defaults to :func:`detect_isolation`'s probe;
+    ``python`` to the real interpreter behind ``sys.executable``, run as ``python -I -S``
+    (standard library only: no site-packages, no ``exit()``/``quit()`` builtins).
 
     Raises SandboxError when the sandbox itself could not run the code (a reward built on
     it should be NaN, not 0); every outcome of the code itself is a status.
     """
     _validate(timeout_s, memory_mb, isolation)
     level = isolation or detect_isolation()
+    python = python or _python()
+    if level == "namespaces":
+        drop_uid = True
+    elif level == "rlimits":
+        drop_uid = _rlimits_drop_uid(python)
+    else:
+        drop_uid = False  # in a user namespace only our own uid is mapped
+    return _run(
+        source,
+        stdin,
+        timeout_s,
+        memory_mb,
+        cpu_s,
+        max_processes,
+        max_open_files,
+        max_file_mb,
+        max_output_bytes,
+        level,
+        python,
+        drop_uid,
+    )
+
+
+def _run(
+    source: str,
+    stdin: str,
+    timeout_s: float,
+    memory_mb: int,
+    cpu_s: int | None,
+    max_processes: int,
+    max_open_files: int,
+    max_file_mb: int,
+    max_output_bytes: int,
+    level: str,
+    python: str,
+    drop_uid: bool,
+) -> SandboxResult:
+    """run_untrusted with every choice made."""
     start = time.monotonic()
     marker = secrets.token_hex(8)
-    uid = _sandbox_uid() if level != "userns" else -1
+    uid = _sandbox_uid() if drop_uid else -1
+    if level == "rlimits" and uid < 0:  # RLIMIT_NPROC counts all of our uid's processes
+        max_processes += _tasks_of(os.geteuid())
     workdir = Path(tempfile.mkdtemp(prefix="grouprl-sb-"))
     proc = None
     try:
@@ -433,7 +512,7 @@ def run_untrusted(
             str(max_file_mb << 20),
             f"{timeout_s:.3f}",
         ]
-        cmd = [*_base_command(level), _python(), "-I", "-S", "-c", _BOOTSTRAP, *args]
+        cmd = [*_base_command(level), python, "-I", "-S", "-c", _BOOTSTRAP, *args]
         status_r, status_w = os.pipe()
         try:
             with open(workdir / ".stdin", "rb") as stdin_file:
