@@ -1,0 +1,156 @@
+"""rollout.hf.generate: shapes, masks, EOS, finish reasons, determinism, behaviour log-probs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grouprl import models, tasks
+from grouprl.rollout.hf import Sampling, generate, sample_tokens
+
+PROMPTS = ["Calculate 1 + 2.", "2+2=", "What is 10 - 3 ? Be quick."]  # different lengths
+
+
+@pytest.fixture(scope="module")
+def char_model():
+    model, tok = models.load("tiny:d=32,layers=2,heads=2", seed=0)
+    # [test-only] make stopping likely: any of 12 common characters counts as EOS
+    stops = [tok.eos_token_id, *tok.convert_tokens_to_ids(list("aeiou 0123456"))[:11]]
+    model.generation_config.eos_token_id = stops
+    return model, tok, set(stops)
+
+
+def recompute_logp(model, rollouts, temperature):
+    """Full forward over prompt + completion, positions from the mask: the trainer's recipe."""
+    ids = torch.cat([rollouts.prompt_ids, rollouts.completion_ids], dim=1)
+    mask = torch.cat([rollouts.prompt_mask, rollouts.completion_mask], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    tp = rollouts.prompt_ids.shape[1]
+    logits = logits[:, tp - 1 : -1].float() / temperature  # [N, T, V] predicting completion
+    logp = torch.log_softmax(logits, -1).gather(-1, rollouts.completion_ids[..., None])[..., 0]
+    return logp * rollouts.completion_mask
+
+
+def test_shapes_masks_eos_finish_reasons(char_model):
+    model, tok, stops = char_model
+    g, t_max = 4, 10
+    out = generate(
+        model, tok, PROMPTS, g, Sampling(1.0, 1.0, t_max), torch.Generator().manual_seed(1)
+    )
+    n = len(PROMPTS) * g
+    assert out.group_size == g and out.num_prompts == len(PROMPTS)
+    assert out.completion_ids.shape == out.completion_mask.shape == out.old_logp.shape
+    assert out.completion_ids.shape[0] == n and out.completion_ids.shape[1] <= t_max
+    assert out.prompt_ids.shape[0] == n and len(out.texts) == len(out.finish_reason) == n
+    for p, prompt in enumerate(PROMPTS):  # prompt-major, left-padded
+        for row in range(p * g, (p + 1) * g):
+            real = out.prompt_ids[row][out.prompt_mask[row].bool()].tolist()
+            assert tok.decode(real) == prompt
+    assert set(out.finish_reason) == {"stop", "length"}  # the fixture makes both happen
+    for row in range(n):
+        ids, mask = out.completion_ids[row].tolist(), out.completion_mask[row].tolist()
+        length = sum(mask)
+        assert mask == [1] * length + [0] * (len(mask) - length)  # a prefix
+        first_stop = next((i for i, x in enumerate(ids[:length]) if x in stops), None)
+        if out.finish_reason[row] == "stop":
+            assert first_stop == length - 1  # EOS included in the mask, nothing after it
+        else:
+            assert first_stop is None and length == t_max
+        assert all(x == tok.pad_token_id for x in ids[length:])
+        assert (out.old_logp[row, length:] == 0).all() and (out.old_logp[row, :length] < 0).all()
+        body = ids[: length - 1] if out.finish_reason[row] == "stop" else ids[:length]
+        assert out.texts[row] == tok.decode(body, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9), (1.3, 0.5)])
+def test_old_logp_equals_recomputed_forward(char_model, temperature, top_p):
+    model, tok, _ = char_model
+    out = generate(
+        model, tok, PROMPTS, 3, Sampling(temperature, top_p, 12), torch.Generator().manual_seed(2)
+    )
+    expected = recompute_logp(model, out, temperature)
+    assert torch.allclose(out.old_logp, expected, atol=1e-5, rtol=0)
+
+
+def test_old_logp_on_the_maze_unpadded_path():
+    task = tasks.get("maze")
+    model, tok = models.load("tiny", task=task)
+    prompts = [task.render(e, tok) for e in task.examples("train", 4, 0)]
+    out = generate(model, tok, prompts, 5, Sampling(1.0, 1.0, 8), torch.Generator().manual_seed(0))
+    assert out.prompt_mask.all() and out.prompt_ids.shape[1] == 27
+    assert torch.allclose(out.old_logp, recompute_logp(model, out, 1.0), atol=1e-5, rtol=0)
+
+
+def test_deterministic_given_generator(char_model):
+    model, tok, _ = char_model
+    s = Sampling(1.0, 0.95, 10)
+    a = generate(model, tok, PROMPTS, 4, s, torch.Generator().manual_seed(7))
+    b = generate(model, tok, PROMPTS, 4, s, torch.Generator().manual_seed(7))
+    c = generate(model, tok, PROMPTS, 4, s, torch.Generator().manual_seed(8))
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.old_logp, b.old_logp)
+    assert a.texts == b.texts and a.finish_reason == b.finish_reason
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+
+
+def test_greedy_matches_hf_generate(char_model):
+    model, tok, stops = char_model
+    prompt = PROMPTS[2]
+    out = generate(model, tok, [prompt], 3, Sampling(0.0, 1.0, 8))
+    assert out.texts[0] == out.texts[1] == out.texts[2]
+    ids = torch.tensor([tok(prompt, add_special_tokens=False)["input_ids"]])
+    ref = model.generate(
+        ids,
+        do_sample=False,
+        max_new_tokens=8,
+        eos_token_id=sorted(stops),
+        pad_token_id=tok.pad_token_id,
+    )[0, ids.shape[1] :]
+    n = int(out.completion_mask[0].sum())
+    assert out.completion_ids[0, :n].tolist() == ref[:n].tolist()
+
+
+def test_sample_tokens_top_p_and_logp_before_truncation():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().expand(20_000, 4)
+    gen = torch.Generator().manual_seed(0)
+    # top_p 0.7: mass above token 1 is 0.5 < 0.7 (kept), above token 2 is 0.8 >= 0.7 (dropped)
+    tok, logp = sample_tokens(logits, Sampling(1.0, 0.7, 1), gen)
+    assert set(tok.tolist()) == {0, 1}
+    freq0 = (tok == 0).float().mean().item()
+    assert abs(freq0 - 0.5 / 0.8) < 0.015  # renormalised over the nucleus for drawing
+    assert torch.allclose(logp, probs.log()[tok], atol=1e-6)  # but old_logp is NOT renormalised
+    # top_p 0.45: the mass above token 1 is 0.5 >= 0.45, so only token 0 survives
+    tok, _ = sample_tokens(logits, Sampling(1.0, 0.45, 1), gen)
+    assert set(tok.tolist()) == {0}
+    # temperature 2: p ∝ sqrt(probs); frequencies match, logp = log_softmax(logits / 2)
+    tok, logp = sample_tokens(logits, Sampling(2.0, 1.0, 1), gen)
+    hot = probs.sqrt() / probs.sqrt().sum()
+    freq = torch.bincount(tok, minlength=4).float() / len(tok)
+    assert torch.allclose(freq, hot, atol=0.015)
+    assert torch.allclose(logp, hot.log()[tok], atol=1e-6)
+
+
+def test_bad_input(char_model):
+    model, tok, _ = char_model
+    with pytest.raises(ValueError, match="temperature"):
+        Sampling(temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(top_p=0.0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        Sampling(max_new_tokens=0)
+    with pytest.raises(ValueError, match="group_size"):
+        generate(model, tok, PROMPTS, 0)
+    with pytest.raises(ValueError, match="empty prompt"):
+        generate(model, tok, [""], 2)
+    assert Sampling.of({"temperature": 0.5}).temperature == 0.5
+
+
+def test_vllm_backend_is_import_guarded():
+    from grouprl.rollout import vllm
+
+    if vllm.available():
+        pytest.skip("vLLM and a GPU are present")
+    with pytest.raises(ImportError, match=r"vllm|GPU"):
+        vllm.generate(None, None, ["x"], 2)
