@@ -30,7 +30,9 @@ def test_all_canonical_solutions_pass_and_all_pass_bodies_fail(task, refs):
     # body must score 0 (its tests must notice a function that returns None).
     completions = [r["canonical_solution"] for r in refs] + ["    pass\n"] * len(refs)
     t0 = time.monotonic()
-    scores = score_batch(task.verify, completions, refs + refs, timeout_s=60.0, workers=4)
+    scores = score_batch(
+        task.verify, completions, refs + refs, timeout_s=task.verify_timeout_s, workers=4
+    )
     elapsed = time.monotonic() - t0
     canonical, empty = scores.rewards[:164], scores.rewards[164:]
     failed = [r["task_id"] for r, x in zip(refs, canonical) if x != 1.0]

@@ -129,6 +129,7 @@ def test_unscorable_count_property(comps):
     assert len(s.errors) == min(5, s.unscorable)
 
 
+@pytest.mark.slow  # imports torch
 def test_group_baseline_excludes_the_unscorable_sample():
     advantages = pytest.importorskip("grouprl.advantages")
     if not hasattr(advantages, "compute"):
@@ -149,3 +150,17 @@ def test_group_baseline_excludes_the_unscorable_sample():
     assert not torch.allclose(out.values[0, [0, 1, 3]], as_zero.values[0, [0, 1, 3]])
     assert not torch.isnan(out.values[0, [0, 1, 3]]).any()
     assert out.values[0, 2] == 0 or torch.isnan(out.values[0, 2])
+
+
+def test_math_verify_runs_in_the_workers():
+    # The real math verifier (trainer-A's math task) inside the forked workers; importing
+    # math_verify in the parent first means each worker inherits it instead of re-importing.
+    pytest.importorskip("math_verify")
+    import math_verify  # noqa: F401
+
+    from grouprl.tasks.math import math_verify_reward
+
+    comps = ["The answer is \\boxed{2}", "\\boxed{3}", "so $x = \\frac{1}{2}$", "\\boxed{0.5}"]
+    refs = ["2", "2", "1/2", "\\frac{1}{2}"]
+    scores = score_batch(math_verify_reward, comps, refs, timeout_s=20.0, workers=2)
+    assert scores.rewards == [1.0, 0.0, 1.0, 1.0] and scores.unscorable == 0

@@ -108,7 +108,7 @@ class HumanEvalTask(Task):
     ``eval_fraction`` are ``"eval"``, the rest ``"train"``; ``"test"`` is all 164 (the
     benchmark as published, overlapping the other two). Rewards: 1.0 / 0.0, NaN only when
     the sandbox itself failed (SandboxError). ``timeout_s`` and ``memory_mb`` bound each
-    run (see :func:`run_untrusted`); give ``score_batch`` a larger ``timeout_s``.
+    run (see :func:`run_untrusted`); give ``score_batch`` ``timeout_s=task.verify_timeout_s``.
     """
 
     name = "humaneval"
@@ -125,6 +125,10 @@ class HumanEvalTask(Task):
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction!r}")
         self.timeout_s, self.memory_mb, self.system = timeout_s, memory_mb, system
+        self.verify_timeout_s = timeout_s + 10.0
+        """What ``score_batch(timeout_s=...)`` should allow one ``verify`` call: the sandbox's
+        own limit plus start-up and slack on a loaded machine, so that only a broken sandbox
+        (not slow code, which the sandbox times out as a 0) ends as a NaN."""
         self.config = {
             "timeout_s": timeout_s,
             "memory_mb": memory_mb,
