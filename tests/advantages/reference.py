@@ -44,7 +44,9 @@ def per_group(kind, rewards, *, eps=1e-6, ddof=1, tau=TAU, tau_res=1e-2, quantil
     u_mu = sum(us) / len(us) if us else 0.0
     u_sigma = _std(us, ddof) + eps
     stds = [_std([x for _, x in _valid(row)], ddof) for row in rewards]
-    live = [s for s, row in zip(stds, rewards) if not _collapsed([x for _, x in _valid(row)], ddof, tau)]
+    live = [
+        s for s, row in zip(stds, rewards) if not _collapsed([x for _, x in _valid(row)], ddof, tau)
+    ]
     sigma_bar = sum(live) / len(live) if live else 0.0
 
     for p, row in enumerate(rewards):

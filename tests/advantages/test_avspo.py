@@ -36,7 +36,9 @@ def test_symmetric_all_correct_and_all_wrong():
     a = 0.3125 / (math.sqrt(0.15625) + 1e-6)
     assert out.values[0].tolist() == pytest.approx([a] * 4, abs=1e-9)
     assert out.values[1].tolist() == pytest.approx([-a] * 4, abs=1e-9)
-    assert out.values[4].tolist() == pytest.approx(advantages.compute("grpo", BATCH).values[4].tolist())
+    assert out.values[4].tolist() == pytest.approx(
+        advantages.compute("grpo", BATCH).values[4].tolist()
+    )
     assert out.stats["virtual/K"] == 4 and out.stats["virtual/triggered_frac"] == pytest.approx(0.8)
     assert out.values.shape == BATCH.shape  # virtual samples have no tokens
 
@@ -44,7 +46,9 @@ def test_symmetric_all_correct_and_all_wrong():
 def test_symmetric_helps_with_k_equal_one():
     # G = 2 and ACR = 0.2: K = ceil(2·sqrt(0.2)) = 1; symmetric puts v_1 = 0 beside an
     # all-correct group [1, 1]: mean 2/3, Bessel σ = sqrt(1/3) -> A = (1/3)/0.57735 = 0.57735
-    r = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    r = torch.tensor(
+        [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64
+    )
     out = advantages.compute("grpo", r, virtual="symmetric", trigger=VirtualTrigger(tau=0.1))
     assert out.stats["virtual/K"] == 1
     assert out.values[0].tolist() == pytest.approx([1 / math.sqrt(3)] * 2, abs=1e-5)
@@ -61,7 +65,9 @@ def test_paper_mode_and_its_documented_defect():
     assert (out.values[1] == 0).all()
     # defect 2: with K = 1 the single virtual sample equals r_max: an all-correct group stays
     # collapsed too (compare test_symmetric_helps_with_k_equal_one)
-    r = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    r = torch.tensor(
+        [[1.0, 1.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64
+    )
     out1 = advantages.compute("grpo", r, virtual="paper", trigger=VirtualTrigger(tau=0.1))
     assert out1.stats["virtual/K"] == 1 and (out1.values[0] == 0).all()
 
@@ -71,7 +77,9 @@ def test_code_mode_fires_only_on_a_uniform_batch():
     # Bessel σ = sqrt((4·0.04 + 0.64)/4) = sqrt(0.2) -> A = -0.2/0.4472136 = -0.4472136
     zeros = torch.zeros(3, 4, dtype=torch.float64)
     out = advantages.compute("grpo", zeros, virtual="code")
-    assert out.values.reshape(-1).tolist() == pytest.approx([-0.2 / (math.sqrt(0.2) + 1e-6)] * 12, abs=1e-9)
+    assert out.values.reshape(-1).tolist() == pytest.approx(
+        [-0.2 / (math.sqrt(0.2) + 1e-6)] * 12, abs=1e-9
+    )
     ones = torch.ones(3, 4, dtype=torch.float64)
     assert (advantages.compute("grpo", ones, virtual="code").values > 0).all()
     # a batch with any mixed reward: nothing is added, even though most groups collapsed

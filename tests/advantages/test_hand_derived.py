@@ -46,12 +46,18 @@ def test_rloo():
 
 def test_maxnorm_rloo_and_dr_grpo():
     # u = [1, -1/3, ...]; s = max(0.01, 1) = 1  -> A = u
-    assert adv("maxnorm_rloo", G1)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    assert adv("maxnorm_rloo", G1)[0].tolist() == pytest.approx(
+        [1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12
+    )
     # u = [0.75, -0.25, ...]; s = 0.75 -> [1, -1/3, ...]
-    assert adv("maxnorm_dr_grpo", G1)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    assert adv("maxnorm_dr_grpo", G1)[0].tolist() == pytest.approx(
+        [1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12
+    )
     # a tiny credible gap: r = [0.02, 0, 0, 0] -> u = [0.02, -0.02/3]; s = max(0.01, 0.02) = 0.02
     tiny = torch.tensor([[0.02, 0.0, 0.0, 0.0]], dtype=torch.float64)
-    assert adv("maxnorm_rloo", tiny)[0].tolist() == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    assert adv("maxnorm_rloo", tiny)[0].tolist() == pytest.approx(
+        [1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12
+    )
     # gap below the floor: r = [0.004, 0, 0, 0] -> u = [0.004, -0.004/3]; s = tau_res = 0.01
     sub = torch.tensor([[0.004, 0.0, 0.0, 0.0]], dtype=torch.float64)
     out = advantages.compute("maxnorm_rloo", sub)

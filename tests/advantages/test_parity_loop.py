@@ -17,10 +17,17 @@ def ragged_batch(seed: int, p: int = 40, g: int = 8) -> torch.Tensor:
     rng = np.random.default_rng(seed)
     kind = rng.integers(0, 4, size=p)
     r = np.where(
-        kind[:, None] == 0, rng.integers(0, 2, (p, g)),  # binary
-        np.where(kind[:, None] == 1, rng.integers(0, 5, (p, g)) / 4,  # 5-level partial credit
-                 np.where(kind[:, None] == 2, rng.random((p, g)),  # continuous
-                          1e-3 * rng.random((p, g)) + 0.5)),  # sub-resolution jitter
+        kind[:, None] == 0,
+        rng.integers(0, 2, (p, g)),  # binary
+        np.where(
+            kind[:, None] == 1,
+            rng.integers(0, 5, (p, g)) / 4,  # 5-level partial credit
+            np.where(
+                kind[:, None] == 2,
+                rng.random((p, g)),  # continuous
+                1e-3 * rng.random((p, g)) + 0.5,
+            ),
+        ),  # sub-resolution jitter
     ).astype(np.float64)
     r[rng.random((p, g)) < 0.2] = np.nan  # ragged / unscorable
     r[0] = 1.0  # all correct
@@ -110,7 +117,9 @@ def test_symmetric_virtual_equals_loop(name):
     rewards[5:10] = torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0])[:, None]
     extras, k, acr = ref.symmetric_virtual(rewards.numpy(), tau_adapt=0.3)
     assert acr > 0.3 and any(extras)
-    out = advantages.compute(name, rewards, virtual="symmetric", trigger=advantages.VirtualTrigger(tau=0.3))
+    out = advantages.compute(
+        name, rewards, virtual="symmetric", trigger=advantages.VirtualTrigger(tau=0.3)
+    )
     for p in range(rewards.shape[0]):
         row = rewards[p].tolist()
         aug = np.array([row + extras[p] + [math.nan] * (k - len(extras[p]))])

@@ -11,9 +11,29 @@ from hypothesis.extra.numpy import arrays
 from grouprl import advantages
 
 ALL = advantages.names()
-GROUP_LOCAL = ["grpo", "dr_grpo", "rloo", "gopo", "p90", "maxnorm_rloo", "maxnorm_dr_grpo", "grpo_beta_comp"]
-MEAN_CENTRED = ["grpo", "dr_grpo", "rloo", "batch_std", "reinforce_pp", "gopo", "p90",
-                "maxnorm_rloo", "maxnorm_dr_grpo", "grpo_beta_comp", "is_grpo"]
+GROUP_LOCAL = [
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "gopo",
+    "p90",
+    "maxnorm_rloo",
+    "maxnorm_dr_grpo",
+    "grpo_beta_comp",
+]
+MEAN_CENTRED = [
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "batch_std",
+    "reinforce_pp",
+    "gopo",
+    "p90",
+    "maxnorm_rloo",
+    "maxnorm_dr_grpo",
+    "grpo_beta_comp",
+    "is_grpo",
+]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # rewards on a grid (binary, partial credit) or continuous, NaN allowed
@@ -26,8 +46,10 @@ def batches(draw, min_p=1, max_p=6, min_g=2, max_g=8, nan=True):
     g = draw(st.integers(min_g, max_g))
     elem = levels if nan else st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])
     if draw(st.booleans()):
-        elem = st.floats(0, 1, allow_nan=False) if not nan else st.one_of(
-            st.floats(0, 1, allow_nan=False), st.just(math.nan))
+        # continuous rewards, on a 1e-6 grid so that shifting by a constant cannot merge two
+        # distinct rewards by rounding (e.g. 1e-308 + 3 == 0 + 3)
+        cont = st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 6))
+        elem = cont if not nan else st.one_of(cont, st.just(math.nan))
     arr = draw(arrays(np.float64, (p, g), elements=elem))
     return torch.tensor(arr)
 
@@ -45,7 +67,9 @@ def test_zero_mean_per_group(rewards, name):
 @given(batches(), st.sampled_from(ALL), st.integers(0, 5), st.sampled_from([0.0, 0.25, 1.0]))
 def test_collapsed_group_is_exactly_zero(rewards, name, row, value):
     row = row % rewards.shape[0]
-    rewards[row] = torch.where(torch.isnan(rewards[row]), rewards[row], torch.full_like(rewards[row], value))
+    rewards[row] = torch.where(
+        torch.isnan(rewards[row]), rewards[row], torch.full_like(rewards[row], value)
+    )
     out = advantages.compute(name, rewards)
     assert (out.values[row] == 0).all()
 
@@ -59,8 +83,11 @@ def test_shift_invariance(rewards, name, c):
 
 
 @SETTINGS
-@given(batches(), st.sampled_from(["grpo", "batch_std", "reinforce_pp", "gopo", "is_grpo",
-                                     "grpo_beta_comp"]), st.sampled_from([0.5, 2.0, 10.0]))
+@given(
+    batches(),
+    st.sampled_from(["grpo", "batch_std", "reinforce_pp", "gopo", "is_grpo", "grpo_beta_comp"]),
+    st.sampled_from([0.5, 2.0, 10.0]),
+)
 def test_scale_invariance_where_std_normalised(rewards, name, c):
     kw = {} if name == "gopo" else {"eps": 0.0}
     a = advantages.compute(name, rewards, **kw).values
@@ -83,8 +110,9 @@ def test_permutation_equivariance(rewards, name, rnd):
 
 
 @SETTINGS
-@given(batches(), st.sampled_from(["maxnorm_rloo", "maxnorm_dr_grpo"]),
-       st.sampled_from([None, 1e-2]))
+@given(
+    batches(), st.sampled_from(["maxnorm_rloo", "maxnorm_dr_grpo"]), st.sampled_from([None, 1e-2])
+)
 def test_maxnorm_bounded_sign_order_ratio(rewards, name, delta):
     out = advantages.compute(name, rewards, delta_res=delta)
     a = out.values
@@ -106,11 +134,13 @@ def test_maxnorm_bounded_sign_order_ratio(rewards, name, delta):
 @given(batches(nan=False), st.sampled_from(ALL), st.integers(1, 3))
 def test_nan_padding_changes_nothing(rewards, name, extra):
     # extra all-NaN columns: every real sample's advantage is unchanged, the padding gets 0
-    padded = torch.cat([rewards, torch.full((rewards.shape[0], extra), math.nan, dtype=rewards.dtype)], 1)
+    padded = torch.cat(
+        [rewards, torch.full((rewards.shape[0], extra), math.nan, dtype=rewards.dtype)], 1
+    )
     a = advantages.compute(name, rewards)
     b = advantages.compute(name, padded)
     assert torch.allclose(b.values[:, : rewards.shape[1]], a.values, atol=1e-12)
-    assert (b.values[:, rewards.shape[1]:] == 0).all()
+    assert (b.values[:, rewards.shape[1] :] == 0).all()
 
 
 @SETTINGS

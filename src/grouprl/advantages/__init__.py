@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from grouprl.advantages import baseline, ranking, scale, transforms
-from grouprl.advantages._groups import DEFAULT_TAU, check_positive, validate_rewards
+from grouprl.advantages._groups import DEFAULT_TAU, check_positive, dense_valid, validate_rewards
 from grouprl.advantages.transforms import (
     DEFAULT_DELTA_RES,
     VIRTUAL_MODES,
@@ -90,7 +90,9 @@ def _check_params(fn: Callable[..., Advantages], name: str, params: dict[str, An
             f"{sorted(accepted)}, and compute() takes the transforms focal_gamma, delta_res, "
             "virtual (+ trigger, virtual_alpha) and reward_range"
         )
-    for key in ("eps", "tau", "tau_res"):
+    if "eps" in params:  # 0 is fine: collapsed groups never reach the division
+        check_positive("eps", params["eps"], allow_zero=True)
+    for key in ("tau", "tau_res"):
         if key in params:
             check_positive(key, params[key])
     if "ddof" in params and params["ddof"] not in (0, 1):
@@ -150,10 +152,12 @@ def compute(
     if delta_res is not None and "tau_res" in (fn.__kwdefaults__ or {}):
         params.setdefault("tau_res", delta_res)
     _check_params(fn, name, params)
-    valid = validate_rewards(rewards)
-    p, g = rewards.shape
-    stats: dict[str, float] = {"nan_frac": float((~valid).float().mean())}
-    keep = torch.ones(p, dtype=torch.bool, device=rewards.device)
+    valid = validate_rewards(rewards)  # None: every reward valid (fast path)
+    g = rewards.shape[1]
+    stats: dict[str, float] = {"nan_frac": 0.0 if valid is None else float((~valid).float().mean())}
+    keep = None  # [P] bool; None = every group kept
+    if valid is None and (delta_res is not None or virtual is not None or focal_gamma):
+        valid = dense_valid(rewards, valid)
 
     # -- resolution: merge sub-resolution gaps, skip one-bin groups for both branches
     if delta_res is not None:
@@ -190,7 +194,11 @@ def compute(
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())
 
-    values = torch.where(keep[:, None], values, torch.zeros_like(values))
-    updated = out.updated & keep if out.updated is not None else keep
+    updated = out.updated
+    if keep is None:
+        keep = out.keep
+    else:
+        values = values.masked_fill(~keep[:, None], 0.0)
+        updated = updated & keep
     stats["updated_frac"] = float(updated.float().mean())
     return Advantages(values, keep, out.kl_weight, out.scale, stats, updated)

@@ -1,26 +1,18 @@
 """Baseline-and-scale estimators: grpo, dr_grpo, rloo, batch_std, reinforce_pp,
 grpo_beta_comp, is_grpo (ALGORITHMS.md §1).
 
-Every function maps ``rewards [P, G]`` (NaN = missing) and its validity mask to an
-:class:`~grouprl.types.Advantages`. Shared rules (§0): NaN entries are left out of every
-statistic and get advantage 0; a group with σ_q < ``tau`` or fewer than 2 valid rewards
-gets advantage exactly 0.
+Every function maps ``rewards [P, G]`` (NaN = missing) and its validity mask (None = all
+valid) to an :class:`~grouprl.types.Advantages`. Shared rules (§0): NaN entries are left out
+of every statistic and get advantage 0; a group with σ_q < ``tau`` or fewer than 2 valid
+rewards gets advantage exactly 0.
 """
 
 from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import (
-    DEFAULT_TAU,
-    collapsed_mask,
-    group_mean,
-    group_std,
-    zero_invalid,
-)
-from grouprl.advantages._groups import (
-    batch_std as _batch_std,
-)
+from grouprl.advantages._groups import DEFAULT_TAU, Moments, group_moments, zero_invalid
+from grouprl.advantages._groups import batch_std as _batch_std
 from grouprl.types import Advantages
 
 GRPO_EPS = 1e-6
@@ -32,16 +24,19 @@ DEFAULT_DDOF = 1
 
 def _result(
     values: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     collapsed: torch.Tensor,
     scale: torch.Tensor,
     kl_weight: torch.Tensor | None = None,
+    *,
+    zeroed: bool = False,
     **stats: float,
 ) -> Advantages:
+    """Wrap an estimator's output; ``zeroed``: NaN entries and collapsed groups already hold 0."""
     p = values.shape[0]
     ones = torch.ones(p, dtype=values.dtype, device=values.device)
     return Advantages(
-        values=zero_invalid(values, valid, collapsed),
+        values=values if zeroed else zero_invalid(values, valid, collapsed),
         keep=torch.ones(p, dtype=torch.bool, device=values.device),
         kl_weight=ones if kl_weight is None else kl_weight,
         scale=scale,
@@ -50,16 +45,24 @@ def _result(
     )
 
 
-def _moments(rewards, valid, ddof, tau):
-    n = valid.sum(dim=1)  # [P]
-    mean = group_mean(rewards, valid)  # [P]
-    std = group_std(rewards, valid, mean, ddof=ddof)  # [P]
-    return n, mean, std, collapsed_mask(std, n, tau)
+def _scaled(m: Moments, factor: torch.Tensor | float) -> torch.Tensor:
+    """``[P, G]`` m.dev · factor_q, with collapsed groups zeroed in the same pass.
+
+    ``m.dev`` is already 0 at NaN entries, so one multiply both scales and masks.
+    """
+    f = torch.as_tensor(factor, dtype=m.dev.dtype, device=m.dev.device).expand_as(m.mean)
+    return m.dev.mul_(f.masked_fill(m.collapsed, 0.0)[:, None])
+
+
+def rloo_factor(count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[P]`` n/(n−1): turns r_i − r̄ into the leave-one-out r_i − mean_{j≠i} r_j (1 if n < 2)."""
+    n = count.to(dtype)
+    return n / (n - 1).clamp_min(1)
 
 
 def grpo(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     eps: float = GRPO_EPS,
     ddof: int = DEFAULT_DDOF,
@@ -69,15 +72,14 @@ def grpo(
 
     ``eps`` 1e-6 follows verl (TRL: 1e-4); ``ddof`` 1 both. scale = σ_q + eps.
     """
-    _, mean, std, collapsed = _moments(rewards, valid, ddof, tau)
-    scale = std + eps  # [P]
-    values = (rewards - mean[:, None]) / scale[:, None]  # [P, G]
-    return _result(values, valid, collapsed, scale)
+    m = group_moments(rewards, valid, ddof, tau)
+    scale = m.std + eps  # [P]
+    return _result(_scaled(m, 1.0 / scale), valid, m.collapsed, scale, zeroed=True)
 
 
 def dr_grpo(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     ddof: int = DEFAULT_DDOF,
     tau: float = DEFAULT_TAU,
@@ -86,14 +88,13 @@ def dr_grpo(
 
     ``ddof`` only enters the collapse test σ_q < tau.
     """
-    _, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
-    values = rewards - mean[:, None]  # [P, G]
-    return _result(values, valid, collapsed, torch.ones_like(mean))
+    m = group_moments(rewards, valid, ddof, tau)
+    return _result(_scaled(m, 1.0), valid, m.collapsed, torch.ones_like(m.mean), zeroed=True)
 
 
 def rloo(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     ddof: int = DEFAULT_DDOF,
     tau: float = DEFAULT_TAU,
@@ -102,16 +103,14 @@ def rloo(
 
     scale = 1 (ALGORITHMS.md §1). Groups with n < 2 get 0 (no leave-one-out baseline).
     """
-    n, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
-    nf = n.to(rewards.dtype)
-    factor = nf / (nf - 1).clamp_min(1)  # [P]
-    values = factor[:, None] * (rewards - mean[:, None])  # [P, G]
-    return _result(values, valid, collapsed, torch.ones_like(mean))
+    m = group_moments(rewards, valid, ddof, tau)
+    values = _scaled(m, rloo_factor(m.count, rewards.dtype))  # [P, G]
+    return _result(values, valid, m.collapsed, torch.ones_like(m.mean), zeroed=True)
 
 
 def batch_std(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     eps: float = GRPO_EPS,
     ddof: int = DEFAULT_DDOF,
@@ -122,15 +121,15 @@ def batch_std(
     TRL ``scale_rewards="batch"``. Collapsed groups (σ_q < tau) still get 0. scale = σ_batch + eps
     for every group.
     """
-    _, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
+    m = group_moments(rewards, valid, ddof, tau)
     sigma = _batch_std(rewards, valid, ddof=ddof) + eps  # []
-    values = (rewards - mean[:, None]) / sigma  # [P, G]
-    return _result(values, valid, collapsed, sigma.expand_as(mean).clone())
+    values = _scaled(m, 1.0 / sigma)  # [P, G]
+    return _result(values, valid, m.collapsed, sigma.expand_as(m.mean).clone(), zeroed=True)
 
 
 def reinforce_pp(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     eps: float = GRPO_EPS,
     ddof: int = DEFAULT_DDOF,
@@ -142,18 +141,17 @@ def reinforce_pp(
     whiten over valid samples [OURS], so the estimator needs no lengths. Collapsed groups take
     part in the batch statistics (their u is 0) but get advantage 0. scale = std_B u + eps.
     """
-    _, mean, _, collapsed = _moments(rewards, valid, ddof, tau)
-    u = torch.where(valid, rewards - mean[:, None], torch.zeros_like(rewards))  # [P, G]
-    n = valid.sum().to(rewards.dtype)
-    mu_b = u.sum() / n.clamp_min(1)
-    sigma = _batch_std(u, valid, ddof=ddof) + eps
-    values = (u - mu_b) / sigma  # [P, G]
-    return _result(values, valid, collapsed, sigma.expand_as(mean).clone())
+    m = group_moments(rewards, valid, ddof, tau)
+    u = m.dev  # [P, G], 0 at invalid entries
+    mu_b = u.sum() / m.count.sum().clamp_min(1).to(rewards.dtype)  # []
+    sigma = _batch_std(u, valid, ddof=ddof) + eps  # []
+    values = u.sub_(mu_b).div_(sigma)  # [P, G]
+    return _result(values, valid, m.collapsed, sigma.expand_as(m.mean).clone())
 
 
 def grpo_beta_comp(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     eps: float = GRPO_EPS,
     ddof: int = DEFAULT_DDOF,
@@ -173,7 +171,7 @@ def grpo_beta_comp(
 
 def is_grpo(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     eps: float = GRPO_EPS,
     ddof: int = DEFAULT_DDOF,
@@ -186,10 +184,11 @@ def is_grpo(
     the full gradient, with the batch-level σ̄ keeping the step size normalised. With no
     non-collapsed group every advantage is 0. scale = (σ_q + eps)·σ̄/σ_q.
     """
-    _, mean, std, collapsed = _moments(rewards, valid, ddof, tau)
+    m = group_moments(rewards, valid, ddof, tau)
+    std, collapsed = m.std, m.collapsed
     live = (~collapsed).to(rewards.dtype)  # [P]
     sigma_bar = (std * live).sum() / live.sum().clamp_min(1)  # []
     weight = std / sigma_bar.clamp_min(torch.finfo(rewards.dtype).tiny)  # [P]
-    values = weight[:, None] * (rewards - mean[:, None]) / (std + eps)[:, None]  # [P, G]
+    values = _scaled(m, weight / (std + eps))  # [P, G]
     scale = torch.where(collapsed, std + eps, (std + eps) / weight.clamp_min(1e-30))
-    return _result(values, valid, collapsed, scale, sigma_bar=float(sigma_bar))
+    return _result(values, valid, collapsed, scale, zeroed=True, sigma_bar=float(sigma_bar))
