@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import group_count, group_mean, group_std, validate_rewards
+from grouprl.advantages._groups import validate_rewards
 
 __all__ = ["DEFAULT_TAU", "acr", "collapse_split"]
 
@@ -43,13 +43,18 @@ def collapse_split(
 
     Edge cases: NaN rewards are excluded, never read as 0; ±inf raises ValueError.
     """
-    valid = validate_rewards(rewards)  # [P, G]
+    valid = validate_rewards(rewards)  # [P, G] or None when every reward is valid
+    if valid is None:
+        valid = torch.ones_like(rewards, dtype=torch.bool)
     r_lo, r_hi = float(reward_range[0]), float(reward_range[1])
     if not r_hi > r_lo:
         raise ValueError(f"reward_range must be (r_lo, r_hi) with r_hi > r_lo, got {reward_range}")
-    n = group_count(valid)  # [P]
-    mean = group_mean(rewards, valid)  # [P]
-    sigma = group_std(rewards, valid, mean, ddof=ddof)  # [P]
+    n = valid.sum(dim=1).to(rewards.dtype)  # [P]
+    filled = torch.where(valid, rewards, torch.zeros_like(rewards))  # [P, G]
+    mean = filled.sum(dim=1) / n.clamp_min(1)  # [P]
+    dev = torch.where(valid, rewards - mean[:, None], torch.zeros_like(rewards))  # [P, G]
+    var = dev.square().sum(dim=1) / (n - ddof).clamp_min(1)  # [P]
+    sigma = torch.where(n > ddof, var.sqrt(), torch.zeros_like(var))  # [P]
     collapsed = sigma < tau  # [P]
     has_any = n >= 1  # [P]
     all_correct = collapsed & has_any & ((mean - r_hi).abs() <= atol)

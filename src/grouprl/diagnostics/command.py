@@ -1,0 +1,251 @@
+"""``grouprl diagnose PATH``: training-health report for a JSONL of reward groups or a run folder."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+HELP = "training-health report for a JSONL of reward groups or a grouprl run folder"
+
+_STEP_COLS = (
+    "step",
+    "groups",
+    "G",
+    "reward/mean",
+    "acr/rate",
+    "acr/all_correct",
+    "acr/all_wrong",
+    "acr/other",
+    "reward/nan_count",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "path", type=Path, help="groups JSONL ({prompt_id, rewards, step}) or a run folder"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="report path (default: RUN/report.html, or ./report.html for a file)",
+    )
+    parser.add_argument(
+        "--reward-range",
+        nargs=2,
+        type=float,
+        default=(0.0, 1.0),
+        metavar=("LO", "HI"),
+        help="what wrong and correct score (default 0 1)",
+    )
+    parser.add_argument(
+        "--tau", type=float, default=1e-6, help="collapse threshold on the group std (default 1e-6)"
+    )
+    parser.add_argument(
+        "--rho",
+        type=float,
+        default=0.1,
+        help="share of a prompt's correct mass in rare modes, for the tail-miss advice (default 0.1)",
+    )
+    parser.add_argument(
+        "--max-rows",
+        type=int,
+        default=12,
+        help="step rows printed (first and last half; the report has all)",
+    )
+    parser.add_argument("--no-report", action="store_true", help="print only")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "–" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+def _table(console, title, rows, cols=None):
+    from rich.table import Table
+
+    if not rows:
+        return
+    cols = list(cols or rows[0])
+    t = Table(title=title)
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("estimator", "quantity") else "right")
+    for r in rows:
+        t.add_row(*(_fmt(r.get(c, "")) for c in cols))
+    console.print(t)
+
+
+def _resolve(path: Path):
+    """(groups file or None, run folder or None) for PATH."""
+    if path.is_dir():
+        groups = path / "rewards.jsonl"
+        metrics = path / "metrics.jsonl"
+        if not groups.is_file() and not metrics.is_file():
+            raise ValueError(
+                f"{path} is a folder without rewards.jsonl or metrics.jsonl: not a grouprl run folder"
+            )
+        return (groups if groups.is_file() and groups.stat().st_size > 0 else None), path
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder")
+    return path, None
+
+
+def _print_diagnosis(console, d, gf, max_rows) -> None:
+    rows = d.steps
+    if len(rows) > max_rows:
+        half = max(1, max_rows // 2)
+        shown = [*rows[:half], {"step": "…"}, *rows[-half:]]
+    else:
+        shown = rows
+    _table(
+        console, f"Per-step collapse ({len(rows)} steps, {gf.n_groups} groups)", shown, _STEP_COLS
+    )
+    _table(console, "Totals", [{"quantity": k, "value": v} for k, v in d.totals.items()])
+    _table(console, "Inverse-scale tails (1/scale over updated groups, all steps)", d.scale)
+    if d.advice is not None:
+        adv_rows = [
+            {
+                "N": n,
+                "expected active": a,
+                "expected tail miss": m,
+                "": "◀ current"
+                if n == d.group_size
+                else ("◀ advised" if n == d.advice.recommended else ""),
+            }
+            for n, a, m in d.advice.rows()
+        ]
+        _table(
+            console, f"Group size (ρ = {d.advice.targets['rho']:g}, {len(d.mu)} prompts)", adv_rows
+        )
+        if d.current:
+            console.print(
+                f"current G = {d.current['G']}: expected active {d.current['expected active']:.2f}, "
+                f"tail miss {d.current['expected tail miss']:.2f}"
+            )
+        console.print(f"advised G = {d.advice.recommended}: {d.advice.reason}", markup=False)
+
+
+def _write_report(out: Path, d, gf, run_dir, metrics_rows, metrics_errors) -> Path:
+    from grouprl.report import html as H
+    from grouprl.report.run import run_blocks
+
+    blocks = []
+    if d is not None:
+        blocks.append(
+            "<h2>Totals</h2>" + H.table([{"quantity": k, "value": v} for k, v in d.totals.items()])
+        )
+        blocks.append("<h2>Warnings</h2>")
+        blocks += [H.text(w, "warn", "div") for w in d.warnings] or [
+            H.text("No health rule fired.", "ok")
+        ]
+        blocks.append(_figure(d, H))
+        blocks.append("<h2>Inverse-scale tails</h2>" + H.table(d.scale))
+        if d.advice is not None:
+            rows = [
+                {"N": n, "expected active": a, "expected tail miss": m}
+                for n, a, m in d.advice.rows()
+            ]
+            blocks.append(
+                "<h2>Group size advice</h2>"
+                + H.table(rows)
+                + H.text(f"Advised G = {d.advice.recommended}: {d.advice.reason}")
+            )
+        blocks.append("<h2>Per step</h2>" + H.table(d.steps))
+        if gf.n_errors:
+            errs = [H.text(f"line {no}: {msg}", "bad") for no, msg in gf.errors[:200]]
+            blocks.append(f"<h2>Malformed lines ({gf.n_errors}, skipped)</h2>" + "".join(errs))
+    if metrics_rows is not None:
+        blocks.append("<h1>Logged run metrics</h1>")
+        blocks += run_blocks(metrics_rows)
+        if metrics_errors:
+            blocks += [H.text(e, "bad") for e in metrics_errors[:50]]
+    src = str(run_dir or gf.path)
+    return H.write_page(out, "grouprl diagnose", blocks, src)
+
+
+def _figure(d, H) -> str:
+    fig, ax = H.figure(3, 1, width=4.6)
+    steps = list(range(len(d.steps)))
+    labels = [r["step"] for r in d.steps]
+    parts = ("acr/all_wrong", "acr/all_correct", "acr/other")
+    ax[0, 0].stackplot(
+        steps,
+        *[[r[k] for r in d.steps] for k in parts],
+        labels=[p.split("/")[1] for p in parts],
+        alpha=0.7,
+    )
+    ax[0, 0].axhline(0.35, color="grey", ls=":", label="stall 0.35")
+    ax[0, 0].set_title("ACR per step"), ax[0, 0].legend(fontsize=7)
+    ax[0, 0].set_xlabel("step" if len(set(map(str, labels))) > 1 else "batch")
+    ax[0, 1].plot(steps, [r["reward/mean"] for r in d.steps], "o-", ms=3)
+    ax[0, 1].set_title("mean reward")
+    if d.advice is not None:
+        n = list(d.advice.candidates)
+        ax[0, 2].plot(n, d.advice.active, "o-", label="expected active")
+        ax[0, 2].plot(n, d.advice.tail_miss, "o-", label="expected tail miss")
+        ax[0, 2].axvline(
+            d.advice.recommended, color="green", ls="--", label=f"advised {d.advice.recommended}"
+        )
+        ax[0, 2].axvline(d.group_size, color="grey", ls=":", label=f"current {d.group_size}")
+        (
+            ax[0, 2].set_xscale("log", base=2),
+            ax[0, 2].set_xlabel("group size N"),
+            ax[0, 2].legend(fontsize=7),
+        )
+        ax[0, 2].set_title("group size")
+    return "<h2>Figures</h2>" + H.img(fig, "diagnosis")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from grouprl.diagnostics.diagnose import diagnose_groups, load_groups
+    from grouprl.report.run import read_metrics, replay_health
+
+    console = Console(width=None if sys.stdout.isatty() else 140)
+
+    def err(msg: str) -> None:  # plain stderr: never wrapped, easy to grep
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        groups_path, run_dir = _resolve(args.path)
+        gf = d = None
+        if groups_path is not None:
+            gf = load_groups(groups_path)
+            d = diagnose_groups(
+                gf, reward_range=tuple(args.reward_range), tau=args.tau, rho=args.rho
+            )
+    except (ValueError, FileNotFoundError) as e:
+        err(f"error: {e}")
+        return 2
+    if gf is not None and gf.n_errors:
+        err(f"{gf.n_errors} malformed line(s) skipped in {gf.path}:")
+        for no, msg in gf.errors[:20]:
+            err(f"  line {no}: {msg}")
+        if gf.n_errors > 20:
+            err(f"  ... and {gf.n_errors - 20} more (the report lists up to 200)")
+    if d is not None:
+        _print_diagnosis(console, d, gf, args.max_rows)
+    metrics_rows = metrics_errors = None
+    if run_dir is not None and (run_dir / "metrics.jsonl").is_file():
+        metrics_rows, metrics_errors = read_metrics(run_dir / "metrics.jsonl")
+        console.print(f"metrics.jsonl: {len(metrics_rows)} steps ({len(metrics_errors)} bad lines)")
+        if d is None:
+            for w in replay_health(metrics_rows):
+                console.print(f"[yellow]warning[/yellow] {escape(w)}")
+    if d is not None:
+        for w in d.warnings:
+            console.print(f"[yellow]warning[/yellow] {escape(w)}")
+        if not d.warnings:
+            console.print("[green]no health rule fired[/green]")
+    if not args.no_report:
+        out = args.out or (
+            (run_dir / "report.html") if run_dir is not None else Path("report.html")
+        )
+        path = _write_report(out, d, gf, run_dir, metrics_rows, metrics_errors)
+        console.print(f"wrote {path}")
+    return 0
