@@ -135,6 +135,7 @@ class HumanEvalTask(Task):
             "eval_fraction": eval_fraction,
             "system": system,
         }
+        detect_isolation()  # probe once here: forked verifier workers inherit the answer
         problems = sorted(
             load_humaneval(), key=lambda p: hashlib.sha256(p["task_id"].encode()).hexdigest()
         )

@@ -24,6 +24,7 @@ import contextlib
 import math
 import multiprocessing as mp
 import os
+import signal
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -99,6 +100,10 @@ def _worker_main(
     references: Sequence[Any],
 ) -> None:
     """Score the indices the parent sends until it sends None (runs in the child)."""
+    # Ctrl-C reaches the whole foreground process group: leave it to the parent (which kills
+    # the workers on its way out) and drop any SIGTERM handler inherited from the trainer.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     while True:
         try:
             index = conn.recv()
