@@ -4,7 +4,6 @@ inside the groups). Written independently of the vectorised code: lists and ``st
 from __future__ import annotations
 
 import math
-import statistics
 
 import numpy as np
 
@@ -27,7 +26,7 @@ def _collapsed(xs, ddof, tau):
     return len(xs) < 2 or _std(xs, ddof) < tau
 
 
-def per_group(kind, rewards, *, eps=1e-6, ddof=1, tau=TAU, tau_res=1e-2, quantile=0.9):
+def per_group(kind, rewards, *, eps=1e-6, ddof=1, tau=TAU, tau_res=1e-2, quantile=0.9):  # noqa: C901 (one plain branch per estimator, on purpose)
     """Advantages [P][G] and scale [P] by a loop over groups."""
     rewards = np.asarray(rewards, dtype=np.float64)
     out = np.zeros_like(rewards)

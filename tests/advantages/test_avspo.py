@@ -110,7 +110,7 @@ def test_trigger_update_rule():
 
 def test_trigger_state_round_trip_and_compute_advances_it():
     t = VirtualTrigger()
-    for acr_batch, mean in [(BATCH, 0.0), (BATCH * 0 + 1, 1.0)]:
+    for acr_batch in (BATCH, BATCH * 0 + 1):
         advantages.compute("grpo", acr_batch, virtual="symmetric", trigger=t)
     assert t.steps == 2 and t.tau != 0.5  # reward rose with ACR 1.0 > τ: τ moved up
     clone = VirtualTrigger()

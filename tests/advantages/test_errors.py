@@ -28,7 +28,7 @@ def test_bad_rewards(rewards, match):
 
 
 def test_unknown_estimator_lists_valid_names():
-    with pytest.raises(ValueError, match="unknown advantage estimator 'gpro'.*grpo.*maxnorm_rloo"):
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gpro'.*grpo.*maxnorm_rloo"):
         advantages.compute("gpro", R)
 
 
