@@ -1,0 +1,523 @@
+"""grouprl's advantages (and, where a preset needs it, loss) inside TRL's GRPOTrainer (TRL 1.x).
+
+    from grouprl.integrations.trl import GroupRLGRPOTrainer
+    trainer = GroupRLGRPOTrainer(preset="maxnorm_rloo", model=..., reward_funcs=...,
+                                 args=GRPOConfig(...), train_dataset=...)
+    trainer.train()
+
+What changes against a plain ``GRPOTrainer`` (the least invasive overrides TRL 1.x allows;
+TRL has no advantage hook):
+
+- ``_calculate_rewards`` is wrapped to keep the gathered ``[B·G, n_funcs]`` reward matrix;
+  ``_generate_and_score_completions`` runs TRL's own step unchanged, then *replaces* the
+  ``advantages`` it returns by :func:`grouprl.advantages.compute` on the same rewards
+  (combined exactly as TRL combines them: weighted ``nansum``, a row where every reward
+  function returned None is NaN), reshaped ``[P, G]`` (TRL's batches are prompt-major). The
+  AVSPO trigger advances once per generation batch in training, is only read in
+  evaluation, and is saved in every checkpoint (``grouprl_state.json``).
+- The preset's loss half is mapped onto TRL's own knobs when TRL can express it
+  (:func:`trl_loss_settings`: ``loss_type``, ``epsilon``, ``epsilon_high``,
+  ``importance_sampling_level``); otherwise (``reinforce``, a dual clip, a k1/k2 KL, a
+  per-group KL weight or group skip with β > 0) ``_compute_loss`` computes
+  :func:`grouprl.losses.objective` with TRL's log-probabilities and TRL's normalisers.
+- :class:`GroupRLDiagnosticsCallback` adds ``grouprl/*`` metrics (ACR split, inverse-scale
+  tails, tail-miss risk, estimator stats) to TRL's metric buffer, so they are averaged and
+  logged next to TRL's own (``reward``, ``kl``, ``entropy``, ``clip_ratio/*``...), and turns
+  them into :class:`grouprl.diagnostics.RunHealth` warnings.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from grouprl import advantages as adv_lib
+from grouprl import diagnostics
+from grouprl import losses as loss_lib
+from grouprl import presets as preset_lib
+from grouprl.advantages import VirtualTrigger
+from grouprl.presets import Preset
+from grouprl.types import Advantages
+
+try:
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer
+except ImportError as err:  # pragma: no cover - exercised only without TRL
+    raise ImportError(
+        "grouprl.integrations.trl needs TRL >= 1.0: run scripts/install-peers.sh or "
+        "`pip install 'grouprl[peers]'`"
+    ) from err
+
+__all__ = [
+    "STATE_FILE",
+    "TRL_LOSS_TYPES",
+    "GroupRLDiagnosticsCallback",
+    "GroupRLGRPOTrainer",
+    "combine_rewards",
+    "resolve_preset",
+    "trl_loss_settings",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "grouprl_state.json"
+"""File in each checkpoint folder holding the AVSPO trigger and RunHealth state."""
+
+TRL_LOSS_TYPES: dict[str, str] = {
+    "seq_mean_token_mean": "grpo",
+    "token_mean": "dapo",
+    "seq_mean_token_sum_norm": "dr_grpo",
+}
+"""Our aggregation -> TRL ``loss_type`` with the same normaliser (TRL 1.x ``_compute_loss``:
+``grpo`` per-sequence token mean, ``dapo`` token mean over the optimizer step, ``dr_grpo``
+sum / (B · max_completion_length))."""
+
+TAIL_MISS_RHO = 0.1
+"""Share of a prompt's correct mass held by rare modes for the tail-miss risk
+(:func:`grouprl.diagnostics.advise_group_size`'s default) [OURS]."""
+
+
+# --------------------------------------------------------------------------- presets -> TRL
+def resolve_preset(
+    preset: str | Preset | None,
+    estimator: str | None,
+    advantage_kwargs: Mapping[str, Any] | None = None,
+) -> Preset:
+    """The preset to run: a preset (name or object), or the ``grpo`` preset with ``estimator``.
+
+    ``advantage_kwargs`` (focal_gamma, delta_res, virtual, estimator parameters) override the
+    preset's advantage half. Exactly one of ``preset`` / ``estimator`` must be given.
+    """
+    if (preset is None) == (estimator is None):
+        raise ValueError(
+            "give exactly one of preset= (a grouprl preset name, e.g. 'f_grpo') or "
+            f"estimator= (one of {', '.join(adv_lib.names())})"
+        )
+    if estimator is not None:
+        if estimator not in adv_lib.ESTIMATORS:
+            raise ValueError(
+                f"unknown advantage estimator {estimator!r}; valid estimators: "
+                f"{', '.join(adv_lib.names())}"
+            )
+        base = preset_lib.get("grpo").with_(name=estimator, estimator=estimator)
+    else:
+        base = preset if isinstance(preset, Preset) else preset_lib.get(preset)
+    if not advantage_kwargs:
+        return base
+    kw = dict(advantage_kwargs)
+    changes: dict[str, Any] = {}
+    for key in ("focal_gamma", "delta_res", "virtual"):
+        if key in kw:
+            changes[key] = kw.pop(key)
+    if kw:
+        changes["estimator_params"] = {**dict(base.estimator_params), **kw}
+    return base.with_(**changes)
+
+
+def trl_loss_settings(preset: Preset) -> dict[str, Any] | None:
+    """``GRPOConfig`` fields that make TRL's own loss compute ``preset``'s loss half, or None.
+
+    None when TRL 1.x cannot express it: the ``reinforce`` surrogate, a dual clip
+    (``clip_ratio_c``), a KL other than TRL's k3 with β > 0, an aggregation TRL lacks, CISPO
+    with a lower weight bound (TRL clips the weight from above only) or CISPO without the
+    token mean. GSPO maps to ``importance_sampling_level="sequence"`` (TRL does not clamp
+    log s at 10 as verl and we do; identical below that).
+    """
+    loss_type = TRL_LOSS_TYPES.get(preset.aggregation)
+    params = dict(preset.surrogate_params)
+    if loss_type is None or (preset.beta > 0 and preset.kl != "k3"):
+        return None
+    if preset.surrogate in ("ppo_clip", "gspo"):
+        if params.get("clip_ratio_c") is not None:
+            return None
+        level = "sequence" if preset.surrogate == "gspo" else "token"
+        defaults = (3e-4, 4e-4) if preset.surrogate == "gspo" else (0.2, 0.2)
+        return {
+            "loss_type": loss_type,
+            "epsilon": float(params.get("eps_low", defaults[0])),
+            "epsilon_high": float(params.get("eps_high", defaults[1])),
+            "importance_sampling_level": level,
+            "beta": float(preset.beta),
+        }
+    if preset.surrogate == "cispo":
+        if loss_type != "dapo" or float(params.get("eps_low", 1.0)) < 1.0:
+            return None
+        return {
+            "loss_type": "cispo",
+            "epsilon": 0.2,
+            "epsilon_high": 1.0 + float(params.get("eps_high", 5.0)),
+            "importance_sampling_level": "token",
+            "beta": float(preset.beta),
+        }
+    return None
+
+
+def _needs_grouprl_loss(preset: Preset) -> bool:
+    """True when TRL's loss cannot reproduce the preset (see :func:`trl_loss_settings`)."""
+    if trl_loss_settings(preset) is None:
+        return True
+    # A per-group KL weight or a skipped group must reach the KL branch too.
+    return preset.beta > 0 and (
+        preset.estimator == "grpo_beta_comp" or preset.delta_res is not None
+    )
+
+
+def combine_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``[B]`` rewards as TRL combines them (``sum_then_normalize``): weighted ``nansum``, and
+    NaN where every reward function returned None (TRL 1.x ``unscorable_mask``)."""
+    w = weights.to(rewards_per_func.device, rewards_per_func.dtype)
+    rewards = (rewards_per_func * w[None, :]).nansum(dim=1)  # [B]
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    return torch.where(unscorable, torch.full_like(rewards, float("nan")), rewards)
+
+
+# --------------------------------------------------------------------------- diagnostics
+class GroupRLDiagnosticsCallback(TrainerCallback):
+    """Logs grouprl's per-batch diagnostics into TRL's metrics and warns via RunHealth.
+
+    :meth:`observe` (called by :class:`GroupRLGRPOTrainer` once per generation batch) appends
+    ``grouprl/<key>`` values to the trainer's metric buffer, which TRL averages over the
+    logging window and logs with its own metrics: the :func:`grouprl.diagnostics.step_metrics`
+    keys (``acr/*`` split, ``scale/inv_p95`` / ``p99`` tails, ``adv/*``...), the estimator's
+    ``stats`` (``grouprl/est/*``), ``health/*`` and the tail-miss risk (``tailmiss/*``,
+    F-GRPO Lemma 3.1 with ρ = :data:`TAIL_MISS_RHO`). RunHealth warnings are emitted through
+    the ``grouprl.integrations.trl`` logger at the next ``on_log`` and kept in ``warnings``.
+    """
+
+    def __init__(self, health: diagnostics.RunHealth | None = None) -> None:
+        self.health = health or diagnostics.RunHealth()
+        self.warnings: list[str] = []
+        self._pending: list[str] = []
+        self._trainer: GRPOTrainer | None = None
+
+    def bind(self, trainer: GRPOTrainer) -> None:
+        """Attach to the trainer whose metric buffer receives the values."""
+        self._trainer = trainer
+
+    def metrics(
+        self, rewards: torch.Tensor, adv: Advantages, reward_range: tuple[float, float]
+    ) -> dict[str, float]:
+        """Diagnostics of one ``[P, G]`` reward batch and its advantages (no side effects)."""
+        out = diagnostics.step_metrics(rewards, adv, reward_range=reward_range)
+        out.update({f"est/{k}": float(v) for k, v in adv.stats.items()})
+        lo, hi = reward_range
+        valid = ~torch.isnan(rewards)
+        has = valid.any(dim=1)
+        if bool(has.any()):
+            mean = torch.where(valid, rewards, torch.zeros_like(rewards)).sum(1)
+            mu = ((mean[has] / valid[has].sum(1)) - lo) / (hi - lo)  # [P'] success rate
+            mu = mu.double().clamp(0.0, 1.0)
+            g = rewards.shape[1]
+            risk = diagnostics.tail_miss_probability(mu, TAIL_MISS_RHO * mu, g)
+            out["tailmiss/risk"] = float(risk.mean())
+            out["tailmiss/p_active"] = float(diagnostics.p_active(mu, g).mean())
+            advice = diagnostics.advise_group_size(mu.cpu(), TAIL_MISS_RHO)
+            out["tailmiss/recommended_group_size"] = float(advice.recommended)
+        return out
+
+    def observe(
+        self,
+        rewards: torch.Tensor,
+        adv: Advantages,
+        *,
+        mode: str = "train",
+        reward_range: tuple[float, float] = (0.0, 1.0),
+    ) -> dict[str, float]:
+        """Compute the diagnostics of one generation batch and push them into TRL's metrics."""
+        out = self.metrics(rewards, adv, reward_range)
+        if mode == "train":
+            step = self._trainer.state.global_step if self._trainer is not None else 0
+            for line in self.health.update(step, out):
+                self._pending.append(line)
+            out.update(self.health.metrics())
+        if self._trainer is not None:
+            buffer = self._trainer._metrics[mode]
+            for key, value in out.items():
+                if value is not None and math.isfinite(value):
+                    buffer[f"grouprl/{key}"].append(float(value))
+        return out
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        for line in self._pending:
+            log.warning(line)
+            self.warnings.append(line)
+        self._pending.clear()
+        return control
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"health": self.health.state_dict(), "warnings": list(self.warnings)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.health.load_state_dict(dict(state["health"]))
+        self.warnings = list(state.get("warnings", []))
+
+
+# --------------------------------------------------------------------------- the trainer
+class GroupRLGRPOTrainer(GRPOTrainer):
+    """TRL's ``GRPOTrainer`` training on grouprl advantages (and, where needed, loss).
+
+    Args:
+        preset: a grouprl preset name (``"f_grpo"``, ``"avspo"``, ``"maxnorm_rloo"``...) or
+            :class:`~grouprl.presets.Preset`. Its advantage half replaces TRL's advantage
+            step; its loss half is set on TRL's config (:func:`trl_loss_settings`) or, when
+            TRL cannot express it, computed by :func:`grouprl.losses.objective`.
+        estimator: instead of a preset, an estimator name; the loss stays what ``args`` say.
+        advantage_kwargs: overrides of the advantage half (``focal_gamma``, ``delta_res``,
+            ``virtual``, estimator parameters such as ``eps``).
+        loss: ``"auto"`` (TRL's loss when it can express the preset), ``"trl"`` (always
+            TRL's; the preset's loss half is only mapped when possible) or ``"grouprl"``.
+        reward_range: ``(r_lo, r_hi)`` of the combined reward (focal weight, virtual samples,
+            ACR split); default [0, 1].
+        diagnostics: add a :class:`GroupRLDiagnosticsCallback` (default True).
+        *args, **kwargs: ``GRPOTrainer``'s own (model, reward_funcs, args, train_dataset...).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        preset: str | Preset | None = None,
+        estimator: str | None = None,
+        advantage_kwargs: Mapping[str, Any] | None = None,
+        loss: str = "auto",
+        reward_range: tuple[float, float] = (0.0, 1.0),
+        diagnostics: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if loss not in ("auto", "trl", "grouprl"):
+            raise ValueError(f"loss must be 'auto', 'trl' or 'grouprl', got {loss!r}")
+        spec = resolve_preset(preset, estimator, advantage_kwargs)
+        self.grouprl_preset = spec
+        self.grouprl_advantage_kwargs = spec.advantage_kwargs()
+        self.grouprl_reward_range = (float(reward_range[0]), float(reward_range[1]))
+        # Validate the advantage half now, not at the first step.
+        adv_lib.compute(
+            spec.estimator,
+            torch.tensor([[0.0, 1.0]]),
+            reward_range=self.grouprl_reward_range,
+            **self.grouprl_advantage_kwargs,
+        )
+        if spec.controller is not None:
+            raise ValueError(
+                f"preset {spec.name!r} needs the {spec.controller!r} controller (sampling "
+                "temperature / clip control), which the TRL integration does not drive; use "
+                "`grouprl train` or a preset without a controller"
+            )
+        self.grouprl_trigger = VirtualTrigger() if spec.virtual is not None else None
+        targs = kwargs.get("args", args[2] if len(args) > 2 else None)
+        self._grouprl_loss = self._configure_loss(spec, targs, loss, preset is not None, kwargs)
+        self.grouprl_callback = GroupRLDiagnosticsCallback() if diagnostics else None
+        self._grouprl_rewards_per_func: torch.Tensor | None = None
+        self.grouprl_last: tuple[torch.Tensor, Advantages] | None = None
+        super().__init__(*args, **kwargs)
+        if getattr(self.args, "multi_objective_aggregation", "sum_then_normalize") != (
+            "sum_then_normalize"
+        ):
+            raise ValueError(
+                "GroupRLGRPOTrainer combines rewards as TRL's multi_objective_aggregation="
+                "'sum_then_normalize' does; normalize_then_sum is its own advantage rule"
+            )
+        if self._grouprl_loss:
+            self._check_grouprl_loss_args()
+        if self.grouprl_callback is not None:
+            self.grouprl_callback.bind(self)
+            self.add_callback(self.grouprl_callback)
+
+    # -- construction helpers ----------------------------------------------------------------
+    @staticmethod
+    def _configure_loss(
+        spec: Preset, targs: Any, loss: str, from_preset: bool, kwargs: dict[str, Any]
+    ) -> bool:
+        """Map the preset's loss half onto a copy of ``args``; True when ours must run."""
+        if targs is None:
+            raise ValueError("GroupRLGRPOTrainer needs args=GRPOConfig(...)")
+        use_ours = loss == "grouprl" or (
+            loss == "auto" and from_preset and _needs_grouprl_loss(spec)
+        )
+        settings = trl_loss_settings(spec) if from_preset else None
+        if use_ours and spec.beta > 0 and targs.beta == 0.0:
+            settings = {**(settings or {}), "beta": float(spec.beta)}
+        if settings:
+            targs = copy.copy(targs)  # never mutate the caller's config
+            for key, value in settings.items():
+                setattr(targs, key, value)
+            if "args" in kwargs:
+                kwargs["args"] = targs
+            else:  # positional: (model, reward_funcs, args, ...)
+                raise ValueError("pass the GRPOConfig as args=..., not positionally")
+        if from_preset and (spec.dynamic_sampling or spec.overlong is not None):
+            log.warning(
+                "preset %r asks for dynamic sampling / overlong shaping, which the TRL "
+                "integration does not apply; set TRL's own options (mask_truncated_completions)",
+                spec.name,
+            )
+        return use_ours
+
+    def _check_grouprl_loss_args(self) -> None:
+        unsupported = {
+            "top_entropy_quantile < 1": self.top_entropy_quantile < 1.0,
+            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
+            "vllm_importance_sampling_correction": bool(
+                self.use_vllm and self.vllm_importance_sampling_correction
+            ),
+            "entropy bonus": bool(getattr(self, "_entropy_bonus_enabled", False)),
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(
+                f"the grouprl loss path (preset {self.grouprl_preset.name!r}) does not apply "
+                f"TRL's {', '.join(bad)}; turn them off or pass loss='trl'"
+            )
+
+    # -- advantages ---------------------------------------------------------------------------
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(
+            inputs, prompts, completions, completion_ids_list
+        )
+        self._grouprl_rewards_per_func = rewards_per_func  # [B_all, n_funcs], gathered
+        return rewards_per_func
+
+    def grouprl_advantages(self, rewards: torch.Tensor, mode: str = "train") -> Advantages:
+        """grouprl advantages of a ``[P, G]`` reward batch; advances the trigger in training."""
+        kwargs = dict(self.grouprl_advantage_kwargs)
+        if self.grouprl_trigger is not None:
+            trig = self.grouprl_trigger
+            kwargs["trigger"] = trig if mode == "train" else copy.deepcopy(trig)
+        return adv_lib.compute(
+            self.grouprl_preset.estimator,
+            rewards,
+            reward_range=self.grouprl_reward_range,
+            **kwargs,
+        )
+
+    def _generate_and_score_completions(self, inputs):
+        output = super()._generate_and_score_completions(inputs)
+        mode = "train" if self.model.training else "eval"
+        g = self.num_generations if mode == "train" else self.num_generations_eval
+        rewards = combine_rewards(self._grouprl_rewards_per_func, self.reward_weights)  # [B_all]
+        grid = rewards.view(-1, g).float()  # [P, G] prompt-major, as TRL groups them
+        out = self.grouprl_advantages(grid, mode)
+        flat = out.values.reshape(-1)  # [B_all]
+        local = output["advantages"].shape[0]
+        start = self.accelerator.process_index * local
+        rows = slice(start, start + local)
+        output["advantages"] = flat[rows].to(
+            output["advantages"].device, output["advantages"].dtype
+        )
+        if self._grouprl_loss:
+            output["grouprl_keep"] = out.keep.repeat_interleave(g)[rows].to(
+                output["advantages"].device
+            )
+            kl_weight = out.kl_weight.repeat_interleave(g)[rows]
+            output["grouprl_kl_weight"] = kl_weight.to(output["advantages"].device)
+        # TRL's completions table shows the advantages trained on.
+        logged = self._logs["advantages"]
+        for _ in range(min(len(flat), len(logged))):
+            logged.pop()
+        logged.extend(flat.tolist())
+        self.grouprl_last = (grid.detach().cpu(), out)
+        if self.grouprl_callback is not None:
+            self.grouprl_callback.observe(
+                grid, out, mode=mode, reward_range=self.grouprl_reward_range
+            )
+        return output
+
+    # -- loss -----------------------------------------------------------------------------------
+    def _grouprl_totals(self, inputs, mask: torch.Tensor, mode: str) -> loss_lib.StepTotals:
+        """TRL's own normalisers as StepTotals, so the micro-batch losses add up as TRL's do."""
+        ga = self.current_gradient_accumulation_steps if mode == "train" else 1
+        n_seq = float(mask.shape[0] * ga)
+        tokens = float(inputs["num_items_in_batch"]) / self.accelerator.num_processes
+        if mode == "train":
+            tokens = tokens * ga / self.args.steps_per_generation
+        return loss_lib.StepTotals(
+            num_tokens=max(tokens, 1.0), num_seqs=n_seq, max_len=float(self.max_completion_length)
+        )
+
+    def _compute_loss(self, model, inputs):
+        if not self._grouprl_loss:
+            return super()._compute_loss(model, inputs)
+        spec = self.grouprl_preset
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = (
+            completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        )
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+        )
+        old = inputs.get("old_per_token_logps")
+        mode = "train" if self.model.training else "eval"
+        out = loss_lib.objective(
+            logps,
+            logps.detach() if old is None else old,
+            inputs["advantages"],
+            mask,
+            surrogate=spec.surrogate,
+            surrogate_params=dict(spec.surrogate_params),
+            aggregation=spec.aggregation,
+            totals=self._grouprl_totals(inputs, mask, mode),
+            keep=inputs.get("grouprl_keep"),
+            ref_logp=inputs.get("ref_per_token_logps"),
+            kl=spec.kl,
+            beta=float(self.beta),
+            kl_weight=inputs.get("grouprl_kl_weight"),
+            entropy=entropies,
+        )
+        m = self._metrics[mode]
+        m["entropy"].append(out.stats["entropy_mean"])
+        if self.beta != 0.0:
+            m["kl"].append(out.stats["kl_mean"])
+        for ours, theirs in (
+            ("clip_frac_low", "clip_ratio/low_mean"),
+            ("clip_frac_high", "clip_ratio/high_mean"),
+            ("clip_frac_region", "clip_ratio/region_mean"),
+        ):
+            if ours in out.stats:
+                m[theirs].append(out.stats[ours])
+        for key in ("pg_loss", "kl_loss", "kept_frac", "ratio_mean", "approx_kl"):
+            if key in out.stats:
+                m[f"grouprl/loss/{key}"].append(out.stats[key])
+        return out.loss
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def grouprl_state_dict(self) -> dict[str, Any]:
+        """The AVSPO trigger and the RunHealth state (written to each checkpoint)."""
+        return {
+            "trigger": None if self.grouprl_trigger is None else self.grouprl_trigger.state_dict(),
+            "callback": None
+            if self.grouprl_callback is None
+            else self.grouprl_callback.state_dict(),
+        }
+
+    def grouprl_load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("trigger") is not None and self.grouprl_trigger is not None:
+            self.grouprl_trigger.load_state_dict(dict(state["trigger"]))
+        if state.get("callback") is not None and self.grouprl_callback is not None:
+            self.grouprl_callback.load_state_dict(state["callback"])
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            path = os.path.join(self._get_output_dir(trial=trial), folder, STATE_FILE)
+            with open(path, "w") as f:
+                json.dump(self.grouprl_state_dict(), f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            path = os.path.join(checkpoint, STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.grouprl_load_state_dict(json.load(f))
