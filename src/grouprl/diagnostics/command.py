@@ -168,8 +168,9 @@ def _write_report(out: Path, d, gf, run_dir, metrics_rows, metrics_errors) -> Pa
 
 def _figure(d, H) -> str:
     fig, ax = H.figure(3, 1, width=4.6)
-    steps = list(range(len(d.steps)))
     labels = [r["step"] for r in d.steps]
+    numeric = all(isinstance(x, int) for x in labels)
+    steps = labels if numeric else list(range(len(d.steps)))
     parts = ("acr/all_wrong", "acr/all_correct", "acr/other")
     ax[0, 0].stackplot(
         steps,
@@ -179,7 +180,7 @@ def _figure(d, H) -> str:
     )
     ax[0, 0].axhline(0.35, color="grey", ls=":", label="stall 0.35")
     ax[0, 0].set_title("ACR per step"), ax[0, 0].legend(fontsize=7)
-    ax[0, 0].set_xlabel("step" if len(set(map(str, labels))) > 1 else "batch")
+    ax[0, 0].set_xlabel("step" if numeric else "batch")
     ax[0, 1].plot(steps, [r["reward/mean"] for r in d.steps], "o-", ms=3)
     ax[0, 1].set_title("mean reward")
     if d.advice is not None:
