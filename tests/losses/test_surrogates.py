@@ -298,3 +298,13 @@ def test_property_matches_plain_loop(data, n, t, name, eps_low, eps_high, dual):
     )
     expect = _loop_reference(name, logp, old, adv, mask, eps_low, eps_high, c)
     torch.testing.assert_close(per_token, tensor(expect), atol=1e-9, rtol=1e-9)
+
+
+def test_bfloat16_logp_is_computed_in_float32():
+    # ρ = e^0.01 = 1.01005 is not representable in bf16 (spacing 2^-7 near 1): computing the
+    # ratio in bf16 would give 1.0078; we upcast, so the loss is -A·1.01005 exactly (float32)
+    logp = torch.tensor([[-1.0]], dtype=torch.bfloat16)
+    old = logp.float() - 0.01
+    per_token, _ = losses.ppo_clip(logp.requires_grad_(), old, torch.ones(1), torch.ones(1, 1))
+    assert per_token.dtype == torch.float32
+    assert float(per_token.detach()) == pytest.approx(-math.exp(0.01), abs=1e-6)

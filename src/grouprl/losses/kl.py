@@ -27,7 +27,10 @@ def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k2 = ½(logp − ref_logp)²: low variance, biased; its gradient is that of KL (verl "mse")."""
+    """k2 = ½(logp − ref_logp)²: low variance, biased value; on-policy, its expected gradient is ∇KL.
+
+    verl calls it ``"mse"``.
+    """
     return 0.5 * (logp - ref_logp).square()
 
 
