@@ -124,9 +124,9 @@ def objective(
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
         w = _per_sample("kl_weight", kl_weight, n, logp).detach().to(per_token.dtype)
-        dt = per_token.dtype  # float32 at least (see check_inputs)
-        safe_logp = torch.where(eff, logp.to(dt), torch.zeros((), dtype=dt))
-        safe_ref = torch.where(eff, ref_logp.to(dt), torch.zeros((), dtype=dt))
+        dt, dt_dev = per_token.dtype, per_token.device  # float32 at least (check_inputs)
+        safe_logp = torch.where(eff, logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
+        safe_ref = torch.where(eff, ref_logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
         kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
         kl_term = beta * w[:, None] * kl_tok
         kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
@@ -138,7 +138,9 @@ def objective(
     if entropy is not None:
         if entropy.shape != logp.shape:
             raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
-        ent = torch.where(eff, entropy.to(eff_f.dtype), torch.zeros((), dtype=eff_f.dtype))
+        ent = torch.where(
+            eff, entropy.to(eff_f.dtype), torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
+        )
         stats["entropy_mean"] = float(ent.detach().sum() / eff_f.sum())
         if entropy_coeff > 0:
             ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
