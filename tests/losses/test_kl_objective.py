@@ -176,3 +176,66 @@ def test_objective_bad_input():
         losses.objective(logp, old, adv, mask, beta=-1.0)
     with pytest.raises(ValueError, match="no valid token"):
         losses.objective(logp, old, adv, torch.zeros_like(mask))
+
+
+@pytest.mark.parametrize("aggregation", list(losses.AGGREGATIONS))
+@pytest.mark.parametrize("parts", [2, 4])
+def test_objective_micro_batches_equal_one_batch(aggregation, parts):
+    # the trainer's path: keep, KL with kl_weight and the entropy bonus, split into micro-
+    # batches that share the step's StepTotals -> same loss and gradient as one batch
+    # (with 4 parts the second micro-batch has only keep=False rows and adds exactly 0)
+    g = torch.Generator().manual_seed(7)
+    n, t = 8, 6
+    lengths = torch.randint(1, t + 1, (n,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).double()
+    logp = (-torch.rand(n, t, generator=g, dtype=torch.float64)).requires_grad_()
+    old = logp.detach() + 0.2 * torch.randn(n, t, generator=g, dtype=torch.float64)
+    ref = logp.detach() + 0.2 * torch.randn(n, t, generator=g, dtype=torch.float64)
+    ent = torch.rand(n, t, generator=g, dtype=torch.float64)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    keep = torch.tensor([True, True, False, False, True, True, False, True])
+    w = torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    kw = dict(
+        surrogate="ppo_clip",
+        surrogate_params={"eps_high": 0.28, "clip_ratio_c": 3.0},
+        aggregation=aggregation,
+        kl="k3",
+        beta=0.05,
+        entropy_coeff=0.01,
+    )
+    full = losses.objective(
+        logp,
+        old,
+        adv,
+        mask,
+        keep=keep,
+        ref_logp=ref,
+        kl_weight=w,
+        entropy=ent,
+        totals=losses.step_totals(mask, keep=keep),
+        **kw,
+    )
+    (g_full,) = torch.autograd.grad(full.loss, logp)
+    size = n // parts
+    chunks = [slice(i * size, (i + 1) * size) for i in range(parts)]
+    totals = losses.step_totals([mask[s] for s in chunks], keep=[keep[s] for s in chunks])
+    acc, grad = 0.0, torch.zeros_like(logp)
+    for s in chunks:
+        lp = logp.detach()[s].clone().requires_grad_()
+        out = losses.objective(
+            lp,
+            old[s],
+            adv[s],
+            mask[s],
+            keep=keep[s],
+            ref_logp=ref[s],
+            kl_weight=w[s],
+            entropy=ent[s],
+            totals=totals,
+            **kw,
+        )
+        out.loss.backward()
+        acc += float(out.loss.detach())
+        grad[s] = lp.grad
+    assert acc == pytest.approx(float(full.loss.detach()), abs=1e-12)
+    torch.testing.assert_close(grad, g_full, atol=1e-12, rtol=0)
