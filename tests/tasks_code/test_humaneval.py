@@ -83,6 +83,8 @@ def test_completion_formats(task):
     assert task.verify("    return True\n", ref) == 0.0  # wrong
     assert task.verify("    return (\n", ref) == 0.0  # syntax error
     assert task.verify("", ref) == 0.0
+    chatty = "    print('thinking...', end='')\n" + body  # output without a final newline
+    assert task.verify(chatty, ref) == 1.0
     assert extract_code("no fence", "f") == "no fence"
     assert extract_code("```py\ndef g(): pass\n```\n```\ndef f(): pass\n```", "f") == (
         "def f(): pass\n"
@@ -132,7 +134,7 @@ def test_program_layout():
     ref = {"prompt": "def f(x):\n", "entry_point": "f", "test": "def check(c):\n    assert c(1)"}
     prog = build_program(ref, "    return x\n", "tok")
     assert prog == (
-        "def f(x):\n    return x\n\n\ndef check(c):\n    assert c(1)\n\ncheck(f)\nprint('tok')\n"
+        "def f(x):\n    return x\n\n\ndef check(c):\n    assert c(1)\n\ncheck(f)\nprint()\nprint('tok')\n"
     )
 
 

@@ -98,7 +98,8 @@ def build_program(reference: dict[str, str], completion: str, token: str) -> str
     code = extract_code(completion, entry)
     defines = re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.M) is not None
     head = reference["prompt"] + ("\n" + code if defines else code)
-    return f"{head}\n\n{reference['test']}\n\ncheck({entry})\nprint({token!r})\n"
+    # print() first: output the completion left without a newline cannot hide the token
+    return f"{head}\n\n{reference['test']}\n\ncheck({entry})\nprint()\nprint({token!r})\n"
 
 
 class HumanEvalTask(Task):
