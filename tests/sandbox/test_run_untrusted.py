@@ -17,6 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grouprl.tasks import sandbox
 from grouprl.tasks.sandbox import SandboxError, detect_isolation, run_untrusted
@@ -268,3 +270,36 @@ def test_overhead_is_small_enough_to_score_many():
     res = [run_untrusted("pass", timeout_s=5, memory_mb=256) for _ in range(5)]
     assert all(r.status == "ok" for r in res)
     assert min(r.seconds for r in res) < 0.5
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.text(max_size=3000))
+def test_stdin_round_trips_exactly(text):
+    # bytes in, bytes out (the buffer, so that no newline translation can hide a bug)
+    prog = "import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read())"
+    res = run_untrusted(prog, stdin=text, timeout_s=5, memory_mb=256)
+    assert res.status == "ok" and res.stdout == text and not res.truncated
+
+
+def test_output_cap_boundary():
+    prog = "import sys\nsys.stdout.write('x' * {n})\nsys.stdout.flush()\nimport time\n"
+    exact = run_untrusted(prog.format(n=4096), timeout_s=5, memory_mb=256, max_output_bytes=4096)
+    assert (exact.status, exact.truncated, len(exact.stdout)) == ("ok", False, 4096)
+    over = run_untrusted(prog.format(n=4097), timeout_s=5, memory_mb=256, max_output_bytes=4096)
+    assert (over.status, over.truncated, len(over.stdout)) == ("killed", True, 4096)
+
+
+def test_unread_large_stdin_does_not_block():
+    res = run_untrusted("print('ignored')", stdin="y" * (4 << 20), timeout_s=5, memory_mb=256)
+    assert (res.status, res.stdout) == ("ok", "ignored\n")
+
+
+def test_concurrent_calls_from_threads_keep_their_own_output():
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> str:
+        return run_untrusted(f"print({i} * {i})", timeout_s=10, memory_mb=256).stdout
+
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(one, range(8)))
+    assert outs == [f"{i * i}\n" for i in range(8)]
