@@ -124,35 +124,42 @@ def test_verl_use_external_modules_registers_in_a_fresh_process():
 
 # --------------------------------------------------------------------------- the layout
 def test_group_layout_hand_case():
-    # uids b a b c a b -> sorted groups a=0, b=1, c=2; columns = rank within group in batch order
+    # uids b a b c a b -> groups {b: rows 0 2 5, a: rows 1 4, c: row 3}; columns = rank within
+    # the group in batch order; group ids are dense, in no promised order
     layout = gv.group_layout(np.array(list("babcab"), dtype=object), 6)
-    assert layout.group.tolist() == [1, 0, 1, 2, 0, 1]
+    gid = {u: int(layout.group[i]) for i, u in enumerate("babcab")}
+    assert sorted(gid.values()) == [0, 1, 2]
     assert layout.pos.tolist() == [0, 0, 1, 0, 1, 2]
-    assert layout.counts.tolist() == [2, 3, 1] and layout.width == 3
+    assert layout.counts[gid["a"]] == 2 and layout.counts[gid["b"]] == 3
+    assert layout.counts[gid["c"]] == 1 and layout.width == 3
     grid = layout.to_grid(torch.arange(6.0))
-    want = torch.tensor(
-        [[1.0, 4.0, float("nan")], [0.0, 2.0, 5.0], [3.0, float("nan"), float("nan")]]
-    )
-    torch.testing.assert_close(grid, want, equal_nan=True)
+    nan = float("nan")
+    torch.testing.assert_close(grid[gid["a"]], torch.tensor([1.0, 4.0, nan]), equal_nan=True)
+    torch.testing.assert_close(grid[gid["b"]], torch.tensor([0.0, 2.0, 5.0]))
+    torch.testing.assert_close(grid[gid["c"]], torch.tensor([3.0, nan, nan]), equal_nan=True)
     torch.testing.assert_close(layout.to_flat(grid), torch.arange(6.0))
 
 
-@pytest.mark.parametrize("index_kind", ["str", "int", "tensor"])
+@pytest.mark.parametrize("index_kind", ["str", "str_runs", "unicode", "int", "tensor"])
 def test_group_layout_round_trip_any_index_type(index_kind):
     rng = np.random.default_rng(3)
     raw = rng.integers(0, 50, 400)
+    if index_kind == "str_runs":  # verl's layout: each uid repeated in a run, one uid twice
+        raw = np.concatenate([np.repeat(rng.permutation(50), 7), np.repeat([3], 50)])
     index = {
         "str": np.array([f"u{x}" for x in raw], dtype=object),
+        "str_runs": np.array([f"u{x}" for x in raw], dtype=object),
+        "unicode": np.array([f"u{x}" for x in raw]),
         "int": raw,
         "tensor": torch.tensor(raw),
     }[index_kind]
     layout = gv.group_layout(index, len(raw))
-    x = torch.tensor(rng.random(400), dtype=torch.float32)
+    x = torch.tensor(rng.random(len(raw)), dtype=torch.float32)
     torch.testing.assert_close(layout.to_flat(layout.to_grid(x)), x)
     # every row of the grid holds exactly one uid's samples, all of them
     assert layout.num_groups == len(np.unique(raw))
     group = layout.group.numpy()
-    for i in range(0, 400, 7):
+    for i in range(0, len(raw), 7):
         same = raw == raw[i]
         assert (group[same] == group[i]).all() and (group[~same] != group[i]).all()
         assert int(layout.counts[group[i]]) == int(same.sum())

@@ -110,7 +110,7 @@ class GroupLayout:
     """Where each of verl's N flat samples sits in a ``[P, W]`` grid (W = largest group).
 
     Attributes:
-        group: ``[N]`` long, the sample's group (0..P-1, in order of the sorted uids).
+        group: ``[N]`` long, the sample's group (0..P-1; the order of groups is unspecified).
         pos: ``[N]`` long, its column: rank within the group in batch order.
         counts: ``[P]`` long, samples per group.
         width: W, the largest group size; smaller groups are NaN-padded.
@@ -138,6 +138,37 @@ class GroupLayout:
         return grid[self.group, self.pos]
 
 
+def _factorize(arr: np.ndarray) -> np.ndarray:
+    """``[N]`` int64 codes of an object array (uid strings), equal codes = equal uids.
+
+    verl repeats each prompt's uid G times in a row (``repeat(interleave=True)``), so the
+    uids come in runs: one vectorised comparison of neighbours finds the runs, and only the
+    P run heads need factorising (~10x faster than ``np.unique`` over N strings). Batches
+    that are not in runs go through ``pandas.factorize`` (a C hash table; pandas is a verl
+    dependency), or ``np.unique`` without pandas.
+    """
+    n = arr.shape[0]
+    try:
+        starts = np.empty(n, dtype=bool)
+        starts[:1] = True
+        np.not_equal(arr[1:], arr[:-1], out=starts[1:])
+    except TypeError:  # uids that do not compare: compare their strings
+        return _factorize(np.array([str(x) for x in arr], dtype=object))
+    if int(starts.sum()) <= n // 2:
+        heads = _factorize_unordered(arr[starts])  # [runs]
+        return heads[np.cumsum(starts) - 1]
+    return _factorize_unordered(arr)
+
+
+def _factorize_unordered(arr: np.ndarray) -> np.ndarray:
+    try:
+        import pandas as pd
+
+        return pd.factorize(arr)[0].astype(np.int64, copy=False)
+    except ImportError:  # pragma: no cover - pandas comes with verl
+        return np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64)
+
+
 def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
     """``[N]`` long group id per sample from verl's ``index`` (uids: str, int, or a tensor)."""
     if isinstance(index, torch.Tensor):
@@ -147,18 +178,21 @@ def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
     arr = np.asarray(index)
     if arr.ndim != 1:
         raise ValueError(f"index must be 1-D [N], got shape {arr.shape}")
-    if arr.dtype == object:
-        # verl's uids are Python str objects; a fixed-width unicode array sorts in C.
-        arr = arr.astype(str)
-    inverse = np.unique(arr, return_inverse=True)[1].reshape(-1)
-    return torch.from_numpy(inverse.astype(np.int64)).to(device)
+    if arr.shape[0] == 0:
+        raise ValueError("index is empty: verl passed a batch without samples")
+    if arr.dtype == object or arr.dtype.kind in "US":
+        codes = _factorize(arr.astype(object, copy=False))
+    else:
+        codes = np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return torch.from_numpy(codes).to(device)
 
 
 def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> GroupLayout:
     """Map verl's flat ``index [N]`` (one uid per sample) to a ``[P, W]`` grid layout.
 
-    Vectorised: ``np.unique(return_inverse)`` gives the group of each sample, a stable sort
-    by group gives each sample's rank within its group. Groups may be ragged (different
+    Vectorised: a factorisation of the uids gives the group of each sample (group ids are
+    dense but in no promised order), a stable sort by group gives each sample's rank within
+    its group. Groups may be ragged (different
     sizes) and non-contiguous (a group's samples anywhere in the batch).
     """
     device = torch.device(device)
