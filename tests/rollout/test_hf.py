@@ -164,3 +164,24 @@ def test_vllm_backend_is_import_guarded():
         pytest.skip("vLLM and a GPU are present")
     with pytest.raises(ImportError, match=r"vllm|GPU"):
         vllm.generate(None, None, ["x"], 2)
+
+
+def test_compaction_changes_nothing_but_speed(char_model):
+    model, tok, _ = char_model
+    s = Sampling(0.0, 1.0, 12)  # greedy: the draw does not depend on the batch layout
+    never = generate(model, tok, PROMPTS, 2, s, compact_below=0.0)
+    always = generate(model, tok, PROMPTS, 2, s, compact_below=1.0)
+    assert torch.equal(never.completion_ids, always.completion_ids)
+    assert torch.equal(never.completion_mask, always.completion_mask)
+    assert torch.allclose(never.old_logp, always.old_logp, atol=1e-6)
+    assert never.finish_reason == always.finish_reason
+    out = generate(
+        model,
+        tok,
+        PROMPTS,
+        4,
+        Sampling(1.0, 1.0, 12),
+        torch.Generator().manual_seed(3),
+        compact_below=1.0,
+    )
+    assert torch.allclose(out.old_logp, recompute_logp(model, out, 1.0), atol=1e-5, rtol=0)

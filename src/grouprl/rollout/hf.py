@@ -139,6 +139,8 @@ def generate(
     group_size: int,
     sampling: Any = None,
     generator: torch.Generator | None = None,
+    *,
+    compact_below: float = 0.75,
 ) -> Rollouts:
     """Sample ``group_size`` completions per prompt with a shared prompt KV cache; prompt-major Rollouts.
 
@@ -147,6 +149,11 @@ def generate(
     ``finish_reason`` is ``"stop"`` (EOS emitted) or ``"length"`` (hit max_new_tokens).
     ``texts`` are decoded without special tokens. Deterministic given ``generator``
     (and the same model, dtype and thread count).
+
+    ``compact_below``: [OURS] when the rows still running fall to this fraction of the
+    model batch, the stopped rows are dropped from the batch and its KV cache
+    (``batch_select_indices``), so long-tail rows do not pay for finished ones; 0 never
+    compacts (every row decodes to the longest), 1 compacts at every stop.
     """
     sampling = Sampling.of(sampling)
     if not prompts:
@@ -175,32 +182,45 @@ def generate(
     mask = prompt_mask.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
     next_pos = prompt_mask.sum(-1).repeat_interleave(group_size).to(device)  # [N]
 
-    # ---- decode all N rows together until every row has stopped
-    done = torch.zeros(n, dtype=torch.bool, device=device)
-    tokens, logps, alive = [], [], []
-    for step in range(sampling.max_new_tokens):
-        tok, logp = sample_tokens(logits, sampling, generator)  # [N], [N]
-        tokens.append(tok.masked_fill(done, pad_id))
-        logps.append(logp.masked_fill(done, 0.0))
-        alive.append(~done)
-        done = done | torch.isin(tok, eos)
-        if bool(done.all()) or step + 1 == sampling.max_new_tokens:
+    # ---- decode all rows together; rows that have stopped leave the batch (compaction)
+    t_max = sampling.max_new_tokens
+    completion_ids = torch.full((n, t_max), pad_id, dtype=torch.long, device=device)  # [N, T]
+    completion_mask = torch.zeros((n, t_max), dtype=torch.long, device=device)  # [N, T]
+    old_logp = torch.zeros((n, t_max), dtype=torch.float32, device=device)  # [N, T]
+    done = torch.zeros(n, dtype=torch.bool, device=device)  # [N]
+    rows = torch.arange(n, device=device)  # [A] original row of each row in the model batch
+    used = 0
+    for step in range(t_max):
+        tok, logp = sample_tokens(logits, sampling, generator)  # [A], [A]
+        live = ~done[rows]  # [A] rows not stopped yet (stopped ones await compaction)
+        idx = rows[live]
+        completion_ids[idx, step] = tok[live]
+        old_logp[idx, step] = logp[live]
+        completion_mask[idx, step] = 1
+        done[idx] = torch.isin(tok[live], eos)
+        used = step + 1
+        remaining = int((~done[rows]).sum())
+        if remaining == 0 or used == t_max:
             break
+        if remaining <= compact_below * len(rows):  # [OURS] drop stopped rows from the batch
+            keep = (~done[rows]).nonzero().squeeze(-1)
+            cache.batch_select_indices(keep)
+            rows, tok, mask = rows[keep], tok[keep], mask[keep]
         if padded:
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=device)], 1)
         out = model(
             input_ids=tok[:, None],
             attention_mask=mask if padded else None,
-            position_ids=(next_pos + step)[:, None],
+            position_ids=(next_pos[rows] + step)[:, None],
             past_key_values=cache,
             use_cache=True,
         )
         cache = out.past_key_values
         logits = out.logits[:, -1]
 
-    completion_ids = torch.stack(tokens, dim=1).cpu()  # [N, T]
-    completion_mask = torch.stack(alive, dim=1).long().cpu()  # [N, T]
-    old_logp = torch.stack(logps, dim=1).float().cpu()  # [N, T]
+    completion_ids = completion_ids[:, :used].cpu()
+    completion_mask = completion_mask[:, :used].cpu()
+    old_logp = old_logp[:, :used].cpu()
     stopped = done.cpu().tolist()
     lengths = completion_mask.sum(-1).tolist()
     eos_set = set(eos.tolist())
