@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -164,3 +165,45 @@ def test_math_verify_runs_in_the_workers():
     refs = ["2", "2", "1/2", "\\frac{1}{2}"]
     scores = score_batch(math_verify_reward, comps, refs, timeout_s=20.0, workers=2)
     assert scores.rewards == [1.0, 0.0, 1.0, 1.0] and scores.unscorable == 0
+
+
+def _hang_and_tell(completion: str, reference: str) -> float:
+    with open(reference, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    while True:
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def test_workers_die_with_the_scoring_process(tmp_path):
+    # A trainer killed mid-batch (SIGKILL, OOM) must not leave verifier workers running.
+    import multiprocessing as mp
+
+    pids_file = str(tmp_path / "pids")
+    ctx = mp.get_context("fork")
+    scorer = ctx.Process(
+        target=score_batch,
+        args=(_hang_and_tell, ["a", "b"], [pids_file, pids_file]),
+        kwargs={"timeout_s": 60.0, "workers": 2},
+    )
+    scorer.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if os.path.exists(pids_file) and len(Path(pids_file).read_text().split()) == 2:
+            break
+        time.sleep(0.02)
+    workers = [int(p) for p in Path(pids_file).read_text().split()]
+    assert len(workers) == 2 and all(_alive(p) for p in workers)
+    scorer.kill()
+    scorer.join()
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not any(_alive(p) for p in workers)

@@ -93,8 +93,25 @@ def _check_value(value: Any, reward_range: tuple[float, float] | None) -> tuple[
     return reward, None
 
 
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL this worker when the scoring process dies, even mid-verifier (Linux).
+
+    Elsewhere the worker notices between items (its parent pid changes) and a verifier
+    stuck in a loop lives on until it returns.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before prctl took effect
+        os._exit(0)
+
+
 def _worker_main(
     conn: Connection,
+    parent: int,
     verify_fn: VerifyFn,
     completions: Sequence[str],
     references: Sequence[Any],
@@ -104,8 +121,14 @@ def _worker_main(
     # the workers on its way out) and drop any SIGTERM handler inherited from the trainer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent)
     while True:
         try:
+            # Forked siblings inherit each other's pipe ends, so a dead parent does not
+            # always mean EOF here: notice it by the parent pid changing.
+            while not conn.poll(1.0):
+                if os.getppid() != parent:
+                    return
             index = conn.recv()
         except (EOFError, OSError):
             return
@@ -133,7 +156,7 @@ class _Worker:
 
     def __init__(self, ctx: mp.context.BaseContext, args: tuple) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, *args), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), *args), daemon=True)
         self.proc.start()
         child.close()
         self.index: int | None = None
