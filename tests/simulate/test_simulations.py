@@ -137,3 +137,33 @@ def test_write_result_is_json_safe(tmp_path):
     paths = write_result(res, tmp_path)
     data = json.loads(paths["json"].read_text())
     assert data["rows"][0]["v"] is None and data["data"]["t"] == [1.0, 1.0]
+
+
+def test_sparse_update_equals_dense_formula():
+    # Dense reference written out: Δz_i = (η/N)·g·Σ_j r̃_j (1[a_j = i] − π_i), π term included.
+    cfg = CategoricalConfig(
+        n_actions=300, n_correct=40, steps=6, seeds=1, gammas=(0.0, 1.0), log_every=1, lr=0.7
+    )
+    n = 5
+    out = run_group_size(cfg, n, torch.Generator().manual_seed(11))
+    z0, reward = initial_logits(cfg)
+    gen = torch.Generator().manual_seed(11)
+    z = z0.expand(2, -1).clone()
+    pi0 = torch.softmax(z, 1)
+    for t in range(cfg.steps):
+        pi = torch.softmax(z, 1)
+        a = sample_actions(torch.exp(z), n, gen)
+        for row, gamma in enumerate((0.0, 1.0)):
+            r = reward[a[row]]
+            rt = r - r.mean()
+            g = (1 - (r.mean().item() + 1) / 2) ** gamma
+            dz = torch.zeros(cfg.n_actions, dtype=torch.float64)
+            for j in range(n):
+                onehot = torch.zeros(cfg.n_actions, dtype=torch.float64)
+                onehot[a[row, j]] = 1.0
+                dz += rt[j] * (onehot - pi[row])
+            z[row] += cfg.lr / n * g * dz
+        pi_t = torch.softmax(z, 1)
+        m_ret = 1 - (pi0[:, :40] - pi_t[:, :40]).clamp_min(0).sum(1) / pi0[:, :40].sum(1)
+        assert torch.allclose(out["q_pos"][:, t + 1], pi_t[:, :40].sum(1), atol=1e-12, rtol=0)
+        assert torch.allclose(out["m_ret"][:, t + 1], m_ret, atol=1e-12, rtol=0)

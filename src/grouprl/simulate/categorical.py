@@ -76,9 +76,17 @@ def initial_logits(cfg: CategoricalConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sample_actions(pi: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
-    """``[B, n]`` actions drawn from each row of ``pi [B, A]`` by inverse CDF (with replacement)."""
+    """``[B, n]`` actions drawn i.i.d. from each row of ``pi [B, A]`` (unnormalised is fine).
+
+    Exact inverse-CDF sampling with replacement. The n uniforms are generated already sorted
+    (normalised cumulative sums of n + 1 Exp(1) variables are the order statistics of n
+    uniforms), which makes the lookup into the cumulative probabilities cache-friendly (~3×
+    faster at n = 131,072). The actions come back in sorted order: a group is a multiset.
+    """
     cdf = pi.cumsum(dim=1)  # [B, A]
-    u = torch.rand(pi.shape[0], n, dtype=pi.dtype, generator=generator) * cdf[:, -1:]  # [B, n]
+    e = torch.empty(pi.shape[0], n + 1, dtype=pi.dtype).exponential_(generator=generator)
+    s = e.cumsum(dim=1)  # [B, n + 1]
+    u = s[:, :n] / s[:, n:] * cdf[:, -1:]  # [B, n] sorted uniforms on [0, total)
     return torch.searchsorted(cdf, u).clamp_max(pi.shape[1] - 1)
 
 
@@ -95,29 +103,31 @@ def run_group_size(
 
     Rows are gamma-major: row ``k * seeds + s`` has γ = gammas[k], seed s. Returns ``q_pos`` and
     ``m_ret`` of shape ``[R, T']`` (T' = logged points, step 0 included) and ``steps``.
+
+    Sparse exact update: since Σ_j r̃_j = 0, Δz_i = (η/N)·g·c_i·r̃(i) touches only the sampled
+    actions, so each step costs O(N log |A|) plus one cumulative sum for the inverse CDF; the
+    unnormalised weights w = exp(z) are refreshed only where z moved.
     """
     z0, reward = initial_logits(cfg)
     gam = torch.tensor(cfg.gammas, dtype=torch.float64).repeat_interleave(cfg.seeds)  # [B]
     b = gam.numel()
     z = z0.expand(b, -1).clone()  # [B, A]
-    pi0 = torch.softmax(z, dim=1)
+    w = torch.exp(z)  # [B, A] unnormalised probabilities
+    pi0 = w / w.sum(dim=1, keepdim=True)
     qs, ms, steps = [], [], []
     for t in range(cfg.steps + 1):
-        pi = torch.softmax(z, dim=1)  # [B, A]
         if t % cfg.log_every == 0 or t == cfg.steps:
-            q, m = _metrics(pi, pi0, cfg.n_correct)
+            q, m = _metrics(w / w.sum(dim=1, keepdim=True), pi0, cfg.n_correct)
             qs.append(q), ms.append(m), steps.append(t)
         if t == cfg.steps:
             break
-        a = sample_actions(pi, n, generator)  # [B, N]
+        a = sample_actions(w, n, generator)  # [B, N]
         r = reward[a]  # [B, N]
         r_bar = r.mean(dim=1, keepdim=True)  # [B, 1]
-        r_tilde = r - r_bar  # [B, N]
         mu_hat = (r_bar.squeeze(1) + 1.0) / 2.0  # [B] success rate (R in {-1, +1})
         g = (1.0 - mu_hat).clamp_min(0) ** gam  # [B] focal weight; 0**0 = 1
-        push = torch.zeros_like(z).scatter_add_(1, a, r_tilde)  # [B, A] Σ_j r̃_j 1[a_j = i]
-        grad = push - pi * r_tilde.sum(dim=1, keepdim=True)  # [B, A]
-        z += (cfg.lr / n) * g[:, None] * grad
+        z.scatter_add_(1, a, (cfg.lr / n) * g[:, None] * (r - r_bar))  # Σ_j over repeats
+        w.scatter_(1, a, z.gather(1, a).exp())
     return {"q_pos": torch.stack(qs, 1), "m_ret": torch.stack(ms, 1), "steps": torch.tensor(steps)}
 
 
