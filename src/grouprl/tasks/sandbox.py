@@ -70,15 +70,15 @@ ISOLATION_LEVELS: tuple[str, ...] = ("namespaces", "userns", "rlimits")
 """Strongest first; :func:`detect_isolation` picks the first that works on this machine."""
 
 _NS_FLAGS = ("--net", "--pid", "--fork", "--mount-proc", "--ipc", "--uts", "--kill-child")
-_WRITABLE_DIRS = ("/var/tmp", "/run/lock", "/dev/shm", "/tmp")  # /tmp last: its bind hides W
-_SETUP_FAILED = 125
 _MEMORY_MARKERS = ("MemoryError", "Cannot allocate memory", "out of memory")
 
 # The bootstrap runs as `python -I -S -c _BOOTSTRAP workdir mode uid cpu_s as_bytes nproc
-# nofile fsize_bytes wall_s status_fd`. It forks: the parent (PID 1 of the
-# namespace) waits and reports "S <wait status> <cpu s>"; the child binds the temp dir over
-# the world-writable dirs (namespaces), drops to the sandbox uid, sets the rlimits, reports
-# "R" (ready) and runs main.py as __main__. No "R" means the sandbox itself failed.
+# nofile fsize_bytes wall_s status_fd`. In a mount namespace it first makes the
+# interpreter reachable and binds the temp dir over the world-writable dirs (/tmp last:
+# once it is bound, the temp dir's own path under /tmp is hidden). Then it forks: the
+# parent (PID 1 of the namespace) waits and reports "S <wait status> <cpu s>"; the child
+# drops to the sandbox uid, sets the rlimits, reports "R" (ready) and runs main.py as
+# __main__. No "R" means the sandbox itself failed.
 _BOOTSTRAP = r"""
 import os, sys
 def fail(what):
