@@ -18,6 +18,7 @@ import torch
 
 from grouprl.losses.aggregation import StepTotals, aggregate
 from grouprl.losses.kl import kl as kl_fn
+from grouprl.losses.surrogates import _to_floats
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 
 __all__ = ["Objective", "objective"]
@@ -117,9 +118,11 @@ def objective(
         stats = {key: 0.0 for key in stats}
         stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
         return Objective(zero, zero, zero, zero, per_token * 0.0, stats)
-    total = per_token * eff_f
+    total = per_token  # already 0 outside eff (the surrogate's mask)
     pg_loss = aggregate(aggregation, total, eff_f, totals)
     kl_loss = zero
+    n_tok = eff_f.sum()
+    extra = {"kl_mean": zero.detach(), "entropy_mean": zero.detach()}
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
@@ -131,9 +134,7 @@ def objective(
         kl_term = beta * w[:, None] * kl_tok
         kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
         total = total + kl_term
-        stats["kl_mean"] = float((kl_tok.detach()).sum() / eff_f.sum())
-    else:
-        stats["kl_mean"] = 0.0
+        extra["kl_mean"] = kl_tok.detach().sum() / n_tok
     ent_bonus = zero
     if entropy is not None:
         if entropy.shape != logp.shape:
@@ -141,12 +142,11 @@ def objective(
         ent = torch.where(
             eff, entropy.to(eff_f.dtype), torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
         )
-        stats["entropy_mean"] = float(ent.detach().sum() / eff_f.sum())
+        extra["entropy_mean"] = ent.detach().sum() / n_tok
         if entropy_coeff > 0:
             ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
             total = total - entropy_coeff * ent
-    stats["pg_loss"] = float(pg_loss.detach())
-    stats["kl_loss"] = float(kl_loss.detach())
-    stats["kept_frac"] = float(keep_t.float().mean())
+    extra.update(pg_loss=pg_loss, kl_loss=kl_loss, kept_frac=keep_t.to(n_tok.dtype).mean())
+    stats.update(_to_floats(extra))  # one device sync for all of them
     loss = pg_loss + kl_loss - ent_bonus
     return Objective(loss, pg_loss, kl_loss, ent_bonus, total, stats)

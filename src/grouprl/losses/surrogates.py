@@ -96,13 +96,6 @@ def check_inputs(
             "mask has no valid token (all zero): the loss would be 0/0; drop empty batches "
             "before the loss, or pass StepTotals to aggregate() for an empty micro-batch"
         )
-    for name, t in (("logp", logp), ("old_logp", old_logp)):
-        bad = valid & ~torch.isfinite(t.detach())
-        if bad.any():
-            raise ValueError(
-                f"{name} has {int(bad.sum())} non-finite value(s) at valid (mask = 1) "
-                "positions; check the model's logits (fp16 overflow?) and the mask alignment"
-            )
     if not torch.isfinite(adv.detach()).all():
         raise ValueError(
             "adv has non-finite values; advantages of NaN rewards must be 0 (see "
@@ -114,11 +107,25 @@ def check_inputs(
     zero = torch.zeros((), dtype=dtype, device=logp.device)
     logp = torch.where(valid, logp.to(dtype), zero)
     old_logp = torch.where(valid, old_logp.detach().to(dtype), zero)
+    # padding is 0 now, so one isfinite per tensor checks exactly the valid positions
+    for name, t in (("logp", logp), ("old_logp", old_logp)):
+        finite = torch.isfinite(t.detach())
+        if not finite.all():
+            raise ValueError(
+                f"{name} has {int((~finite).sum())} non-finite value(s) at valid (mask = 1) "
+                "positions; check the model's logits (fp16 overflow?) and the mask alignment"
+            )
     return logp, old_logp, adv.detach().to(dtype), valid.to(dtype)
 
 
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
-    return float((x * mask).sum() / mask.sum())
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum()
+
+
+def _to_floats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim tensors -> floats with one device sync (one ``tolist``), not one per stat."""
+    values = torch.stack([v.detach().to(torch.float64) for v in stats.values()]).tolist()
+    return dict(zip(stats, values))
 
 
 @torch.no_grad()
@@ -129,15 +136,16 @@ def _ratio_stats(
     lo: float | torch.Tensor | None,
     hi: float | torch.Tensor | None,
     log_ratio: torch.Tensor,
-) -> dict[str, float]:
+) -> dict[str, torch.Tensor]:
     """Ratio and clip statistics over valid tokens (TRL GRPOTrainer's clip_ratio/* metrics)."""
     valid = mask.bool()
     r = ratio.detach().expand_as(mask)
     a = adv.expand_as(mask)
+    inf = torch.tensor(torch.inf, dtype=r.dtype, device=r.device)
     stats = {
         "ratio_mean": _masked_mean(r, mask),
-        "ratio_min": float(r[valid].min()),
-        "ratio_max": float(r[valid].max()),
+        "ratio_min": torch.where(valid, r, inf).amin(),
+        "ratio_max": torch.where(valid, r, -inf).amax(),
         "approx_kl": _masked_mean(-log_ratio.detach().expand_as(mask), mask),
     }
     low = (r < lo) & (a < 0) if lo is not None else torch.zeros_like(valid)
@@ -214,7 +222,7 @@ def ppo_clip(
         dual = (adv < 0) & (per_token > loss3)
         per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
         stats["clip_frac_dual"] = _masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
-    return per_token * mask, stats
+    return per_token * mask, _to_floats(stats)
 
 
 def cispo(
@@ -250,7 +258,7 @@ def cispo(
         stats["clip_frac_low"] = _masked_mean(low, mask)
         stats["clip_frac_high"] = _masked_mean(high, mask)
         stats["clip_frac_region"] = _masked_mean(torch.maximum(low, high), mask)
-    return per_token * mask, stats
+    return per_token * mask, _to_floats(stats)
 
 
 def gspo(
@@ -285,7 +293,7 @@ def gspo(
     per_token = torch.maximum(loss1, loss2)
     stats = _ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
     stats["approx_kl"] = _masked_mean((old_logp - logp).detach(), mask)
-    return per_token * mask, stats
+    return per_token * mask, _to_floats(stats)
 
 
 def reinforce(
@@ -303,7 +311,7 @@ def reinforce(
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
     log_ratio = (logp - old_logp).detach()
     stats = _ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return -adv * logp * mask, stats
+    return -adv * logp * mask, _to_floats(stats)
 
 
 SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
