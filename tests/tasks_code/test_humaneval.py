@@ -24,10 +24,11 @@ def refs(task):
 
 
 @pytest.mark.slow
-def test_all_canonical_solutions_pass_and_all_pass_bodies_fail(task, refs):
+def test_all_canonical_solutions_pass_and_all_pass_bodies_fail(refs):
     # 328 sandboxed runs through score_batch (4 forked verifier workers): the canonical
     # body of each of the 164 problems must score 1, the same function with `pass` as its
     # body must score 0 (its tests must notice a function that returns None).
+    task = HumanEvalTask(timeout_s=20.0)  # generous: 4 workers on a possibly loaded 2-core box
     completions = [r["canonical_solution"] for r in refs] + ["    pass\n"] * len(refs)
     t0 = time.monotonic()
     scores = score_batch(
