@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grouprl.diagnostics import STEP_METRIC_KEYS, inverse_scale_tail, step_metrics
 from grouprl.types import Advantages
@@ -98,3 +100,34 @@ def test_step_metrics_with_real_estimators():
     # the mixed group is bounded by 1/tau_res = 100.
     assert m["adv/keep_frac"] == pytest.approx(1 / 3) and m["scale/inv_max"] <= 100.0
     assert m["adv/abs_max"] <= 1.0 + 1e-6
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(
+        lambda g: st.lists(
+            st.lists(st.sampled_from([0.0, 1.0, 0.25, NAN]), min_size=g, max_size=g),
+            min_size=1,
+            max_size=10,
+        )
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_step_metrics_properties(rows, rnd):
+    advantages = pytest.importorskip("grouprl.advantages")
+    r = torch.tensor(rows, dtype=torch.float32)
+    m = step_metrics(r, advantages.compute("grpo", r))
+    assert all(math.isfinite(v) for v in m.values())
+    # The split partitions the collapsed groups; fractions in [0, 1].
+    parts = m["acr/all_correct"] + m["acr/all_wrong"] + m["acr/other"]
+    assert parts == pytest.approx(m["acr/rate"], abs=1e-12)
+    assert m["reward/nan_count"] == float(torch.isnan(r).sum())
+    # grpo updates exactly the non-collapsed groups.
+    assert m["adv/updated_frac"] == pytest.approx(1.0 - m["acr/rate"], abs=1e-12)
+    # Permuting the groups changes nothing.
+    perm = list(range(len(rows)))
+    rnd.shuffle(perm)
+    rp = r[perm]
+    mp = step_metrics(rp, advantages.compute("grpo", rp))
+    for k in m:
+        assert mp[k] == pytest.approx(m[k], rel=1e-6, abs=1e-9), k
