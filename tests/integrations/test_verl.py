@@ -138,6 +138,27 @@ def test_group_layout_hand_case():
     torch.testing.assert_close(grid[gid["b"]], torch.tensor([0.0, 2.0, 5.0]))
     torch.testing.assert_close(grid[gid["c"]], torch.tensor([3.0, nan, nan]), equal_nan=True)
     torch.testing.assert_close(layout.to_flat(grid), torch.arange(6.0))
+    assert not layout.dense
+
+
+def test_verls_repeat_interleave_layout_is_dense_and_equals_the_general_path():
+    # verl: batch.repeat(n, interleave=True) -> each uid G times in a run: the grid is a view
+    rng = np.random.default_rng(0)
+    p, g = 6, 4
+    uids = np.repeat(np.array([f"{rng.random()}" for _ in range(p)], dtype=object), g)
+    scores = torch.tensor(rng.integers(0, 2, p * g), dtype=torch.float32)
+    mask = torch.ones(p * g, T)
+    tlr = torch.zeros(p * g, T)
+    tlr[:, -1] = scores
+    layout = gv.group_layout(uids, p * g)
+    assert layout.dense and layout.width == g
+    for name in ("grpo", "maxnorm_rloo", "reinforce_pp"):
+        adv, _ = via_compute_advantage(f"grouprl_{name}", tlr, mask, uids)
+        want = advantages.compute(name, scores.view(p, g)).values.reshape(-1)
+        torch.testing.assert_close(adv, want[:, None] * mask, atol=1e-6, rtol=1e-6)
+    # ragged runs in group order take the no-sort path but are not dense
+    ragged = gv.group_layout(np.array(list("aabbbc"), dtype=object), 6)
+    assert not ragged.dense and ragged.pos.tolist() == [0, 1, 0, 1, 2, 0]
 
 
 @pytest.mark.parametrize("index_kind", ["str", "str_runs", "unicode", "int", "tensor"])
@@ -336,3 +357,42 @@ def test_reinforce_loss_is_minus_adv_logp():
     torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-6)
     loss.backward()
     torch.testing.assert_close(logp.grad, -adv * mask / mask.sum(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_hydra_overrides_from_the_docs_reach_the_estimator_and_the_loss():
+    # the command-line overrides of docs/integrations.md, composed on verl's own ppo_trainer
+    # config; the trainer passes config.algorithm (a DictConfig) and an ActorConfig built
+    # from actor_rollout_ref.actor
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.utils.config import omega_conf_to_dataclass
+
+    overrides = [
+        "algorithm.adv_estimator=grouprl_grpo",
+        "+algorithm.grouprl.preset=f_grpo",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=grouprl_cispo",
+        "actor_rollout_ref.actor.clip_ratio_low=1.0",
+        "actor_rollout_ref.actor.clip_ratio_high=5.0",
+        "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        "actor_rollout_ref.rollout.n=4",
+    ]
+    folder = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=folder, version_base=None):
+        cfg = compose("ppo_trainer", overrides=overrides)
+    tlr, mask, uids, scores = ragged_batch(seed=21, values=[0.0, 1.0])
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": uids}
+    )
+    adv = ray_trainer.compute_advantage(
+        data, adv_estimator=cfg.algorithm.adv_estimator, config=cfg.algorithm
+    ).batch["advantages"]
+    want = loop_reference("grpo", scores, uids, mask, focal_gamma=0.5)
+    torch.testing.assert_close(adv, want, atol=1e-6, rtol=1e-6)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    loss_fn = core_algos.get_policy_loss_fn(actor.policy_loss.loss_mode)
+    old, logp, a, m = loss_inputs(seed=3)
+    loss, _ = loss_fn(old, logp, a, m, actor.loss_agg_mode, actor)
+    want_loss, _ = core_algos.get_policy_loss_fn("cispo")(old, logp, a, m, "token-mean", actor)
+    torch.testing.assert_close(loss, want_loss, atol=1e-6, rtol=1e-6)

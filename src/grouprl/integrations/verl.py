@@ -114,12 +114,15 @@ class GroupLayout:
         pos: ``[N]`` long, its column: rank within the group in batch order.
         counts: ``[P]`` long, samples per group.
         width: W, the largest group size; smaller groups are NaN-padded.
+        dense: True when sample ``i`` sits at ``(i // W, i % W)`` (verl's usual layout: equal
+            groups, each uid repeated in a run, runs in group order); the grid is then a view.
     """
 
     group: torch.Tensor  # [N]
     pos: torch.Tensor  # [N]
     counts: torch.Tensor  # [P]
     width: int
+    dense: bool = False
 
     @property
     def num_groups(self) -> int:
@@ -127,6 +130,8 @@ class GroupLayout:
 
     def to_grid(self, flat: torch.Tensor) -> torch.Tensor:
         """``[N]`` -> ``[P, W]``, NaN where a group has fewer than W samples."""
+        if self.dense:
+            return flat.reshape(self.num_groups, self.width)
         grid = torch.full(
             (self.num_groups, self.width), float("nan"), dtype=flat.dtype, device=flat.device
         )
@@ -135,6 +140,8 @@ class GroupLayout:
 
     def to_flat(self, grid: torch.Tensor) -> torch.Tensor:
         """``[P, W]`` -> ``[N]`` in verl's original sample order."""
+        if self.dense:
+            return grid.reshape(-1)
         return grid[self.group, self.pos]
 
 
@@ -192,8 +199,9 @@ def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> Grou
 
     Vectorised: a factorisation of the uids gives the group of each sample (group ids are
     dense but in no promised order), a stable sort by group gives each sample's rank within
-    its group. Groups may be ragged (different
-    sizes) and non-contiguous (a group's samples anywhere in the batch).
+    its group; when the groups already come in runs (verl's layout) no sort is needed, and
+    equal runs make the grid a plain view. Groups may be ragged (different sizes) and
+    non-contiguous (a group's samples anywhere in the batch).
     """
     device = torch.device(device)
     group = _group_ids(index, device)  # [N]
@@ -203,11 +211,17 @@ def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> Grou
             "pass data.non_tensor_batch['uid'] as index"
         )
     counts = torch.bincount(group)  # [P]
-    order = torch.argsort(group, stable=True)  # [N] samples sorted by group, batch order kept
     starts = torch.cumsum(counts, 0) - counts  # [P]
+    arange = torch.arange(n, device=device)
+    width = int(counts.max())
+    if bool((group[1:] >= group[:-1]).all()):  # runs in group order: no sort needed
+        pos = arange - starts[group]
+        dense = bool((counts == width).all())
+        return GroupLayout(group=group, pos=pos, counts=counts, width=width, dense=dense)
+    order = torch.argsort(group, stable=True)  # [N] samples sorted by group, batch order kept
     pos = torch.empty_like(group)
-    pos[order] = torch.arange(n, device=device) - starts[group[order]]
-    return GroupLayout(group=group, pos=pos, counts=counts, width=int(counts.max()))
+    pos[order] = arange - starts[group[order]]
+    return GroupLayout(group=group, pos=pos, counts=counts, width=width)
 
 
 # --------------------------------------------------------------------------- options
