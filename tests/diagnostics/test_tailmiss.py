@@ -83,8 +83,15 @@ def test_advisor_recommends_smallest_qualifying_n():
 
 
 def test_advisor_fallback_explains():
-    # Prompts at μ = 0.01: almost always all-wrong; nothing reaches 0.99 active -> fallback.
+    # Prompts at μ = 0.01: at most 1 − 0.99^8 − 0.01^8 = 7.7 % of groups of 8 are active; the
+    # target drops to 0.9·7.7 % = 6.9 %, which only N = 8 reaches (N = 4: 3.9 %); its tail miss
+    # with τ = 0.005 is 0.995^8 − 0.005^8 − 0.99^8 = 0.038 <= 0.25.
     adv = advise_group_size([0.01] * 5, 0.5, candidates=(2, 4, 8), min_active=0.99)
-    assert adv.recommended == 8 and "no candidate" in adv.reason and "avspo" in adv.reason
+    assert adv.recommended == 8 and "at most 8%" in adv.reason and "avspo" in adv.reason
+    assert adv.tail_miss[-1] == pytest.approx(0.995**8 - 0.005**8 - 0.99**8, abs=1e-12)
+    # Tail miss above target everywhere the target is reached -> focal pointer.
+    adv = advise_group_size([0.5] * 4, 0.1, candidates=(4, 8), min_active=0.8, max_tail_miss=0.1)
+    # N = 4 already reaches active 0.875 >= 0.8 (tail miss 0.711): smallest such N, plus the pointer.
+    assert adv.recommended == 4 and "focal_gamma" in adv.reason
     with pytest.raises(ValueError, match="empty"):
         advise_group_size([])
