@@ -1,0 +1,129 @@
+"""Shared plumbing of the reproductions: seeds, mean ± std, results.json and the README table.
+
+Every ``reproductions/<claim>/run.py`` measures over several seeds, then calls
+:func:`write_results` (``results.json`` + the figure) and :func:`update_readme`, which rewrites
+only the block between ``<!-- results:start -->`` and ``<!-- results:end -->`` of its README,
+so that every number in a README is the one in the ``results.json`` next to it.
+
+``results.json`` schema (checked by ``tests/reproductions``)::
+
+    {"name": str, "claim": str, "command": str, "quick": bool, "seeds": [int, ...],
+     "config": {...}, "table": [{"<label>": str | int | float | {"mean", "std", "n", "values"}}],
+     "checks": [{"name": str, "holds": bool, "detail": str}], "figure": str, "seconds": float}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+SCHEMA_KEYS = ("name", "claim", "command", "quick", "seeds", "config", "table", "checks")
+
+
+def parser(description: str, default_seeds: int = 3) -> argparse.ArgumentParser:
+    """The common command line: ``--quick``, ``--seeds N``, ``--out DIR``, ``--threads``."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="tiny setting (seconds), for tests")
+    p.add_argument("--seeds", type=int, default=default_seeds, help="number of seeds (>= 1)")
+    p.add_argument("--out", type=Path, default=None, help="output folder (default: next to run.py)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument(
+        "--readme-only",
+        action="store_true",
+        help="only rewrite the README's results block from the existing results.json",
+    )
+    return p
+
+
+def load_results(out: Path) -> dict[str, Any]:
+    """The ``results.json`` under ``out`` (for ``--readme-only``)."""
+    path = out / "results.json"
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist: run without --readme-only first")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def ms(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample std (ddof = 1; 0 with one value), count and the values themselves."""
+    vals = [float(v) for v in values]
+    finite = [v for v in vals if math.isfinite(v)]
+    mean = statistics.fmean(finite) if finite else float("nan")
+    std = statistics.stdev(finite) if len(finite) > 1 else 0.0
+    return {"mean": mean, "std": std, "n": len(finite), "values": vals}
+
+
+def fmt(v: Any, digits: int = 5) -> str:
+    """``mean ± std`` for a :func:`ms` dict, ``%.5g`` for floats, ``str`` otherwise."""
+    if isinstance(v, dict) and "mean" in v:
+        if v["mean"] is None or not math.isfinite(v["mean"]):
+            return "–"
+        return f"{v['mean']:.{digits}g} ± {v['std']:.2g}"
+    if isinstance(v, float):
+        return "–" if not math.isfinite(v) else f"{v:.{digits}g}"
+    return str(v)
+
+
+def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A GitHub markdown table of rows (columns: the first row's keys unless given)."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns or rows[0])
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+    return "\n".join(out)
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
+        return _clean(x.tolist())
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    return x
+
+
+def write_results(out: Path, payload: dict[str, Any], fig=None) -> Path:
+    """Write ``results.json`` (and ``figure.png`` when ``fig`` is given) under ``out``."""
+    missing = [k for k in SCHEMA_KEYS if k not in payload]
+    if missing:
+        raise ValueError(f"results payload lacks {missing}")
+    out.mkdir(parents=True, exist_ok=True)
+    if fig is not None:
+        fig.savefig(out / "figure.png", dpi=110)
+        payload = {**payload, "figure": "figure.png"}
+    path = out / "results.json"
+    path.write_text(json.dumps(_clean(payload), indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def update_readme(out: Path, block: str) -> None:
+    """Replace the generated block of ``out/README.md`` (skipped when the file or markers lack)."""
+    readme = out / "README.md"
+    if not readme.exists():
+        return
+    text = readme.read_text(encoding="utf-8")
+    if START not in text or END not in text:
+        return
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{block.strip()}\n{END}{tail}", encoding="utf-8")
+
+
+def checks_block(checks: list[dict[str, Any]]) -> str:
+    """Markdown list of the checks with ✓/✗."""
+    return "\n".join(
+        f"- {'✓' if c['holds'] else '✗'} **{c['name']}**: {c['detail']}" for c in checks
+    )
