@@ -52,6 +52,8 @@ class ModelConfig:
     warm_start: bool = True
     """Supervised warm start before RL (``grouprl.train.sft.warm_start``), cached; only used
     for models built from scratch (the tiny model), as in F-GRPO §5.2 (SFT then RL)."""
+    sft_steps: int = 1400
+    """Warm-start steps (batch 64, lr 2e-3: ~3 min on one core, MODELS-AND-TASKS.md)."""
     lora_rank: int = 0
     """0 = full fine-tuning; > 0 wraps the policy in a peft LoRA adapter of that rank."""
     lora_alpha: float = 32.0
@@ -406,13 +408,49 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "tiny": {
+        # The maze miniature (MODELS-AND-TASKS.md): 32 mazes x 8, on-policy, lr 2e-4; the
+        # maze verifier is pure Python and bounded, so it runs in-process.
+        "sampling": {"verify_timeout_s": 0.0},
+    },
+    "pretrained": {
+        # [OURS] a real LM on 2 CPU cores: small batches, short answers, a small eval, a
+        # fine-tuning learning rate (TRL's GRPO default is 1e-6).
+        "sampling": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 48},
+        "optim": {"lr": 2e-6, "steps": 50, "micro_batch_size": 16, "logprob_chunk": 1024},
+        "eval": {"every": 25, "prompts": 32, "samples": 8, "ks": [1, 8]},
+        "run": {"every": 25, "keep_last": 1},
+    },
+}
+"""Defaults that depend on the model: ``tiny`` for models built from scratch, ``pretrained``
+for everything else. Applied under the YAML file and the overrides."""
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge(out[key], value) if both else value
+    return out
+
+
+def profile_for(model_name: str) -> str:
+    """``tiny`` for ``tiny[:...]`` specs, else ``pretrained``."""
+    return "tiny" if model_name.split(":", 1)[0] == "tiny" else "pretrained"
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
     *,
     validate: bool = True,
+    profile: str | None = "auto",
 ) -> RunConfig:
-    """Defaults <- YAML file <- ``section.field=value`` overrides, validated at load."""
+    """Defaults <- model profile <- YAML file <- ``section.field=value`` overrides, validated.
+
+    ``profile="auto"`` picks :data:`PROFILES` by the final model name; None applies none.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text())
@@ -421,5 +459,12 @@ def load_config(
                 f"{path}: expected a mapping of sections, got {type(loaded).__name__}"
             )
         data = _plain(loaded or {})
-    cfg = from_dict(_numbers(apply_overrides(data, list(overrides or []))))
+    data = _numbers(apply_overrides(data, list(overrides or [])))
+    if profile is not None:
+        if profile == "auto":
+            profile = profile_for(str((data.get("model") or {}).get("name", ModelConfig.name)))
+        if profile not in PROFILES:
+            raise ConfigError(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
+        data = _merge(PROFILES[profile], data)
+    cfg = from_dict(data)
     return cfg.validate() if validate else cfg
