@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--schedule", default="cosine")
     parser.add_argument("--no-cache", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -73,6 +74,7 @@ def main() -> None:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
+        schedule=args.schedule,
         seed=args.seed,
         progress=False,
     )
@@ -86,6 +88,7 @@ def main() -> None:
                 "steps": args.steps,
                 "batch_size": args.batch_size,
                 "lr": args.lr,
+                "schedule": args.schedule,
                 "sft_seconds": round(sft_s, 1),
                 "ms_per_step": round(1000 * sft_s / args.steps, 1),
                 "threads": args.threads,

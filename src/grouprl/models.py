@@ -219,6 +219,7 @@ def _convert_gguf(path: Path, target: Path) -> None:
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "grouprl_source.json").write_text(json.dumps({"gguf": str(path)}))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is for every local user
         os.replace(tmp, target)
     finally:
         if tmp.exists():

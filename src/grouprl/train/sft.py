@@ -93,10 +93,16 @@ def sft_batch(tokenizer: Any, task: Any, examples: list[Any]) -> tuple[torch.Ten
     return ids, labels
 
 
-def _lr_factor(step: int, total: int, warmup: int) -> float:
-    # [OURS] linear warm-up, then cosine decay to 10 % of the peak.
+SCHEDULES = ("cosine", "constant")
+"""Learning-rate shapes after the linear warm-up: cosine decay to 10 % of the peak, or flat."""
+
+
+def _lr_factor(step: int, total: int, warmup: int, schedule: str = "cosine") -> float:
+    # [OURS] linear warm-up, then cosine decay to 10 % of the peak (or constant).
     if step < warmup:
         return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
     progress = (step - warmup) / max(1, total - warmup)
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
@@ -115,7 +121,9 @@ def _train(model: Any, tokenizer: Any, task: Any, plan: dict[str, Any], progress
         ids, labels = sft_batch(tokenizer, task, task.examples("train", plan["batch_size"], stream))
         ids, labels = ids.to(device), labels.to(device)
         for group in opt.param_groups:
-            group["lr"] = plan["lr"] * _lr_factor(step, total, warmup)
+            group["lr"] = plan["lr"] * _lr_factor(
+                step, total, warmup, plan.get("schedule", "cosine")
+            )
         logits = model(input_ids=ids).logits[:, :-1]  # [B, L-1, V]
         loss = F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1)
@@ -168,6 +176,7 @@ def warm_start(
     batch_size: int = 64,
     lr: float = 2e-3,
     warmup: int = 50,
+    schedule: str = "cosine",
     seed: int = 0,
     cache_dir: str | Path | None = None,
     progress: bool = True,
@@ -179,6 +188,7 @@ def warm_start(
         seconds: a wall-clock budget instead; the number of steps is fixed after 20 steps
             from the measured speed, so it depends on the machine (the cache key holds the
             budget, not the step count, and the first run's weights are reused).
+        schedule: ``cosine`` (default) or ``constant`` after the warm-up.
         batch_size, lr, warmup: AdamW (β = 0.9, 0.95, no weight decay), [OURS] linear warm-up
             over ``warmup`` steps then cosine decay to 10 % of ``lr``; grad-norm clip 1.0.
             Defaults after MODELS-AND-TASKS.md's maze measurement (batch 64, lr 2e-3).
@@ -203,6 +213,8 @@ def warm_start(
         raise ValueError(
             f"task {getattr(task, 'name', task)!r} has no demonstration(): no SFT possible"
         )
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; choose one of: {', '.join(SCHEDULES)}")
     plan = {
         "steps": steps,
         "seconds": seconds,
@@ -211,6 +223,8 @@ def warm_start(
         "warmup": warmup,
         "seed": seed,
     }
+    if schedule != "cosine":  # cosine runs keep the cache keys they had before this option
+        plan["schedule"] = schedule
     use_cache = os.environ.get("GROUPRL_NO_SFT_CACHE", "") not in ("1", "true")
     root = Path(cache_dir) if cache_dir is not None else default_cache() / "sft"
     folder = (
@@ -226,6 +240,7 @@ def warm_start(
         try:
             save_model(model, str(tmp / "model.safetensors"))
             (tmp / "meta.json").write_text(json.dumps({**plan, **meta}, indent=1))
+            tmp.chmod(0o755)  # mkdtemp makes it private
             if not folder.exists():
                 os.replace(tmp, folder)
         finally:
