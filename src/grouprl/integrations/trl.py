@@ -344,6 +344,15 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         if use_ours and spec.beta > 0 and targs.beta == 0.0:
             settings = {**(settings or {}), "beta": float(spec.beta)}
         if settings:
+            if "beta" in settings and targs.beta != settings["beta"]:
+                log.warning(
+                    "preset %r sets beta=%g (your GRPOConfig had %g); pass "
+                    "preset=presets.get(%r).with_(beta=...) to change it",
+                    spec.name,
+                    settings["beta"],
+                    targs.beta,
+                    spec.name,
+                )
             targs = copy.copy(targs)  # never mutate the caller's config
             for key, value in settings.items():
                 setattr(targs, key, value)
@@ -451,9 +460,10 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         mask = (
             completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         )
-        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+        # TRL 1.0 returns (logps, entropies); later 1.x add the router aux loss
+        logps, entropies = self._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
-        )
+        )[:2]
         old = inputs.get("old_per_token_logps")
         mode = "train" if self.model.training else "eval"
         out = loss_lib.objective(
