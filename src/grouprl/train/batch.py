@@ -197,9 +197,6 @@ def collect(run: Any, times: dict[str, float]) -> tuple[Batch, dict[str, float]]
     p, g = cfg.sampling.prompts_per_step, cfg.sampling.group_size
     metrics: dict[str, float] = {}
     temperature = cfg.sampling.temperature
-    if run.agpo is not None:
-        temperature, agpo_metrics = run.agpo.probe(run, times)
-        metrics.update(agpo_metrics)
     sampler = (
         filters.DynamicSampler(p, max_tries=cfg.sampling.max_resample_tries, on_exhausted="partial")
         if preset.dynamic_sampling
@@ -209,6 +206,10 @@ def collect(run: Any, times: dict[str, float]) -> tuple[Batch, dict[str, float]]
     while True:
         n = p if sampler is None else sampler.next_draw()
         examples = run.task.examples("train", n, _prompt_seed(cfg.run.seed, run.step, round_))
+        if run.agpo is not None and round_ == 0:  # AGPO probe at τ_base: sets τ, no gradient
+            probe, probe_rewards, _ = rollout(run, examples, g, temperature, run.gen, times)
+            temperature, agpo_metrics = run.agpo.temperature_from_probe(probe_rewards, probe.texts)
+            metrics.update(agpo_metrics)
         roll, rewards, m = rollout(run, examples, g, temperature, run.gen, times)
         unscorable.append(m["reward/unscorable_frac"])
         rewards = _overlong(run, roll, rewards)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -58,6 +59,24 @@ def _split_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Modul
 def _accepts(module: torch.nn.Module, name: str) -> bool:
     params = inspect.signature(module.forward).parameters
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _forward(
+    model: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, Any, bool]:
+    """(hidden states, output head, True) of an HF causal LM, or (logits, identity, False)."""
+    split = _split_head(model)
+    body = split[0] if split else model
+    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+    if _accepts(body, "position_ids"):
+        kwargs["position_ids"] = position_ids(mask)
+    if _accepts(body, "use_cache"):
+        kwargs["use_cache"] = False
+    out = body(**kwargs)
+    if split is not None:
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return hidden, split[1], True
+    return (out.logits if hasattr(out, "logits") else out), _identity_head, False
 
 
 def _chunk_logp(
@@ -108,27 +127,13 @@ def completion_logprobs(
     t = completion_ids.shape[1]
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # [N, Tp+T]
     mask = torch.cat([prompt_mask, completion_mask], dim=1).long()  # [N, Tp+T]
-    kwargs = {"input_ids": ids, "attention_mask": mask}
-    split = _split_head(model)
-    body = split[0] if split else model
-    if _accepts(body, "position_ids"):
-        kwargs["position_ids"] = position_ids(mask)
-    if _accepts(body, "use_cache"):
-        kwargs["use_cache"] = False
-    out = body(**kwargs)
-    if split is not None:
-        hidden, head = (
-            out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0],
-            split[1],
-        )
-    else:
-        hidden, head = (out.logits if hasattr(out, "logits") else out), _identity_head
+    hidden, head, split = _forward(model, ids, mask)  # [N, Tp+T, H] (or V without a head)
     hidden = hidden[:, tp - 1 : tp + t - 1]  # [N, T, H or V]: position i predicts token i+1
     sel = completion_mask.bool()  # [N, T]
     flat_h, flat_y = hidden[sel], completion_ids[sel]  # [M, H], [M]
     vocab = getattr(head, "out_features", None) or hidden.shape[-1]
     if recompute is None:
-        recompute = torch.is_grad_enabled() and split is not None and vocab >= 4096
+        recompute = torch.is_grad_enabled() and split and vocab >= 4096
     pieces, ents = [], []
     for start in range(0, flat_h.shape[0], chunk):
         h, y = flat_h[start : start + chunk], flat_y[start : start + chunk]

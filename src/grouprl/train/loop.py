@@ -18,28 +18,20 @@ with exactly the metrics of an uninterrupted one.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import math
-import random
-import signal
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from grouprl import advantages, diagnostics, losses, presets
-from grouprl.diagnostics.health import RunHealth
-from grouprl.train import checkpoint as ckpt
+from grouprl import advantages, diagnostics, losses
 from grouprl.train.batch import Batch, collect, evaluate
 from grouprl.train.config import RunConfig
 from grouprl.train.logprobs import completion_logprobs
 from grouprl.train.sinks import Sinks
+from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
 
 __all__ = ["RunResult", "TrainingError", "train"]
 
@@ -58,215 +50,6 @@ class RunResult:
     evals: dict[int, dict[str, float]] = field(default_factory=dict)
     stopped_by: int | None = None
     """The signal number that stopped the run (after a checkpoint), or None."""
-
-
-@dataclass
-class Run:
-    """Everything a step touches; the parts that change are saved in checkpoints."""
-
-    cfg: RunConfig
-    preset: presets.Preset
-    task: Any
-    model: torch.nn.Module
-    tokenizer: Any
-    ref: Any  # reference model (β > 0), "adapter-off" for LoRA, or None
-    optimizer: torch.optim.Optimizer
-    gen: torch.Generator  # rollout sampling
-    trigger: advantages.VirtualTrigger | None
-    agpo: Any
-    health: RunHealth
-    sinks: Sinks | None = None
-    step: int = 0
-    nonfinite_run: int = 0
-    nonfinite_total: int = 0
-    evals: dict[int, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.cfg.run.out)
-
-    def state(self) -> dict[str, Any]:
-        """The non-tensor state a checkpoint carries (model and optimizer go separately)."""
-        return {
-            "rng": ckpt.capture_rng({"rollout": self.gen}),
-            "trigger": self.trigger.state_dict() if self.trigger else None,
-            "agpo": self.agpo.state_dict() if self.agpo else None,
-            "health": self.health.state_dict(),
-            "nonfinite": (self.nonfinite_run, self.nonfinite_total),
-            "evals": self.evals,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        ckpt.restore_rng(state["rng"], {"rollout": self.gen})
-        if self.trigger and state["trigger"]:
-            self.trigger.load_state_dict(state["trigger"])
-        if self.agpo and state["agpo"]:
-            self.agpo.load_state_dict(state["agpo"])
-        self.health.load_state_dict(state["health"])
-        self.nonfinite_run, self.nonfinite_total = state["nonfinite"]
-        self.evals = dict(state["evals"])
-
-
-# ---- setup ---------------------------------------------------------------------------------
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _wrap_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
-
-    m = cfg.model
-    lora = LoraConfig(
-        r=m.lora_rank,
-        lora_alpha=m.lora_alpha,
-        target_modules=list(m.lora_targets),
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora)
-
-
-def _reference(model: torch.nn.Module, preset: presets.Preset, cfg: RunConfig) -> Any:
-    """A frozen copy of the initial policy, only when β > 0 (LoRA: the adapter switched off)."""
-    if preset.beta <= 0:
-        return None
-    if cfg.model.lora_rank > 0:
-        return "adapter-off"
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
-
-
-def load_policy(cfg: RunConfig, task: Any) -> tuple[torch.nn.Module, Any]:
-    """The policy and tokenizer: ``grouprl.models.load``, then the cached SFT warm start."""
-    from grouprl import models
-
-    dtype = getattr(torch, cfg.model.dtype)
-    model, tokenizer = models.load(cfg.model.name, task=task, dtype=dtype, seed=cfg.run.seed)
-    if cfg.model.warm_start and cfg.model.name.split(":", 1)[0] == "tiny":
-        from grouprl.train import sft
-
-        model = sft.warm_start(
-            model,
-            tokenizer,
-            task,
-            steps=cfg.model.sft_steps,
-            seed=cfg.run.seed,
-            progress=cfg.run.progress,
-        )
-    return model, tokenizer
-
-
-def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any = None) -> Run:
-    """Build the run (or restore it from the latest good checkpoint when ``run.resume``)."""
-    cfg.validate(check_names=task is None or model is None)
-    torch.set_num_threads(cfg.run.threads)
-    _seed_everything(cfg.run.seed)
-    preset = cfg.algorithm.resolve()
-    if task is None:
-        from grouprl import tasks
-
-        task = tasks.get(cfg.task.name, **dict(cfg.task.params))
-    if model is None:
-        model, tokenizer = load_policy(cfg, task)
-    if cfg.model.lora_rank > 0:
-        model = _wrap_lora(model, cfg)
-    model.eval()  # [OURS] dropout off in RL (TRL disable_dropout=True): ratio 1 on-policy
-    ref = _reference(model, preset, cfg)
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=o.lr,
-        betas=o.betas,
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-    )
-    agpo = None
-    if preset.controller == "agpo":
-        from grouprl.control import agpo as agpo_mod
-
-        agpo = agpo_mod.AGPO(base_temperature=cfg.sampling.temperature)
-    run = Run(
-        cfg,
-        preset,
-        task,
-        model,
-        tokenizer,
-        ref,
-        optimizer,
-        gen=torch.Generator().manual_seed(cfg.run.seed),
-        trigger=advantages.VirtualTrigger() if preset.virtual else None,
-        agpo=agpo,
-        health=RunHealth(),
-    )
-    if cfg.run.resume:
-        _resume(run)
-    return run
-
-
-def _resume(run: Run) -> None:
-    ckpt_dir = run.run_dir / "checkpoints"
-    for stale in ckpt_dir.glob(".tmp-*") if ckpt_dir.is_dir() else []:
-        import shutil
-
-        shutil.rmtree(stale, ignore_errors=True)
-    loaded = ckpt.latest_good(ckpt_dir)
-    if loaded is None:
-        print(f"resume: no usable checkpoint in {ckpt_dir}; starting from step 0", flush=True)
-        return
-    ckpt.load_trainable(run.model, loaded.model)
-    run.optimizer.load_state_dict(loaded.optimizer)
-    run.load_state(loaded.state)
-    run.step = loaded.step
-    print(f"resume: continuing after step {loaded.step} from {loaded.path}", flush=True)
-
-
-def save_checkpoint(run: Run) -> Path:
-    """Checkpoint the run at its current step (atomic, checksummed, keep last K)."""
-    return ckpt.save(
-        run.run_dir / "checkpoints",
-        run.step,
-        model=run.model,
-        optimizer=run.optimizer,
-        state=run.state(),
-        keep_last=run.cfg.run.keep_last,
-    )
-
-
-# ---- signals -------------------------------------------------------------------------------
-
-
-class _StopFlag:
-    signum: int | None = None
-
-
-@contextlib.contextmanager
-def _graceful_stop() -> Iterator[_StopFlag]:
-    """SIGINT/SIGTERM set a flag (the loop checkpoints and returns); a second SIGINT aborts."""
-    flag = _StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if flag.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        flag.signum = signum
-        print(
-            f"\nsignal {signum}: checkpointing after this step (Ctrl-C again to abort)", flush=True
-        )
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 # ---- the update ----------------------------------------------------------------------------
@@ -288,21 +71,11 @@ def _ref_logp(run: Run, b: Batch, rows: torch.Tensor, temperature: float) -> tor
         return completion_logprobs(run.ref, *args, **kw).logp
 
 
-def _minibatch(run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict) -> dict:
-    """One optimizer step over ``rows``: micro-batches share the step's StepTotals."""
-    cfg, preset = run.cfg, run.preset
-    micro = _micro_batches(rows, cfg.optim.micro_batch_size)
-    totals = losses.step_totals(
-        [b.mask[m] for m in micro],
-        keep=[b.keep[m] for m in micro],
-        max_len=max(cfg.sampling.max_new_tokens, b.mask.shape[1]),
-    )
-    stats: dict[str, float] = {}
-    if totals.is_empty:
-        return {"optim/empty_steps": 1.0}
-    finite = True
-    for m in micro:
-        t0 = time.perf_counter()
+@torch.no_grad()
+def batch_logprobs(run: Run, b: Batch, entropy: bool = False) -> tuple[torch.Tensor, Any]:
+    """Current-policy log-probs (and entropies) of the whole batch, without gradient."""
+    out, ents = [], []
+    for m in _micro_batches(torch.arange(b.size), run.cfg.optim.micro_batch_size):
         lp = completion_logprobs(
             run.model,
             b.prompt_ids[m],
@@ -310,42 +83,60 @@ def _minibatch(run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict) 
             b.completion_ids[m],
             b.mask[m],
             temperature=b.temperature,
-            chunk=cfg.optim.logprob_chunk,
-            entropy=cfg.optim.entropy,
+            chunk=run.cfg.optim.logprob_chunk,
+            entropy=entropy,
         )
-        if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
-            finite = False
-            break
-        obj = losses.objective(
-            lp.logp,
-            b.old_logp[m],
-            b.adv[m],
-            b.mask[m],
-            surrogate=preset.surrogate,
-            surrogate_params=clip,
-            aggregation=preset.aggregation,
-            totals=totals,
-            keep=b.keep[m],
-            ref_logp=None if b.ref_logp is None else b.ref_logp[m],
-            kl=preset.kl,
-            beta=preset.beta,
-            kl_weight=b.kl_weight[m],
-            entropy=lp.entropy,
-        )
+        out.append(lp.logp)
+        ents.append(lp.entropy)
+    return torch.cat(out), torch.cat(ents) if entropy else None
+
+
+def _micro_loss(run: Run, b: Batch, m: torch.Tensor, clip: dict, totals: Any) -> Any:
+    """The objective of micro-batch rows ``m`` (None when the policy's log-probs are not finite)."""
+    lp = completion_logprobs(
+        run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m], b.mask[m],
+        temperature=b.temperature, chunk=run.cfg.optim.logprob_chunk,
+        entropy=run.cfg.optim.entropy,
+    )  # fmt: skip
+    if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
+        return None
+    p = run.preset
+    return losses.objective(
+        lp.logp, b.old_logp[m], b.adv[m], b.mask[m], surrogate=p.surrogate,
+        surrogate_params=clip, aggregation=p.aggregation, totals=totals, keep=b.keep[m],
+        ref_logp=None if b.ref_logp is None else b.ref_logp[m], kl=p.kl, beta=p.beta,
+        kl_weight=b.kl_weight[m], entropy=lp.entropy,
+    )  # fmt: skip
+
+
+def _minibatch(run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict) -> dict:
+    """One optimizer step over ``rows``: micro-batches share the step's StepTotals."""
+    micro = _micro_batches(rows, run.cfg.optim.micro_batch_size)
+    totals = losses.step_totals(
+        [b.mask[m] for m in micro], keep=[b.keep[m] for m in micro],
+        max_len=max(run.cfg.sampling.max_new_tokens, b.mask.shape[1]),
+    )  # fmt: skip
+    if totals.is_empty:
+        return {"optim/empty_steps": 1.0}
+    stats: dict[str, float] = {}
+    finite = True
+    for m in micro:
+        t0 = time.perf_counter()
+        obj = _micro_loss(run, b, m, clip, totals)
         t1 = time.perf_counter()
         times["logprobs"] += t1 - t0
-        if not torch.isfinite(obj.loss):
+        if obj is None or not torch.isfinite(obj.loss):
             finite = False
             break
-        obj.loss.backward()
+        obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
         times["backward"] += time.perf_counter() - t1
-        w = len(m) / len(rows)  # token-independent weight for the logged means [OURS]
+        w = len(m) / len(rows)  # [OURS] logged means weighted by sequences
         for key, value in obj.stats.items():
             name = f"loss/{key[:-5]}" if key.endswith("_loss") else f"policy/{key}"
             stats[name] = stats.get(name, 0.0) + (value if key.endswith("loss") else w * value)
     t0 = time.perf_counter()
     params = [p for p in run.model.parameters() if p.requires_grad]
-    max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+    max_norm = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if not (finite and math.isfinite(grad_norm)):
         run.optimizer.zero_grad(set_to_none=True)
@@ -375,8 +166,11 @@ def update(run: Run, b: Batch, times: dict[str, float]) -> dict[str, float]:
     """PPO epochs × minibatches of whole groups; returns the means of the logged numbers."""
     cfg = run.cfg
     clip = dict(run.preset.surrogate_params)
-    if run.agpo is not None:
-        clip.update(run.agpo.clip_params(b))
+    if run.agpo is not None:  # AGPO: ε from the probe and the policy entropy before the update
+        from grouprl.control.agpo import group_token_mean
+
+        _, entropy = batch_logprobs(run, b, entropy=True)
+        clip.update(run.agpo.clip_params(group_token_mean(entropy, b.mask, b.group_size)))
     shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + run.step)
     g, n_groups = b.group_size, b.num_prompts
     sums: dict[str, float] = {}
@@ -421,8 +215,9 @@ def step_once(run: Run) -> dict[str, float]:
     b.attach(adv, _ref_logp(run, b, torch.arange(b.size), b.temperature))
     # -- 4. update ----------------------------------------------------------------------------
     metrics.update(update(run, b, times))
-    if run.agpo is not None:
-        metrics.update(run.agpo.after_update(run, b))
+    if run.agpo is not None:  # AGPO: the update's drift feeds the clip controller
+        new_logp, _ = batch_logprobs(run, b)
+        metrics.update(run.agpo.observe_update(b.old_logp, new_logp, b.mask, b.group_size))
     # -- 5. metrics ---------------------------------------------------------------------------
     t0 = time.perf_counter()
     metrics.update(diagnostics.step_metrics(b.rewards, adv, reward_range=run.task.reward_range))
@@ -475,7 +270,7 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
     metrics: dict[str, float] = {}
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
-        with _graceful_stop() as stop:
+        with graceful_stop() as stop:
             if run.step == 0 and every:
                 _evaluate(run)
             while run.step < cfg.optim.steps and stop.signum is None:
