@@ -94,3 +94,19 @@ def test_state_dict_roundtrip_equals_uninterrupted():
     wb += _feed(c, rates[37:], start=37)
     assert wa == wb and wa  # something fired, and identically
     assert c.state_dict() == a.state_dict()
+
+
+def test_entropy_and_truncation_rules():
+    h = RunHealth()
+    assert h.update(0, {"policy/entropy_mean": 2.0, "length/truncated_frac": 0.5}) == []
+    assert h.update(1, {"policy/entropy_mean": 0.21}) == []  # 0.105 of the first value
+    w = h.update(2, {"policy/entropy_mean": 0.19})
+    assert len(w) == 1 and "entropy_collapse" in w[0] and "eps_high" in w[0]
+    w = h.update(3, {"length/truncated_frac": 0.6})
+    assert len(w) == 1 and "max_new_tokens" in w[0]
+    # The reference entropy survives a checkpoint.
+    h2 = RunHealth()
+    h2.load_state_dict(h.state_dict())
+    assert h2.entropy_ref == 2.0
+    # "loss/total" counts as the loss.
+    assert "nonfinite_loss" in RunHealth().update(0, {"loss/total": float("inf")})[0]

@@ -48,6 +48,10 @@ class HealthConfig:
     """R/KL below this = reward branch KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
     r_over_kl_high: float = 3.0
     """R/KL above this = KL calibration lost [PAPER seed: GRPO at 3.1 in Table 3]."""
+    entropy_frac: float = 0.1
+    """Policy entropy below this share of its first logged value = entropy collapse [OURS]."""
+    truncated_frac: float = 0.5
+    """Share of completions cut at the token limit above this = length budget too small [OURS]."""
     cooldown: int = 50
     """A rule that fired stays quiet this many steps [OURS: keeps logs readable]."""
 
@@ -78,6 +82,7 @@ class RunHealth:
         self.window: deque[float] = deque(maxlen=self.config.window)
         self.last_fired: dict[str, int] = {}
         self.fired_total: dict[str, int] = {}
+        self.entropy_ref: float | None = None
 
     # -- derived numbers -------------------------------------------------------------------
 
@@ -122,6 +127,7 @@ class RunHealth:
         out += self._nan_rule(step, metrics)
         out += self._balance_rule(step, metrics)
         out += self._loss_rule(step, metrics)
+        out += self._policy_rules(step, metrics)
         return out
 
     def _track_acr(self, rate: float) -> None:
@@ -213,7 +219,7 @@ class RunHealth:
         return []
 
     def _loss_rule(self, step: int, m: dict[str, float]) -> list[str]:
-        loss = m.get("loss")
+        loss = m.get("loss", m.get("loss/total"))
         if loss is None or math.isfinite(loss):
             return []
         return self._fire(
@@ -222,6 +228,32 @@ class RunHealth:
             f"loss is {loss}: -> lower the learning rate, check for inf rewards or log-probs, "
             "and resume from the last checkpoint",
         )
+
+    def _policy_rules(self, step: int, m: dict[str, float]) -> list[str]:
+        out: list[str] = []
+        ent = m.get("policy/entropy_mean")
+        if ent is not None and math.isfinite(ent):
+            if self.entropy_ref is None:
+                self.entropy_ref = float(ent)
+            elif self.entropy_ref > 0 and ent < self.config.entropy_frac * self.entropy_ref:
+                out += self._fire(
+                    "entropy_collapse",
+                    step,
+                    f"policy entropy {ent:.3g} fell below {self.config.entropy_frac:g}x its "
+                    f"first value {self.entropy_ref:.3g}: exploration is gone -> clip-higher "
+                    "(eps_high 0.28, preset dapo), a focal weight, a higher temperature or a "
+                    "lower learning rate",
+                )
+        trunc = m.get("length/truncated_frac")
+        if trunc is not None and trunc > self.config.truncated_frac:
+            out += self._fire(
+                "truncation",
+                step,
+                f"{trunc:.0%} of completions hit the token limit -> raise max_new_tokens, or "
+                "use overlong shaping (mask / soft penalty) so cut-off answers are not scored "
+                "as wrong",
+            )
+        return out
 
     # -- checkpointing ---------------------------------------------------------------------
 
@@ -237,6 +269,7 @@ class RunHealth:
             "window": list(self.window),
             "last_fired": dict(self.last_fired),
             "fired_total": dict(self.fired_total),
+            "entropy_ref": self.entropy_ref,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -250,3 +283,5 @@ class RunHealth:
         self.window = deque((float(x) for x in state["window"]), maxlen=self.config.window)
         self.last_fired = {str(k): int(v) for k, v in state["last_fired"].items()}
         self.fired_total = {str(k): int(v) for k, v in state["fired_total"].items()}
+        ref = state.get("entropy_ref")
+        self.entropy_ref = None if ref is None else float(ref)
