@@ -15,6 +15,11 @@ first update (what verl does with ``recompute_log_prob``).
 The policy weights must be pushed into the engine after each update
 (:func:`load_weights`); on one GPU that means the trainer and vLLM share its memory
 (``gpu_memory_utilization``).
+
+Status: written against vLLM's documented ``LLM`` / ``SamplingParams`` API but **not run**:
+the machines this project was built on have neither vLLM nor a GPU. ``load_weights``
+reaches into the V0 engine's model runner; vLLM's V1 engine needs
+``llm.collective_rpc`` instead. Only the import guard is tested.
 """
 
 from __future__ import annotations
