@@ -113,7 +113,9 @@ def test_acr_quick_claims():
 
 
 def test_registry_and_cli(tmp_path):
-    assert names() == ["categorical", "tail-miss", "low-variance", "acr"]
+    from grouprl.simulate.command import _CHOICES
+
+    assert names() == ["categorical", "tail-miss", "low-variance", "acr"] == list(_CHOICES)
     with pytest.raises(ValueError, match="valid simulations"):
         get("nope")
     assert main(["simulate", "tail-miss", "--quick", "--out", str(tmp_path), "--strict"]) == 0
