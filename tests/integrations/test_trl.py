@@ -15,8 +15,9 @@ import torch
 pytestmark = pytest.mark.peer
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-warnings.filterwarnings("ignore")
-pytest.importorskip("trl")
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    pytest.importorskip("trl")
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
