@@ -252,6 +252,8 @@ def test_bad_options_fail_loudly():
         via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"singleton": "raw"})
     with pytest.raises(ValueError, match="unknown parameter"):
         via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"focal": 0.5})
+    with pytest.raises(ValueError, match="adv_estimator=grouprl_dr_grpo"):
+        via_compute_advantage("grouprl_grpo", tlr, mask, uids, norm_adv_by_std_in_grpo=False)
     fn = core_algos.get_adv_estimator_fn("grouprl_grpo")
     with pytest.raises(ValueError, match="uid"):
         fn(token_level_rewards=tlr, response_mask=mask)

@@ -245,6 +245,15 @@ def _as_dict(section: Any) -> dict[str, Any]:
 
 def _options(name: str, config: Any) -> tuple[str, dict[str, Any]]:
     """``(singleton_rule, compute kwargs)`` from verl's algorithm config for estimator ``name``."""
+    if (
+        config is not None
+        and name in _SIGMA_EPS_ESTIMATORS
+        and not config.get("norm_adv_by_std_in_grpo", True)
+    ):
+        raise ValueError(
+            f"algorithm.norm_adv_by_std_in_grpo=False does not change {PREFIX + name}; for "
+            f"GRPO without the std division set algorithm.adv_estimator={PREFIX}dr_grpo"
+        )
     section = config.get("grouprl", None) if config is not None else None
     opts = _as_dict(section)
     kwargs: dict[str, Any] = {}
