@@ -11,9 +11,9 @@ Imbalance"] on synthetic groups (G = 8) of three kinds [OURS: the mixture]:
 For each estimator, over *updated* groups with σ_q < 1e-2 (the paper's subset): P95/P99 of
 1/scale_q; the effective KL calibration κ_q = kl_weight_q · scale_q (the β multiplier once the
 reward branch is re-expressed on the cardinal reward scale: GRPO's κ = σ_q → 0 means its KL
-anchor effectively vanishes); a reward/KL proxy mean|A| / (β · kl_weight) with β = 0.04 [OURS:
-unit per-sample gradient norms for both branches, so it tracks but does not equal the paper's
-‖g_R‖/(β‖g_KL‖)]; and the skip rate (low-variance groups not updated).
+anchor effectively vanishes); R/KL = ‖g_R‖/(β‖g_KL‖) and the direction cosine from two
+backward passes on a toy per-group softmax policy (:class:`ToyPolicy`, β = 0.04 [OURS]); and
+the skip rate (low-variance groups not updated).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from grouprl.diagnostics.acr import collapse_split
+from grouprl.diagnostics.balance import reward_kl_balance
 from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
 from grouprl.report.html import figure
 from grouprl.simulate._common import Claim, SimResult
@@ -91,24 +92,62 @@ def make_groups(cfg: LowVarianceConfig, gen: torch.Generator) -> tuple[torch.Ten
     return rewards[perm], kind[perm]
 
 
-def _row(label, adv, sigma, kind, cfg) -> dict:
+@dataclass(frozen=True)
+class ToyPolicy:
+    """A per-group softmax policy over ``vocab`` one-token answers, for the R/KL measurement.
+
+    ``logits [P, V]`` (current policy), ``ref [P, V]`` (reference: logits + N(0, ref_shift²)),
+    ``actions [P, G]`` (the sampled answers). Shared by every method so their gradients are
+    comparable [OURS: the paper measures on LLM runs; this is the smallest model with both a
+    reward branch and a KL branch].
+    """
+
+    logits: torch.Tensor
+    ref: torch.Tensor
+    actions: torch.Tensor
+
+    @staticmethod
+    def make(p: int, g: int, gen: torch.Generator, vocab: int = 8, ref_shift: float = 0.3):
+        logits = torch.randn(p, vocab, generator=gen, dtype=torch.float64)
+        ref = logits + ref_shift * torch.randn(p, vocab, generator=gen, dtype=torch.float64)
+        actions = torch.multinomial(torch.softmax(logits, 1), g, replacement=True, generator=gen)
+        return ToyPolicy(logits, ref, actions)
+
+
+def reward_kl_ratio(adv, sel: torch.Tensor, toy: ToyPolicy, beta: float) -> dict[str, float]:
+    """R/KL = ‖g_R‖/(β‖g_KL‖) and the direction cosine on the selected groups of a toy policy.
+
+    Reward branch −mean_{q,i} A_{q,i} log π_q(a_{q,i}); KL branch mean_{q,i} kl_weight_q ·
+    k3(log π_q, log π_ref) at the sampled answers; both through
+    :func:`grouprl.diagnostics.reward_kl_balance` (two backward passes).
+    """
+    if not bool(sel.any()):
+        return {"balance/r_over_kl": float("nan"), "balance/cosine": float("nan")}
+    theta = toy.logits[sel].clone().requires_grad_(True)  # [S, V]
+    act = toy.actions[sel]  # [S, G]
+    lp = torch.log_softmax(theta, 1).gather(1, act)  # [S, G]
+    lref = torch.log_softmax(toy.ref[sel], 1).gather(1, act)  # [S, G]
+    reward_loss = -(adv.values[sel].double() * lp).mean()
+    d = lref - lp
+    kl_loss = (adv.kl_weight[sel].double()[:, None] * (d.exp() - d - 1)).mean()
+    return reward_kl_balance(reward_loss, kl_loss, [theta], beta=beta, retain_graph=False)
+
+
+def _row(label, adv, sigma, kind, cfg, toy) -> dict:
     low = sigma < cfg.low_sigma  # [P]
     upd = updated_groups(adv)  # [P]
     sel = upd & low
     p95, p99 = inverse_scale_tail(adv, (0.95, 0.99), mask=low).tolist()
     kappa = (adv.kl_weight.double() * adv.scale.double())[sel]
     a_abs = adv.values.double().abs().mean(dim=1)[sel]
-    r_kl = (
-        (a_abs / (cfg.beta * adv.kl_weight.double()[sel])).mean()
-        if sel.any()
-        else torch.tensor(float("nan"))
-    )
+    bal = reward_kl_ratio(adv, sel, toy, cfg.beta)
     return {
         "method": label,
         "inv P95": p95,
         "inv P99": p99,
         "KL calib κ (median)": float(kappa.median()) if kappa.numel() else float("nan"),
-        "R/KL proxy": float(r_kl),
+        "R/KL": bal.get("balance/r_over_kl", float("nan")),
+        "Dir. cos": bal["balance/cosine"],
         "mean |A|": float(a_abs.mean()) if a_abs.numel() else float("nan"),
         "skip rate": float(1.0 - sel.sum() / low.sum().clamp_min(1)),
         "jitter updated": float(upd[kind == 1].double().mean()),
@@ -126,10 +165,11 @@ def simulate(quick: bool = False, seed: int = 0, **overrides) -> SimResult:
     t0 = time.perf_counter()
     gen = torch.Generator().manual_seed(cfg.seed)
     rewards, kind = make_groups(cfg, gen)
+    toy = ToyPolicy.make(cfg.groups, cfg.group_size, gen)
     sigma = collapse_split(rewards)["sigma"]
     rows = []
     for label, (name, kw) in METHODS.items():
-        rows.append(_row(label, advantages.compute(name, rewards, **kw), sigma, kind, cfg))
+        rows.append(_row(label, advantages.compute(name, rewards, **kw), sigma, kind, cfg, toy))
     by = {r["method"]: r for r in rows}
     mx = by["maxnorm_rloo+delta_res"]
     claims = [
@@ -157,11 +197,10 @@ def simulate(quick: bool = False, seed: int = 0, **overrides) -> SimResult:
         ),
         Claim(
             "unscaled_kl_dominated",
-            by["rloo"]["R/KL proxy"] < 1.0
-            and by["dr_grpo"]["R/KL proxy"] < 1.0 < by["grpo"]["R/KL proxy"],
-            f"R/KL proxy (β={cfg.beta:g}): rloo {by['rloo']['R/KL proxy']:.2f}, dr_grpo "
-            f"{by['dr_grpo']['R/KL proxy']:.2f}, grpo {by['grpo']['R/KL proxy']:.1f}, "
-            f"maxnorm {mx['R/KL proxy']:.1f}",
+            by["rloo"]["R/KL"] < 1.0 and by["dr_grpo"]["R/KL"] < 1.0 < by["grpo"]["R/KL"],
+            f"R/KL = ‖g_R‖/(β‖g_KL‖), β={cfg.beta:g}: rloo {by['rloo']['R/KL']:.2f}, dr_grpo "
+            f"{by['dr_grpo']['R/KL']:.2f}, grpo {by['grpo']['R/KL']:.1f}, "
+            f"maxnorm {mx['R/KL']:.1f}",
         ),
     ]
     fig, ax = figure(2, 1, width=5.2, height=3.8)
@@ -171,10 +210,10 @@ def simulate(quick: bool = False, seed: int = 0, **overrides) -> SimResult:
     ax[0, 0].barh(y, [r["inv P95"] for r in rows], color="tab:orange", label="P95")
     ax[0, 0].set_xscale("log"), ax[0, 0].set_yticks(list(y), labels, fontsize=7)
     ax[0, 0].set_title("1/scale over updated groups, σ < 1e-2"), ax[0, 0].legend()
-    ax[0, 1].barh(y, [r["R/KL proxy"] for r in rows], color="tab:blue")
+    ax[0, 1].barh(y, [r["R/KL"] for r in rows], color="tab:blue")
     ax[0, 1].axvline(1.0, color="grey", ls=":")
     ax[0, 1].set_xscale("log"), ax[0, 1].set_yticks(list(y), labels, fontsize=7)
-    ax[0, 1].set_title(f"reward/KL proxy (β = {cfg.beta:g})")
+    ax[0, 1].set_title(f"R/KL = ‖g_R‖/(β‖g_KL‖), β = {cfg.beta:g}")
     result = SimResult(
         name="low-variance",
         title="Low-variance groups: inverse-scale tails and KL calibration (MaxNorm Table 3 shape)",
