@@ -76,10 +76,17 @@ def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = N
     """A GitHub markdown table of rows (columns: the first row's keys unless given)."""
     if not rows:
         return "(no rows)"
-    cols = list(columns or rows[0])
-    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    cols = list(columns or dict.fromkeys(k for r in rows for k in r))
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")  # a literal pipe would split the cell
+
+    out = [
+        "| " + " | ".join(cell(c) for c in cols) + " |",
+        "|" + "|".join("---" for _ in cols) + "|",
+    ]
     for r in rows:
-        out.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+        out.append("| " + " | ".join(cell(fmt(r.get(c, ""))) for c in cols) + " |")
     return "\n".join(out)
 
 

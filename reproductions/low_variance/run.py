@@ -3,7 +3,8 @@
 Runs :func:`grouprl.simulate.low_variance.simulate` once per seed (20,000 synthetic groups of 8:
 40 % mixed binary, 30 % sub-resolution jitter, 30 % credible 0.01-0.03 gaps; a fresh draw per
 seed) and reports, per estimator, mean ± std over seeds of the P95/P99 of 1/scale over updated
-groups with σ < 1e-2, the reward/KL proxy and the share of jitter / gap groups updated.
+groups with σ < 1e-2, R/KL = ‖g_R‖/(β‖g_KL‖) and the direction cosine on the simulation's toy
+per-group policy, and the share of jitter / gap groups updated.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 QUICK = {"groups": 600}
-COLS = ("inv P95", "inv P99", "R/KL proxy", "jitter updated", "gap updated", "max |A|")
+COLS = ("inv P95", "inv P99", "R/KL", "Dir. cos", "jitter updated", "gap updated", "max |A|")
 PAPER = {
     "grpo": ("980", "3100", "3.10"),
     "rloo": ("1", "1", "0.48"),
@@ -76,13 +77,13 @@ def plot(rows: list[dict]):
     ax[0, 0].legend()
     ax[0, 1].barh(
         y,
-        [r["R/KL proxy"]["mean"] for r in rows],
-        xerr=[r["R/KL proxy"]["std"] for r in rows],
+        [r["R/KL"]["mean"] for r in rows],
+        xerr=[r["R/KL"]["std"] for r in rows],
         color="tab:blue",
     )
     ax[0, 1].axvline(1.0, color="grey", ls=":")
     ax[0, 1].set_xscale("log"), ax[0, 1].set_yticks(y, labels, fontsize=7)
-    ax[0, 1].set_title("reward/KL proxy, β = 0.04 (<1: KL-dominated)", fontsize=9)
+    ax[0, 1].set_title("R/KL = ‖g_R‖/(β‖g_KL‖), β = 0.04 (<1: KL-dominated)", fontsize=9)
     return fig
 
 
