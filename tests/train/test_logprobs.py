@@ -91,3 +91,23 @@ def test_peft_wrapped_model_uses_the_adapter():
     with model.disable_adapter():
         base = completion_logprobs(model, *batch).logp
     assert (out.logp - base).abs().max() > 1e-4  # the adapter (random init) changes them
+
+
+@pytest.mark.parametrize("t", [1, 5])
+def test_shared_prompt_forward_matches_the_plain_one(t):
+    """One prefill per group (KV cache repeated G times) = the full forward, values and grads."""
+    vocab, g = 300, 3
+    model = _model(vocab)
+    prompt, pmask, comp, cmask = _batch(vocab)
+    prompt, pmask = prompt[[1, 1, 1, 4, 4, 4]], pmask[[1, 1, 1, 4, 4, 4]]  # 2 groups of 3
+    comp, cmask = torch.cat([comp, comp[:1]])[:, :t], torch.cat([cmask, cmask[:1]])[:, :t]
+    plain = completion_logprobs(model, prompt, pmask, comp, cmask, entropy=True)
+    plain.logp.sum().backward()
+    ref = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    shared = completion_logprobs(model, prompt, pmask, comp, cmask, entropy=True, group_size=g)
+    torch.testing.assert_close(shared.logp, plain.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared.entropy, plain.entropy, atol=1e-5, rtol=0)
+    shared.logp.sum().backward()
+    for p, r in zip(model.parameters(), ref):
+        torch.testing.assert_close(p.grad, r, atol=1e-5, rtol=1e-4)

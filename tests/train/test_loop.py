@@ -116,7 +116,11 @@ def test_truncated_checkpoint_is_rejected_and_the_run_falls_back(tmp_path, capsy
 
 
 def _nan_after(model, calls):
-    """Make the final norm output NaN on the given grad-enabled forward calls (1-based)."""
+    """Make the final norm output NaN on the given grad-enabled decoder calls (1-based).
+
+    One training forward of a micro-batch is two decoder calls (the prompts once, then the
+    completions on the shared cache), so step k of a one-micro-batch run is calls 2k-1, 2k.
+    """
     count = {"n": 0}
 
     def hook(module, args, output):
@@ -130,7 +134,7 @@ def _nan_after(model, calls):
 
 def test_non_finite_loss_skips_the_step_and_counts_it(tmp_path):
     cfg, inj = make(tmp_path, "optim.steps=3")
-    _nan_after(inj["model"], calls={2})
+    _nan_after(inj["model"], calls={3})
     train(cfg, **inj)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["optim/skipped_steps"] for r in rows] == [0, 1, 0]
@@ -140,7 +144,7 @@ def test_non_finite_loss_skips_the_step_and_counts_it(tmp_path):
 
 def test_k_non_finite_steps_in_a_row_stop_the_run(tmp_path):
     cfg, inj = make(tmp_path, "optim.steps=6", "optim.max_nonfinite_steps=2")
-    _nan_after(inj["model"], calls=set(range(2, 100)))
+    _nan_after(inj["model"], calls=set(range(3, 100)))
     with pytest.raises(TrainingError, match="2 optimizer steps in a row had a non-finite"):
         train(cfg, **inj)
     rows = read_jsonl(tmp_path / "metrics.jsonl")  # step 2 skipped and logged, 3 stops
@@ -172,7 +176,7 @@ def test_gradient_accumulation_is_exact_at_the_loop_level(tmp_path, preset, monk
 
     monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
     losses = {}
-    for micro in (0, 4, 8):  # one batch; four micro-batches of one group; two of two
+    for micro in (0, 4, 8, 12):  # one batch; 4 x 1 group; 2 x 2 groups; 3 + 1 groups
         cfg, inj = make(
             tmp_path / str(micro),
             "optim.steps=1",
@@ -184,7 +188,7 @@ def test_gradient_accumulation_is_exact_at_the_loop_level(tmp_path, preset, monk
         row = read_jsonl(tmp_path / str(micro) / "metrics.jsonl")[0]
         assert row["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-6)
         losses[micro] = row["loss/pg"]
-    for micro in (4, 8):
+    for micro in (4, 8, 12):
         assert losses[micro] == pytest.approx(losses[0], abs=1e-7)
         for g, ref in zip(grads[micro], grads[0]):
             torch.testing.assert_close(g, ref, atol=1e-7, rtol=1e-5)

@@ -121,7 +121,9 @@ class OptimConfig:
     minibatches: int = 1
     """Optimizer steps per epoch; 1 = fully on-policy (ratio 1 at the first step)."""
     micro_batch_size: int = 0
-    """Sequences per forward/backward; 0 = the whole minibatch at once."""
+    """Sequences per forward/backward (a multiple of the group size); 0 or more than the
+    minibatch = the whole minibatch at once. The last micro-batch may be smaller: the step's
+    StepTotals keep accumulation exact whatever the split."""
     logprob_chunk: int = 2048
     """Tokens per chunk of the vocabulary projection in ``logprobs`` (bounds [chunk, V])."""
     max_nonfinite_steps: int = 3
@@ -254,12 +256,12 @@ def _check_batch(cfg: RunConfig) -> None:
             f"{cfg.sampling.prompts_per_step}: each minibatch must hold whole groups of "
             f"{g}; pick minibatches among the divisors of prompts_per_step"
         )
-    mini = n // m
     micro = cfg.optim.micro_batch_size
-    if micro < 0 or (micro and (mini % micro or micro % g)):
+    if micro < 0 or micro % g:
         raise ConfigError(
-            f"optim.micro_batch_size={micro} must be a multiple of the group size ({g}) that "
-            f"divides the minibatch ({mini} sequences = {n} / {m} minibatches), or 0"
+            f"optim.micro_batch_size={micro} is not a multiple of the group size "
+            f"sampling.group_size={g}: a micro-batch holds whole groups; use a multiple of {g} "
+            f"(e.g. {g * max(1, micro // g)}) or 0 for the whole minibatch of {n // m} sequences"
         )
 
 

@@ -59,43 +59,38 @@ def _micro_batches(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
     return list(rows.split(size)) if size else [rows]
 
 
-def _ref_logp(run: Run, b: Batch, rows: torch.Tensor, temperature: float) -> torch.Tensor | None:
-    if run.ref is None:
-        return None
-    args = (b.prompt_ids[rows], b.prompt_mask[rows], b.completion_ids[rows], b.mask[rows])
-    kw = {"temperature": temperature, "chunk": run.cfg.optim.logprob_chunk}
-    with torch.no_grad():
-        if run.ref == "adapter-off":
-            with run.model.disable_adapter():
-                return completion_logprobs(run.model, *args, **kw).logp
-        return completion_logprobs(run.ref, *args, **kw).logp
-
-
 @torch.no_grad()
-def batch_logprobs(run: Run, b: Batch, entropy: bool = False) -> tuple[torch.Tensor, Any]:
-    """Current-policy log-probs (and entropies) of the whole batch, without gradient."""
+def batch_logprobs(
+    run: Run, b: Batch, *, model: Any = None, entropy: bool = False
+) -> tuple[torch.Tensor, Any]:
+    """Log-probs (and entropies) of the whole batch under ``model`` (the policy), no gradient."""
     out, ents = [], []
     for m in _micro_batches(torch.arange(b.size), run.cfg.optim.micro_batch_size):
         lp = completion_logprobs(
-            run.model,
-            b.prompt_ids[m],
-            b.prompt_mask[m],
-            b.completion_ids[m],
-            b.mask[m],
-            temperature=b.temperature,
-            chunk=run.cfg.optim.logprob_chunk,
-            entropy=entropy,
-        )
+            model or run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m],
+            b.mask[m], temperature=b.temperature, group_size=b.group_size,
+            chunk=run.cfg.optim.logprob_chunk, entropy=entropy,
+        )  # fmt: skip
         out.append(lp.logp)
         ents.append(lp.entropy)
     return torch.cat(out), torch.cat(ents) if entropy else None
+
+
+def _ref_logp(run: Run, b: Batch) -> torch.Tensor | None:
+    """Reference log-probs ``[N, T]``, only when β > 0 (LoRA: the policy without its adapter)."""
+    if run.ref is None:
+        return None
+    if run.ref == "adapter-off":
+        with run.model.disable_adapter():
+            return batch_logprobs(run, b)[0]
+    return batch_logprobs(run, b, model=run.ref)[0]
 
 
 def _micro_loss(run: Run, b: Batch, m: torch.Tensor, clip: dict, totals: Any) -> Any:
     """The objective of micro-batch rows ``m`` (None when the policy's log-probs are not finite)."""
     lp = completion_logprobs(
         run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m], b.mask[m],
-        temperature=b.temperature, chunk=run.cfg.optim.logprob_chunk,
+        temperature=b.temperature, group_size=b.group_size, chunk=run.cfg.optim.logprob_chunk,
         entropy=run.cfg.optim.entropy,
     )  # fmt: skip
     if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
@@ -212,7 +207,7 @@ def step_once(run: Run) -> dict[str, float]:
     b, metrics = collect(run, times)
     # -- 3. advantages ------------------------------------------------------------------------
     adv = _advantages(run, b.rewards)
-    b.attach(adv, _ref_logp(run, b, torch.arange(b.size), b.temperature))
+    b.attach(adv, _ref_logp(run, b))
     # -- 4. update ----------------------------------------------------------------------------
     metrics.update(update(run, b, times))
     if run.agpo is not None:  # AGPO: the update's drift feeds the clip controller
