@@ -160,7 +160,6 @@ class CheckpointConfig:
     report: bool = True
     threads: int = 1
     """torch threads; one thread per process was faster than two on a loaded 2-core box."""
-    device: str = "cpu"
 
 
 @dataclass(frozen=True)
