@@ -160,6 +160,8 @@ def generate(
         raise ValueError("no prompts to sample from")
     if int(group_size) != group_size or group_size < 1:
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    if not 0.0 <= compact_below <= 1.0:
+        raise ValueError(f"compact_below must be in [0, 1], got {compact_below}")
     device = next(model.parameters()).device
     eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
@@ -202,7 +204,7 @@ def generate(
         remaining = int((~done[rows]).sum())
         if remaining == 0 or used == t_max:
             break
-        if remaining <= compact_below * len(rows):  # [OURS] drop stopped rows from the batch
+        if remaining < len(rows) and remaining <= compact_below * len(rows):  # [OURS]
             keep = (~done[rows]).nonzero().squeeze(-1)
             cache.batch_select_indices(keep)
             rows, tok, mask = rows[keep], tok[keep], mask[keep]
