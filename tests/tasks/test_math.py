@@ -71,3 +71,23 @@ def test_bad_sources(tmp_path):
     bad.write_text("{not json}\n")
     with pytest.raises(ValueError, match=r"c\.jsonl:1"):
         tasks.get("math", path=str(bad))
+
+
+def test_math_verify_failure_is_a_counted_nan_not_zero(monkeypatch):
+    # math-verify swallows its own timeouts and returns False (a silent 0) unless asked to
+    # raise; a hang or crash inside it must reach score_batch as an unscorable NaN.
+    import math_verify
+
+    from grouprl.tasks.verify import score_batch
+
+    def hanging_verify(*args, **kwargs):
+        assert kwargs.get("raise_on_error") is True
+        raise TimeoutError("sympy took too long")
+
+    monkeypatch.setattr(math_verify, "verify", hanging_verify)
+    with pytest.raises(TimeoutError):
+        math_verify_reward("The answer is $\\boxed{2}$", "2")
+    scores = score_batch(math_verify_reward, ["$\\boxed{2}$", "$\\boxed{3}$"], ["2", "2"],
+                         timeout_s=5, max_unscorable_frac=1.0, workers=1)
+    assert all(math.isnan(r) for r in scores.rewards)
+    assert scores.metrics()["reward/unscorable_frac"] == 1.0

@@ -24,8 +24,11 @@ __all__ = ["MathTask", "load_rows", "math_verify_reward"]
 
 def _timeouts() -> dict[str, Any]:
     # math-verify times out with signal.alarm, which only works in the main thread.
+    # raise_on_error: by default math-verify swallows its own timeouts and errors and answers
+    # "not equal", a silent 0; raising lets the caller (tasks.verify.score_batch) count the
+    # sample as unscorable (NaN) instead.
     main = threading.current_thread() is threading.main_thread()
-    return {"parsing_timeout": 5 if main else None}
+    return {"parsing_timeout": 5 if main else None, "raise_on_error": True}
 
 
 @functools.lru_cache(maxsize=65536)
@@ -39,7 +42,11 @@ def _parse_gold(gold: str) -> tuple:
 
 
 def math_verify_reward(completion: str, gold: str) -> float:
-    """1.0 if math-verify finds the completion's answer equal to ``gold``, 0.0 if not, NaN if gold is unparseable."""
+    """1.0 if math-verify finds the completion's answer equal to ``gold``, 0.0 if not, NaN if gold is unparseable.
+
+    A timeout or an internal error of math-verify (sympy on adversarial LaTeX) raises instead
+    of scoring 0, so that :func:`grouprl.tasks.verify.score_batch` counts it as unscorable.
+    """
     from math_verify import parse, verify
 
     parsed_gold = _parse_gold(str(gold).strip())
@@ -49,7 +56,7 @@ def math_verify_reward(completion: str, gold: str) -> float:
     if not pred:
         return 0.0
     main = threading.current_thread() is threading.main_thread()
-    ok = verify(list(parsed_gold), pred, timeout_seconds=5 if main else None)
+    ok = verify(list(parsed_gold), pred, timeout_seconds=5 if main else None, raise_on_error=True)
     return 1.0 if ok else 0.0
 
 
