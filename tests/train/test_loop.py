@@ -151,14 +151,21 @@ def test_k_non_finite_steps_in_a_row_stop_the_run(tmp_path):
     assert [r["optim/skipped_steps"] for r in rows] == [0, 1]
 
 
-def test_unscorable_rewards_are_counted_and_too_many_stop(tmp_path):
-    cfg, inj = make(tmp_path / "some", task=ToyTask(raise_word="b"))
+@pytest.mark.parametrize("timeout", [0, 5])  # in-process; forked workers under a timeout
+def test_unscorable_rewards_are_counted_and_too_many_stop(tmp_path, timeout, capsys):
+    cfg, inj = make(
+        tmp_path / "some", f"sampling.verify_timeout_s={timeout}", task=ToyTask(raise_word="b")
+    )
     train(cfg, **inj)
     rows = read_jsonl(tmp_path / "some/metrics.jsonl")
-    assert sum(r["reward/unscorable_frac"] for r in rows) > 0
+    assert sum(r["reward/unscorable_frac"] for r in rows) > 0  # counted, not scored 0
     assert all(r["reward/nan_count"] == r["reward/unscorable_frac"] * 16 for r in rows)
+    assert "verifier crashed" in capsys.readouterr().out  # a sample of the errors is logged
     cfg, inj = make(
-        tmp_path / "all", "sampling.max_unscorable_frac=0.0", task=ToyTask(nan_word="b")
+        tmp_path / "all",
+        "sampling.max_unscorable_frac=0.0",
+        f"sampling.verify_timeout_s={timeout}",
+        task=ToyTask(nan_word="b"),
     )
     with pytest.raises(UnscorableError, match="could not be scored"):
         train(cfg, **inj)

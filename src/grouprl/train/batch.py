@@ -130,11 +130,14 @@ def score(run: Any, texts: list[str], references: list[Any]) -> tuple[torch.Tens
             max_unscorable_frac=s.max_unscorable_frac,
             reward_range=tuple(run.task.reward_range),
         )
+        _log_errors(run, out.unscorable, out.errors)
         return torch.tensor(out.rewards, dtype=torch.float32), out.metrics()
     values, errors = [], []
     for text, ref in zip(texts, references):
         try:
             values.append(float(run.task.verify(text, ref)))
+            if math.isnan(values[-1]):
+                errors.append("the verifier returned NaN")
         except Exception as err:
             values.append(math.nan)
             errors.append(f"{type(err).__name__}: {err}")
@@ -146,7 +149,14 @@ def score(run: Any, texts: list[str], references: list[Any]) -> tuple[torch.Tens
             f"sampling.max_unscorable_frac={s.max_unscorable_frac}; first errors: "
             f"{errors[:5]}. Fix the verifier before training."
         )
-    return rewards, {"reward/unscorable_frac": frac, "reward/unscorable": frac * len(values)}
+    _log_errors(run, len(errors), [f"{e}" for e in errors[:5]])
+    return rewards, {"reward/unscorable_frac": frac, "reward/unscorable": float(len(errors))}
+
+
+def _log_errors(run: Any, count: int, sample: list[str]) -> None:
+    """A sample of the verifier's errors in the log (the count is in the metrics)."""
+    if count and getattr(run, "sinks", None) is not None:
+        run.sinks.print(f"step {run.step}: {count} unscorable completion(s) (NaN); {sample}")
 
 
 def rollout(
