@@ -223,6 +223,38 @@ def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, 
     }
 
 
+_PROFILE_POINTS = {
+    "generate (HF generate / grouprl rollout)": ("generate",),
+    "reward / verify": ("maze_reward", "score", "verify"),
+    "policy forward (log-probs)": ("completion_logprobs", "_get_per_token_logps_and_entropies"),
+    "loss": ("_compute_loss", "objective"),
+    "backward": ("backward",),
+    "optimizer step": ("step",),
+}
+"""Label -> function names whose cumulative time is reported [OURS: the stages both share]."""
+
+
+def _top_functions(prof, wall: float) -> dict[str, Any]:
+    """Cumulative seconds of the shared stages and the 12 costliest functions (cProfile)."""
+    import pstats
+
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    stages = {}
+    for label, names in _PROFILE_POINTS.items():
+        best = 0.0
+        for (file, _, name), (_, _, _, ct, _) in stats.items():
+            if name in names and ("torch/optim" in file or name != "step"):
+                best = max(best, ct)
+        stages[label] = best
+    top = sorted(stats.items(), key=lambda kv: -kv[1][3])[:40]
+    rows = [
+        {"function": f"{Path(f).name}:{line}({name})", "cum_s": ct, "self_s": tt}
+        for (f, line, name), (_, _, tt, ct, _) in top
+        if "profile" not in f and not f.startswith("<") and not name.startswith("<")
+    ][:12]
+    return {"wall_s_profiled": wall, "stages_cum_s": stages, "top_cumulative": rows}
+
+
 def worker(args: argparse.Namespace) -> None:
     """Child process: build, (eval before), train with one library, eval after; JSON to stdout."""
     import torch
@@ -233,7 +265,14 @@ def worker(args: argparse.Namespace) -> None:
     rss0 = _rss_mib()
     with tempfile.TemporaryDirectory() as tmp:
         fn = run_grouprl if args.worker == "grouprl" else run_trl
-        res = fn(args, model, tok, task, Path(tmp))
+        if args.profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            res = prof.runcall(fn, args, model, tok, task, Path(tmp))
+            res["profile"] = _top_functions(prof, res["wall_s"])
+        else:
+            res = fn(args, model, tok, task, Path(tmp))
     trained = res.pop("model", model)
     peak = _rss_mib()
     after = evaluate(trained.eval(), tok, task, args)
@@ -276,6 +315,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-prompts", type=int, default=128)
     ap.add_argument("--eval-samples", type=int, default=8)
     ap.add_argument("--only", choices=("grouprl", "trl"), help="run one trainer only")
+    ap.add_argument("--profile", action="store_true", help="cProfile each trainer (slower)")
     ap.add_argument(
         "--quick", action="store_true", help="3 steps of 4 x 4, no SFT, 16 eval prompts (smoke)"
     )
@@ -296,7 +336,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         f"--sft-steps={args.sft_steps}",
         f"--eval-prompts={args.eval_prompts}",
         f"--eval-samples={args.eval_samples}",
-    ]
+    ] + (["--profile"] if args.profile else [])
     return args
 
 

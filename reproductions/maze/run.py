@@ -211,32 +211,40 @@ def summarise(runs: list[dict], presets: list[str], seeds: int) -> list[dict]:
     return rows
 
 
+def _diff(a: dict, b: dict) -> tuple[float, float]:
+    """Mean difference a − b and its standard error from the seed stds (independent runs)."""
+    se = math.sqrt(a["std"] ** 2 / max(a["n"], 1) + b["std"] ** 2 / max(b["n"], 1))
+    return a["mean"] - b["mean"], se
+
+
 def checks(rows: list[dict]) -> list[dict]:
+    """The paper's statements; a difference counts only beyond 2 standard errors."""
     by = {r["preset"]: r for r in rows}
     base, out = by["SFT start (base)"], []
     kmax = max(int(k[5:]) for k in base if k.startswith("pass@"))
+    top = f"pass@{kmax}"
     if "grpo" in by:
         g = by["grpo"]
+        d1, se1 = _diff(g["pass@1"], base["pass@1"])
+        dk, sek = _diff(g[top], base[top])
         out.append(
             {
                 "name": "grpo_sharpens",
-                "holds": g["pass@1"]["mean"] > base["pass@1"]["mean"]
-                and g[f"pass@{kmax}"]["mean"] - base[f"pass@{kmax}"]["mean"]
-                < g["pass@1"]["mean"] - base["pass@1"]["mean"],
-                "detail": f"grpo: pass@1 {C.fmt(base['pass@1'])} -> {C.fmt(g['pass@1'])}; "
-                f"pass@{kmax} {C.fmt(base[f'pass@{kmax}'])} -> {C.fmt(g[f'pass@{kmax}'])}",
+                "holds": d1 > 2 * se1 and dk < d1,
+                "detail": f"grpo vs SFT start: pass@1 {d1:+.3f} (SE {se1:.3f}), {top} "
+                f"{dk:+.3f} (SE {sek:.3f})",
             }
         )
     for focal, plain in (("f_grpo", "grpo"), ("f_dapo", "dapo")):
         if focal in by and plain in by:
-            f, p = by[focal], by[plain]
+            dk, sek = _diff(by[focal][top], by[plain][top])
+            d1, se1 = _diff(by[focal]["pass@1"], by[plain]["pass@1"])
             out.append(
                 {
-                    "name": f"{focal}_keeps_more_pass_at_{kmax}_than_{plain}",
-                    "holds": f[f"pass@{kmax}"]["mean"] > p[f"pass@{kmax}"]["mean"],
-                    "detail": f"pass@{kmax}: {focal} {C.fmt(f[f'pass@{kmax}'])} vs {plain} "
-                    f"{C.fmt(p[f'pass@{kmax}'])}; pass@1: {C.fmt(f['pass@1'])} vs "
-                    f"{C.fmt(p['pass@1'])}",
+                    "name": f"{focal}_keeps_more_{top.replace('@', '_at_')}_than_{plain}",
+                    "holds": dk > 2 * sek,
+                    "detail": f"{focal} − {plain}: {top} {dk:+.3f} (SE {sek:.3f}), pass@1 "
+                    f"{d1:+.3f} (SE {se1:.3f}); holds only beyond 2 SE",
                 }
             )
     return out
