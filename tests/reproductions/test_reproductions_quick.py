@@ -81,10 +81,34 @@ def test_ms_and_update_readme_hand_cases(tmp_path):
         c.write_results(tmp_path, {"name": "x"})
 
 
+@pytest.mark.slow
+def test_maze_quick_runs_trains_and_resumes(tmp_path):
+    """Two tiny presets, 2 seeds, no SFT: schema, equal budget, and a rerun reuses saved runs."""
+    mod = _load("maze")
+    argv = ["--quick", "--seeds", "2", "--out", str(tmp_path)]
+    assert mod.main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert [r["preset"] for r in res["table"]] == ["SFT start (base)", "grpo", "dapo"]
+    budget = res["config"]["budget_rollouts"]  # 2 steps x 2 mazes x 4 = 16
+    assert budget == 16
+    runs = [r for r in res["runs"] if r["preset"] != "base"]
+    assert len(runs) == 4 and all(r["rollouts"] >= budget for r in runs)
+    assert all(r["rollouts"] < budget + 2 * 4 * 4 for r in runs)  # at most one step over
+    for row in res["table"][1:]:
+        assert set(row) >= {"pass@1", "pass@2", "pass@4", "steps"} and row["pass@1"]["n"] == 2
+    saved = sorted(p.name for p in (tmp_path / "runs_quick").iterdir())
+    assert saved == sorted(
+        ["base_s0.json"] + [f"{p}_s{s}.json" for p in ("grpo", "dapo") for s in (0, 1)]
+    )
+    mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()}
+    assert mod.main(argv) == 0  # everything reused: no run file is rewritten
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()} == mtimes
+
+
 def test_committed_results_match_their_readmes():
     """Every committed README block is exactly what its results.json renders to."""
     c = _load_common()
-    for name in SIMULATIONS:
+    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic"):
         folder = ROOT / name
         if not (folder / "results.json").exists():
             continue
