@@ -220,3 +220,24 @@ def test_ppo_epochs_minibatches_and_lora_with_reference(tmp_path):
         base = name.replace("base_model.model.", "").replace(".base_layer", "")
         if "lora_" not in name:
             assert torch.equal(p, before[base]), name  # frozen weights unchanged
+
+
+def test_reward_kl_balance_and_kl_tail_are_logged_when_beta_is_set(tmp_path):
+    cfg, inj = make(
+        tmp_path, "algorithm.beta=0.1", "eval.balance_every=2", "optim.steps=4",
+        "optim.ppo_epochs=2",
+    )  # fmt: skip
+    train(cfg, **inj)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    measured = [r for r in rows if "balance/r_over_kl" in r]
+    assert 0 < len(measured) < len(rows)  # every 2nd step only
+    for r in measured:
+        # R/KL = |g_R| / (beta |g_KL|), once per step (not averaged over minibatches)
+        want = r["balance/reward_grad_norm"] / (0.1 * r["balance/kl_grad_norm"])
+        assert r["balance/r_over_kl"] == pytest.approx(want, rel=1e-9)
+        assert -1 <= r["balance/cosine"] <= 1
+    assert all(r["kl/p95"] >= 0 and r["kl/max"] >= r["kl/p95"] for r in rows)
+    # without beta there is no KL branch and nothing to balance
+    cfg0, inj0 = make(tmp_path / "b0", "optim.steps=2", "eval.balance_every=1")
+    train(cfg0, **inj0)
+    assert not any("balance/r_over_kl" in r for r in read_jsonl(tmp_path / "b0" / "metrics.jsonl"))

@@ -146,6 +146,9 @@ class EvalConfig:
     samples: int = 16
     ks: tuple[int, ...] = (1, 8, 16)
     temperature: float = 1.0
+    balance_every: int = 10
+    """R/KL balance (two extra backward passes on one micro-batch, ALGORITHMS.md §5) every this
+    many steps when β > 0; 0 = never."""
 
 
 @dataclass(frozen=True)

@@ -104,8 +104,24 @@ def _micro_loss(run: Run, b: Batch, m: torch.Tensor, clip: dict, totals: Any) ->
     )  # fmt: skip
 
 
-def _minibatch(run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict) -> dict:
-    """One optimizer step over ``rows``: micro-batches share the step's StepTotals."""
+def _balance(run: Run, obj: Any) -> dict[str, float]:
+    """R/KL and the reward/KL gradient cosine of one micro-batch (diagnostics.reward_kl_balance).
+
+    Two extra backward passes with ``retain_graph``; the ``.grad`` buffers are not touched.
+    Measured on the whole micro-batch [OURS] (the MaxNorm paper restricts it to low-σ groups).
+    """
+    beta = run.preset.beta
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    return diagnostics.reward_kl_balance(obj.pg_loss, obj.kl_loss / beta, params, beta=beta)
+
+
+def _minibatch(
+    run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict, balance: bool = False
+) -> dict:
+    """One optimizer step over ``rows``: micro-batches share the step's StepTotals.
+
+    ``balance``: also log the R/KL balance of the first micro-batch.
+    """
     micro = _micro_batches(rows, run.cfg.optim.micro_batch_size)
     totals = losses.step_totals(
         [b.mask[m] for m in micro], keep=[b.keep[m] for m in micro],
@@ -123,6 +139,9 @@ def _minibatch(run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict) 
         if obj is None or not torch.isfinite(obj.loss):
             finite = False
             break
+        if balance:
+            stats.update(_balance(run, obj))
+            balance = False
         obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
         times["backward"] += time.perf_counter() - t1
         w = len(m) / len(rows)  # [OURS] logged means weighted by sequences
@@ -170,14 +189,21 @@ def update(run: Run, b: Batch, times: dict[str, float]) -> dict[str, float]:
     g, n_groups = b.group_size, b.num_prompts
     sums: dict[str, float] = {}
     count = 0
+    every = cfg.eval.balance_every
+    balance = run.preset.beta > 0 and every > 0 and run.step % every == 0
     for _ in range(cfg.optim.ppo_epochs):
         order = torch.randperm(n_groups, generator=shuffle)  # [P]
         for groups in order.chunk(cfg.optim.minibatches):
             rows = (groups[:, None] * g + torch.arange(g)).reshape(-1).sort().values  # [n]
-            for key, value in _minibatch(run, b, rows, clip, times).items():
+            for key, value in _minibatch(run, b, rows, clip, times, balance).items():
                 sums[key] = sums.get(key, 0.0) + value
             count += 1
-    out = {k: v / count for k, v in sums.items() if not k.startswith("optim/") or "norm" in k}
+            balance = False
+    out = {  # means over minibatches; the balance is measured once per step
+        k: v if k.startswith("balance/") else v / count
+        for k, v in sums.items()
+        if not k.startswith("optim/") or "norm" in k
+    }
     out["optim/skipped_steps"] = sums.get("optim/skipped_steps", 0.0)
     out["optim/skipped_total"] = float(run.nonfinite_total)
     out["optim/lr"] = run.optimizer.param_groups[0]["lr"]
@@ -218,6 +244,9 @@ def step_once(run: Run) -> dict[str, float]:
     metrics.update(diagnostics.step_metrics(b.rewards, adv, reward_range=run.task.reward_range))
     metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
     metrics["kl/mean"] = metrics.pop("policy/kl_mean", 0.0)
+    if b.ref_logp is not None:  # KL of the behaviour policy to the reference, per sequence
+        seq_kl = diagnostics.kl_stats(losses.kl(run.preset.kl, b.old_logp, b.ref_logp), b.mask)
+        metrics.update({"kl/p95": seq_kl["kl/p95"], "kl/max": seq_kl["kl/max"]})
     metrics["loss/total"] = metrics.get("loss/pg", 0.0) + metrics.get("loss/kl", 0.0)
     for line in run.health.update(run.step, metrics):
         _print(run, f"health: {line}")
