@@ -57,11 +57,11 @@ def build(args: argparse.Namespace):
     from grouprl.train import sft
 
     task = tasks.get("maze")
-    model, tok = models.load("tiny", task=task, dtype=torch.float32, seed=args.seed)
+    # [OURS] the start is fixed (init and SFT seed 0: the cached warm start `grouprl train`
+    # uses); --seed changes only the RL runs (prompt order, sampling).
+    model, tok = models.load("tiny", task=task, dtype=torch.float32, seed=0)
     if args.sft_steps > 0:
-        model = sft.warm_start(
-            model, tok, task, steps=args.sft_steps, seed=args.seed, progress=False
-        )
+        model = sft.warm_start(model, tok, task, steps=args.sft_steps, seed=0, progress=False)
     return model.eval(), tok, task
 
 
