@@ -43,7 +43,7 @@ EVAL_SEED = 20261130
 
 
 def _args(argv: list[str] | None):
-    p = C.parser(__doc__.splitlines()[0])
+    p = C.parser(__doc__.splitlines()[0], default_seeds=5)
     p.add_argument("--presets", nargs="+", default=list(PRESETS), help="presets to compare")
     p.add_argument("--prompts", type=int, default=16, help="mazes per step (P)")
     p.add_argument("--group", type=int, default=8, help="completions per maze (G)")
