@@ -154,9 +154,10 @@ def compute(
     _check_params(fn, name, params)
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
     g = rewards.shape[1]
-    stats: dict[str, float] = {"nan_frac": 0.0 if valid is None else float((~valid).float().mean())}
+    nan_frac = 0.0 if valid is None else 1.0 - int(valid.count_nonzero()) / valid.numel()
+    stats: dict[str, float] = {"nan_frac": nan_frac}
     keep = None  # [P] bool; None = every group kept
-    if valid is None and (delta_res is not None or virtual is not None or focal_gamma):
+    if valid is None and delta_res is not None:  # the resolution protocol sorts with a mask
         valid = dense_valid(rewards, valid)
 
     # -- resolution: merge sub-resolution gaps, skip one-bin groups for both branches
@@ -180,7 +181,7 @@ def compute(
         )
         stats.update(vstats)
         if trigger is not None:
-            mean_reward = float(rewards[valid].mean()) if valid.any() else 0.0
+            mean_reward = float(rewards.nanmean()) if nan_frac < 1 else 0.0
             stats["virtual/tau_adapt_next"] = trigger.update(vstats["virtual/acr"], mean_reward)
 
     # -- estimator

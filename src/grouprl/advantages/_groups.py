@@ -55,31 +55,24 @@ def dense_valid(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tens
     return valid
 
 
-def group_count(valid: torch.Tensor) -> torch.Tensor:
-    """``[P]`` number of valid rewards per group (float)."""
-    return valid.sum(dim=1, dtype=torch.float32).to(torch.get_default_dtype())
+def group_count(valid: torch.Tensor | None, rewards: torch.Tensor) -> torch.Tensor:
+    """``[P]`` long: number of valid rewards per group."""
+    if valid is None:
+        return torch.full(
+            rewards.shape[:1], rewards.shape[1], dtype=torch.long, device=rewards.device
+        )
+    return torch.count_nonzero(valid, dim=1)  # no [P, G] dtype conversion, unlike valid.sum
 
 
-def group_mean(rewards: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``[P]`` mean of the valid rewards of each group; 0 for a group with none."""
-    filled = torch.where(valid, rewards, torch.zeros_like(rewards))  # [P, G]
-    n = valid.sum(dim=1).to(rewards.dtype)  # [P]
-    return filled.sum(dim=1) / n.clamp_min(1)
+def group_mean(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+    """``[P]`` mean of the valid rewards of each group; 0 for a group with none.
 
-
-def group_std(
-    rewards: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor | None = None, ddof: int = 1
-) -> torch.Tensor:
-    """``[P]`` std of the valid rewards of each group, with ``ddof`` (1 = Bessel, TRL/verl).
-
-    A group with ``n <= ddof`` valid rewards gets std 0 (it is collapsed by definition).
+    Invariant of the whole package: ``valid`` is exactly ``~isnan(rewards)`` (or None when
+    nothing is NaN), so a NaN-skipping sum needs no mask.
     """
-    if mean is None:
-        mean = group_mean(rewards, valid)
-    dev = torch.where(valid, rewards - mean[:, None], torch.zeros_like(rewards))  # [P, G]
-    n = valid.sum(dim=1).to(rewards.dtype)  # [P]
-    var = dev.square().sum(dim=1) / (n - ddof).clamp_min(1)
-    return torch.where(n > ddof, var.sqrt(), torch.zeros_like(var))
+    if valid is None:
+        return rewards.mean(dim=1)
+    return rewards.nansum(dim=1) / group_count(valid, rewards).clamp_min(1).to(rewards.dtype)
 
 
 class Moments(NamedTuple):
@@ -101,15 +94,11 @@ def group_moments(
     the only ``[P, G]`` allocation: estimators transform it in place into their output, which
     keeps a 1M-sample batch at a few memory passes (fresh large tensors cost page faults).
     """
-    p, g = rewards.shape
-    if valid is None:
-        count = torch.full((p,), g, dtype=torch.long, device=rewards.device)
-        mean = rewards.mean(dim=1)  # [P]
-        dev = rewards - mean[:, None]  # [P, G]
-    else:
-        count = valid.sum(dim=1)  # [P]
-        mean = group_mean(rewards, valid)  # [P]
-        dev = (rewards - mean[:, None]).masked_fill_(~valid, 0.0)  # [P, G]
+    count = group_count(valid, rewards)  # [P]
+    mean = group_mean(rewards, valid)  # [P]
+    dev = rewards - mean[:, None]  # [P, G]
+    if valid is not None:
+        dev = dev.nan_to_num_(0.0)  # NaN rewards (exactly the invalid ones) -> 0
     denom = (count - ddof).clamp_min(1).to(rewards.dtype)  # [P]
     # vector_norm: no [P, G] temporary (torch.std_mean over a short dim is ~100x slower on CPU)
     std = torch.linalg.vector_norm(dev, dim=1).div_(denom.sqrt_())  # [P]

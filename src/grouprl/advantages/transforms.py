@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, collapsed_mask, group_mean, group_std
+from grouprl.advantages._groups import DEFAULT_TAU, dense_valid, group_mean, group_moments
 
 DEFAULT_DELTA_RES = 1e-2
 """Resolution of a reward in [0, 1] (MaxNorm paper's Reward-Resolution Protocol)."""
@@ -109,7 +109,7 @@ def virtual_count(g: int, acr: float, alpha: float = 0.5) -> int:
 
 def virtual_samples(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     *,
     mode: str = "symmetric",
     tau_adapt: float = 0.5,
@@ -121,7 +121,8 @@ def virtual_samples(
     """AVSPO virtual samples: extra columns of rewards that enter the statistics only.
 
     Returns ``(augmented [P, G+K], valid_aug [P, G+K], stats)``: the first G columns are the
-    real samples; the K virtual columns are NaN for groups that are not triggered. The
+    real samples; the K virtual columns are NaN for groups that are not triggered. When no
+    group is triggered the input comes back unchanged (``[P, G]``, same ``valid``). The
     estimator runs on the augmented tensor and only the first G columns are kept, so virtual
     rewards have no tokens and no gradient.
 
@@ -140,9 +141,9 @@ def virtual_samples(
         raise ValueError(f"unknown virtual mode {mode!r}; valid modes: {', '.join(VIRTUAL_MODES)}")
     r_lo, r_hi = reward_range
     p, g = rewards.shape
-    n = valid.sum(dim=1)  # [P]
-    mean = group_mean(rewards, valid)  # [P]
-    collapsed = collapsed_mask(group_std(rewards, valid, mean, ddof=ddof), n, tau) & (n > 0)
+    m = group_moments(rewards, valid, ddof, tau)
+    mean = m.mean  # [P]
+    collapsed = m.collapsed & (m.count > 0)  # [P]
     acr = float(collapsed.float().mean())
     atol = 1e-6 * (r_hi - r_lo)
     all_hi = collapsed & (mean >= r_hi - atol)  # [P]
@@ -150,7 +151,7 @@ def virtual_samples(
     stats = {"virtual/acr": acr, "virtual/tau_adapt": float(tau_adapt)}
 
     if mode == "code":
-        all_valid = rewards[valid]
+        all_valid = rewards if valid is None else rewards[valid]
         batch_lo = bool((all_valid <= r_lo + atol).all())
         batch_hi = bool((all_valid >= r_hi - atol).all())
         k = 1
@@ -168,18 +169,20 @@ def virtual_samples(
             v = torch.where(all_hi[:, None], down, up)  # [P, K]
         else:  # paper
             triggered = collapsed & fire
-            r_max = torch.where(valid, rewards, torch.full_like(rewards, -math.inf)).amax(1)
+            r_max = rewards.nan_to_num(nan=-math.inf).amax(1)  # [P] over the valid rewards
             v = r_max[:, None] * (1 - (kk - 1) / k)  # [P, K]
-    v = torch.where(triggered[:, None], v, torch.full_like(v, float("nan")))
     stats.update({"virtual/K": float(k), "virtual/triggered_frac": float(triggered.float().mean())})
+    if not triggered.any():  # nothing fires: the batch goes on unchanged (and unmasked)
+        return rewards, valid, stats
+    v = torch.where(triggered[:, None], v, torch.full_like(v, float("nan")))
     augmented = torch.cat([rewards, v], dim=1)  # [P, G+K]
-    return augmented, torch.cat([valid, ~torch.isnan(v)], dim=1), stats
+    return augmented, torch.cat([dense_valid(rewards, valid), ~torch.isnan(v)], dim=1), stats
 
 
 # --------------------------------------------------------------------------- focal weight
 def focal_weight(
     rewards: torch.Tensor,
-    valid: torch.Tensor,
+    valid: torch.Tensor | None,
     gamma: float,
     reward_range: tuple[float, float] = (0.0, 1.0),
 ) -> torch.Tensor:
