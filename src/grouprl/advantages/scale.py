@@ -32,16 +32,8 @@ def _numerator(
 def _maxnorm(kind, rewards, valid, tau_res, ddof, tau):
     m, dev, factor = _numerator(kind, rewards, valid, ddof, tau)
     lo, hi = torch.aminmax(dev, dim=1)  # [P] each: max|u| without a [P, G] temporary
-    s = (torch.maximum(hi, -lo) * factor).clamp_min(tau_res)  # [P]
-    values = _scaled(m, factor / s)  # [P, G]
-    return _result(
-        values,
-        valid,
-        m.collapsed,
-        s,
-        zeroed=True,
-        tau_res_bound_frac=_frac(s <= tau_res, m.collapsed),
-    )
+    card = torch.maximum(hi, -lo) * factor  # [P] max_j |u_j|
+    return _divide_by_card(m, valid, factor, card, tau_res)
 
 
 def _row_quantile(
@@ -60,6 +52,14 @@ def _row_quantile(
     b = ordered.gather(1, hi[:, None]).squeeze(1)
     out = a + (pos - lo.to(x.dtype)) * (b - a)
     return out.masked_fill(count == 0, 0.0)
+
+
+def _divide_by_card(m, valid, factor, card, tau_res) -> Advantages:
+    """A = u / s_q with the scale card s_q = max(tau_res, card); u = factor·(r − r̄)."""
+    s = card.clamp_min(tau_res)  # [P]
+    values = _scaled(m, factor / s)  # [P, G]
+    bound = _frac(s <= tau_res, m.collapsed)
+    return _result(values, valid, m.collapsed, s, zeroed=True, tau_res_bound_frac=bound)
 
 
 def _frac(mask: torch.Tensor, collapsed: torch.Tensor) -> float:
@@ -116,14 +116,5 @@ def p90(
     if not 0.0 < quantile <= 1.0:
         raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
     m, dev, factor = _numerator("rloo", rewards, valid, ddof, tau)  # dev [P, G], factor [P]
-    q = _row_quantile(dev.abs(), valid, m.count, quantile) * factor  # [P]
-    s = q.clamp_min(tau_res)  # [P]
-    values = _scaled(m, factor / s)  # [P, G]
-    return _result(
-        values,
-        valid,
-        m.collapsed,
-        s,
-        zeroed=True,
-        tau_res_bound_frac=_frac(s <= tau_res, m.collapsed),
-    )
+    card = _row_quantile(dev.abs(), valid, m.count, quantile) * factor  # [P] P90_j |u_j|
+    return _divide_by_card(m, valid, factor, card, tau_res)
