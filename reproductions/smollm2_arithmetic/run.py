@@ -8,16 +8,17 @@ the trainer's own evaluator (``grouprl.train.batch.evaluate``: fixed held-out pr
 sampler stream, unbiased pass@k) before training and after each run.
 
 This is as much as two shared CPU cores allow (a step of 4 × 8 completions of ≤ 48 tokens
-takes tens of seconds here): a handful of steps, one seed per preset. It can show whether the
+takes tens of seconds here): a handful of steps, two seeds per preset. It can show whether the
 pipeline moves a real model and what the two presets' training signals look like; it cannot
 separate grpo from f_grpo statistically, and the README says so.
 
-    python reproductions/smollm2_arithmetic/run.py [--steps 10] [--seeds 1]
+    python reproductions/smollm2_arithmetic/run.py [--steps 10] [--seeds 2]
     python reproductions/smollm2_arithmetic/run.py --readme-only
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -36,7 +37,7 @@ PRESETS = ("grpo", "f_grpo")
 
 
 def _args(argv: list[str] | None):
-    p = C.parser(__doc__.splitlines()[0], default_seeds=1)
+    p = C.parser(__doc__.splitlines()[0], default_seeds=2)
     p.add_argument("--presets", nargs="+", default=list(PRESETS))
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--prompts", type=int, default=4)
@@ -177,11 +178,24 @@ def main(argv: list[str] | None = None) -> int:
         C.update_readme(out, readme_block(C.load_results(out)))
         return 0
     jobs = [(p, s, p == a.presets[0] and s == 0) for s in range(a.seeds) for p in a.presets]
+    runs_dir = out / "runs"  # one file per finished run; a rerun with the same settings reuses it
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    key = {
+        k: getattr(a, k)
+        for k in ("steps", "prompts", "group", "max_new", "lr", "eval_prompts", "eval_samples")
+    }
     runs = []
-    with ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) as pool:
+    for j in list(jobs):
+        f = runs_dir / f"{j[0]}_s{j[1]}.json"
+        saved = json.loads(f.read_text()) if f.exists() else None
+        if saved is not None and saved.get("key") == key:
+            runs.append(saved)
+            jobs.remove(j)
+    with ProcessPoolExecutor(max(1, a.workers), mp_context=get_context("spawn")) as pool:
         futures = [pool.submit(job, a, *j) for j in jobs]
         for fut in as_completed(futures):
-            r = fut.result()
+            r = {**fut.result(), "key": key}
+            (runs_dir / f"{r['preset']}_s{r['seed']}.json").write_text(json.dumps(r))
             runs.append(r)
             print(
                 f"{r['preset']} seed {r['seed']}: {r['after']} ({r['seconds']:.0f} s)", flush=True
@@ -200,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         "table": summarise(runs),
         "checks": [],
         "seconds": sum(r["seconds"] for r in runs),
-        "runs": runs,
+        "runs": [{k: v for k, v in r.items() if k != "key"} for r in runs],
     }
     C.write_results(out, payload, plot(runs))
     C.update_readme(out, readme_block(payload))
