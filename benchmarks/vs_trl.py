@@ -308,7 +308,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--prompts", type=int, default=16, help="prompts per step (P)")
     ap.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
     ap.add_argument("--max-new", type=int, default=32, help="max completion tokens")
-    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument(
+        "--lr", type=float, default=5e-5, help="AdamW lr (grouprl train's maze default)"
+    )
     ap.add_argument("--preset", default="grpo")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sft-steps", type=int, default=1400, help="SFT warm start (0 = none)")
