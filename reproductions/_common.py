@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grouprl._json import json_safe
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -90,18 +92,6 @@ def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = N
     return "\n".join(out)
 
 
-def _clean(x: Any) -> Any:
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
-        return _clean(x.tolist())
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    return x
-
-
 def write_results(out: Path, payload: dict[str, Any], fig=None) -> Path:
     """Write ``results.json`` (and ``figure.png`` when ``fig`` is given) under ``out``."""
     missing = [k for k in SCHEMA_KEYS if k not in payload]
@@ -112,7 +102,7 @@ def write_results(out: Path, payload: dict[str, Any], fig=None) -> Path:
         fig.savefig(out / "figure.png", dpi=110)
         payload = {**payload, "figure": "figure.png"}
     path = out / "results.json"
-    path.write_text(json.dumps(_clean(payload), indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(json_safe(payload), indent=1) + "\n", encoding="utf-8")
     return path
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
 
+from grouprl._json import json_safe
 from grouprl.report import html as H
 
 __all__ = ["Claim", "SimResult", "write_result"]
@@ -44,7 +44,7 @@ class SimResult:
         return all(c.holds for c in self.claims)
 
     def to_json(self) -> dict[str, Any]:
-        return _clean(
+        return json_safe(
             {
                 "name": self.name,
                 "title": self.title,
@@ -60,19 +60,6 @@ class SimResult:
         )
 
 
-def _clean(x: Any) -> Any:
-    """JSON-safe copy: NaN/inf -> None, tuples -> lists, numpy/torch scalars -> floats."""
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    if hasattr(x, "tolist") and not isinstance(x, (str, bytes)):
-        return _clean(x.tolist())
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    return x
-
-
 def write_result(result: SimResult, out: str | Path) -> dict[str, Path]:
     """Write ``NAME.json``, one ``NAME[_fig].png`` per figure and ``NAME.html`` under ``out``."""
     out = Path(out)
@@ -81,7 +68,7 @@ def write_result(result: SimResult, out: str | Path) -> dict[str, Path]:
     js = out / f"{result.name}.json"
     js.write_text(json.dumps(result.to_json(), indent=1), encoding="utf-8")
     paths["json"] = js
-    blocks = [H.text(f"config: {json.dumps(_clean(result.config))}", "sub")]
+    blocks = [H.text(f"config: {json.dumps(json_safe(result.config))}", "sub")]
     blocks.append("<h2>Claims</h2>")
     for c in result.claims:
         mark = "✓" if c.holds else "✗"

@@ -23,19 +23,12 @@ from typing import Any
 
 import yaml
 
+from grouprl._json import json_safe
+
 __all__ = ["Sinks", "read_jsonl", "truncate_jsonl"]
 
 _BAR_FIELDS = {"reward": "reward/mean", "ACR": "acr/rate", "KL": "kl/mean"}
 """Progress-bar label -> metric name."""
-
-
-def _clean(value: Any) -> Any:
-    """JSON-safe: NaN/inf floats become null (JSON has no NaN)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -136,7 +129,7 @@ class Sinks:
     # ---- per step -------------------------------------------------------------------------
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one step to metrics.jsonl (flushed) and the optional backends."""
-        row = {"step": step, **{k: _clean(float(v)) for k, v in metrics.items()}}
+        row = {"step": step, **{k: json_safe(float(v)) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         if self._tb is not None:
@@ -156,7 +149,9 @@ class Sinks:
     def log_groups(self, step: int, prompt_ids: list[Any], rewards: Any) -> None:
         """One rewards.jsonl line per group: ``{"step", "prompt_id", "rewards"}``."""
         lines = [
-            json.dumps({"step": step, "prompt_id": pid, "rewards": _clean([float(r) for r in row])})
+            json.dumps(
+                {"step": step, "prompt_id": pid, "rewards": json_safe([float(r) for r in row])}
+            )
             for pid, row in zip(prompt_ids, rewards.tolist())
         ]
         self._rewards.write("\n".join(lines) + "\n")
