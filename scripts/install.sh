@@ -12,7 +12,7 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && [ "${GROUPRL_CPU:-0}" != 1 ]; then
     "${pip[@]}" torch
   else
-    "${pip[@]}" torch==2.13.0
+    "${pip[@]}" torch==2.13.0 2>&1 | { grep -v -e "^WARNING: Location" || true; }
   fi
 fi
 "${pip[@]}" -e ".[all]" 2>&1 | { grep -v -e "^WARNING: Location" || true; }
