@@ -17,23 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import time
 import uuid
 import warnings
 
 import numpy as np
 import torch
-
-
-def timeit(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from advantages import timeit  # benchmarks/advantages.py: median of `repeat` after a warm-up
 
 
 def make_batch(p: int, g: int, t: int, shuffle: bool, seed: int = 0):
