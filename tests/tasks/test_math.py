@@ -87,7 +87,13 @@ def test_math_verify_failure_is_a_counted_nan_not_zero(monkeypatch):
     monkeypatch.setattr(math_verify, "verify", hanging_verify)
     with pytest.raises(TimeoutError):
         math_verify_reward("The answer is $\\boxed{2}$", "2")
-    scores = score_batch(math_verify_reward, ["$\\boxed{2}$", "$\\boxed{3}$"], ["2", "2"],
-                         timeout_s=5, max_unscorable_frac=1.0, workers=1)
+    scores = score_batch(
+        math_verify_reward,
+        ["$\\boxed{2}$", "$\\boxed{3}$"],
+        ["2", "2"],
+        timeout_s=5,
+        max_unscorable_frac=1.0,
+        workers=1,
+    )
     assert all(math.isnan(r) for r in scores.rewards)
     assert scores.metrics()["reward/unscorable_frac"] == 1.0
