@@ -5,7 +5,9 @@ verl's ``grpo`` (a Python loop over prompt ids) and ``grpo_vectorized`` and a fl
     python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop]
 
 Targets (issue 2): every estimator >= 100x faster than verl's grpo, >= 2x faster than
-grpo_vectorized, within 10x of the floor.
+grpo_vectorized, within 10x of the floor. ``adapter_grouprl_grpo`` is our grpo called through
+the verl adapter on verl's flat input (its flat -> [P, G] mapping included); it is reported
+beside the direct path and not held to the floor target.
 """
 
 from __future__ import annotations
@@ -54,6 +56,18 @@ def verl_paths(rewards: torch.Tensor, repeat: int, loop: bool) -> dict[str, floa
             repeat,
         )
     }
+    # our estimator through the verl adapter (grouprl.integrations.verl), called as verl's
+    # compute_advantage calls it, on the same flat input: the flat -> [P, G] mapping included
+    from omegaconf import OmegaConf
+
+    from grouprl.integrations import verl as _registers  # noqa: F401  (grouprl_<name>)
+
+    cfg = OmegaConf.create({"adv_estimator": "grouprl_grpo", "grouprl": {}})
+    adapter = core_algos.get_adv_estimator_fn("grouprl_grpo")
+    out["adapter_grouprl_grpo"] = timeit(
+        lambda: adapter(token_level_rewards=tokens, response_mask=mask, index=index, config=cfg),
+        repeat,
+    )
     if loop:  # a Python loop over 1M samples: timed once
         t0 = time.perf_counter()
         core_algos.compute_grpo_outcome_advantage(tokens.clone(), mask, index)
@@ -93,6 +107,7 @@ def main() -> None:
     seconds.update(verl_paths(rewards, args.repeat, loop=not args.no_verl_loop))
 
     ours = [k for k in seconds if not k.startswith(("floor", "verl"))]
+    direct = [k for k in ours if not k.startswith("adapter")]  # the targets are for these
     floor = seconds["floor_mean"]
     ratios = {k: {"x_floor": seconds[k] / floor} for k in ours}
     for k in ours:
@@ -102,13 +117,12 @@ def main() -> None:
             ratios[k]["speedup_vs_verl_grpo_vectorized"] = (
                 seconds["verl_grpo_vectorized"] / seconds[k]
             )
+    met = [ratios[k] for k in direct]
     targets = {
-        "within_10x_floor": all(r["x_floor"] <= 10 for r in ratios.values()),
-        "ge_100x_verl_grpo": all(
-            r.get("speedup_vs_verl_grpo", 1e9) >= 100 for r in ratios.values()
-        ),
+        "within_10x_floor": all(r["x_floor"] <= 10 for r in met),
+        "ge_100x_verl_grpo": all(r.get("speedup_vs_verl_grpo", 1e9) >= 100 for r in met),
         "ge_2x_verl_grpo_vectorized": all(
-            r.get("speedup_vs_verl_grpo_vectorized", 1e9) >= 2 for r in ratios.values()
+            r.get("speedup_vs_verl_grpo_vectorized", 1e9) >= 2 for r in met
         ),
     }
     print(

@@ -402,3 +402,18 @@ def test_hydra_overrides_from_the_docs_reach_the_estimator_and_the_loss():
     loss, _ = loss_fn(old, logp, a, m, actor.loss_agg_mode, actor)
     want_loss, _ = core_algos.get_policy_loss_fn("cispo")(old, logp, a, m, "token-mean", actor)
     torch.testing.assert_close(loss, want_loss, atol=1e-6, rtol=1e-6)
+
+
+def test_equal_runs_fast_path_only_for_verls_layout():
+    # equal runs of distinct uids: a dense view, group/pos derived without per-sample codes
+    layout = gv.group_layout(np.array(list("aabbcc"), dtype=object), 6)
+    assert layout.dense and layout.group_ids is None
+    assert layout.group.tolist() == [0, 0, 1, 1, 2, 2] and layout.pos.tolist() == [0, 1] * 3
+    # equal runs, but uid "a" heads two of them: one group of 4 split across the batch
+    split = gv.group_layout(np.array(list("aabbaa"), dtype=object), 6)
+    assert not split.dense and sorted(split.counts.tolist()) == [2, 4]
+    x = torch.arange(6, dtype=torch.float32)
+    torch.testing.assert_close(split.to_flat(split.to_grid(x)), x)
+    # equal-length runs that do not start at multiples of W are not mistaken for the layout
+    odd = gv.group_layout(np.array([1, 2, 2, 3, 3, 4]), 6)
+    assert not odd.dense and sorted(odd.counts.tolist()) == [1, 1, 2, 2]

@@ -118,15 +118,29 @@ class GroupLayout:
             groups, each uid repeated in a run, runs in group order); the grid is then a view.
     """
 
-    group: torch.Tensor  # [N]
-    pos: torch.Tensor  # [N]
     counts: torch.Tensor  # [P]
     width: int
     dense: bool = False
+    group_ids: torch.Tensor | None = None  # [N]; None: derived from the dense layout
+    positions: torch.Tensor | None = None  # [N]; None: derived from the dense layout
 
     @property
     def num_groups(self) -> int:
         return int(self.counts.shape[0])
+
+    @property
+    def group(self) -> torch.Tensor:
+        """``[N]`` long, each sample's group (row of the grid)."""
+        if self.group_ids is not None:
+            return self.group_ids
+        return torch.arange(self.num_groups * self.width, device=self.counts.device) // self.width
+
+    @property
+    def pos(self) -> torch.Tensor:
+        """``[N]`` long, each sample's column: its rank within the group in batch order."""
+        if self.positions is not None:
+            return self.positions
+        return torch.arange(self.num_groups * self.width, device=self.counts.device) % self.width
 
     def to_grid(self, flat: torch.Tensor) -> torch.Tensor:
         """``[N]`` -> ``[P, W]``, NaN where a group has fewer than W samples."""
@@ -146,7 +160,7 @@ class GroupLayout:
 
 
 def _factorize(arr: np.ndarray) -> np.ndarray:
-    """``[N]`` int64 codes of an object array (uid strings), equal codes = equal uids.
+    """``[N]`` int64 codes of a uid array (strings or numbers), equal codes = equal uids.
 
     verl repeats each prompt's uid G times in a row (``repeat(interleave=True)``), so the
     uids come in runs: one vectorised comparison of neighbours finds the runs, and only the
@@ -188,10 +202,37 @@ def _group_ids(index: Any, device: torch.device) -> torch.Tensor:
     if arr.shape[0] == 0:
         raise ValueError("index is empty: verl passed a batch without samples")
     if arr.dtype == object or arr.dtype.kind in "US":
-        codes = _factorize(arr.astype(object, copy=False))
-    else:
-        codes = np.unique(arr, return_inverse=True)[1].reshape(-1).astype(np.int64)
+        arr = arr.astype(object, copy=False)
+    codes = _factorize(arr)  # runs first (verl's layout), a hash table otherwise
     return torch.from_numpy(codes).to(device)
+
+
+def _equal_runs(index: Any, n: int, device: torch.device) -> GroupLayout | None:
+    """verl's usual batch recognised without per-sample codes: the uids come in runs of one
+    length W, run i starting at i·W, and no uid heads two runs. Then the grid is a plain view
+    of the flat batch (``dense``). None when the batch is laid out any other way."""
+    if isinstance(index, torch.Tensor):
+        return None
+    arr = np.asarray(index)
+    if arr.ndim != 1 or arr.shape[0] != n or n == 0:
+        return None
+    try:
+        differs = np.asarray(arr[1:] != arr[:-1], dtype=bool)  # [N-1]
+    except (TypeError, ValueError):
+        return None
+    if differs.shape != (n - 1,):
+        return None
+    starts = np.flatnonzero(differs) + 1  # run starts after the first
+    width = int(starts[0]) if starts.size else n
+    if n % width or starts.size != n // width - 1:
+        return None
+    if not np.array_equal(starts, np.arange(width, n, width)):
+        return None
+    heads = arr[::width]  # [P] one uid per run
+    if int(_factorize_unordered(heads).max()) + 1 != heads.shape[0]:
+        return None  # a uid heads two runs: one group split across the batch
+    counts = torch.full((n // width,), width, dtype=torch.long, device=device)
+    return GroupLayout(counts, width, dense=True)
 
 
 def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> GroupLayout:
@@ -204,6 +245,9 @@ def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> Grou
     non-contiguous (a group's samples anywhere in the batch).
     """
     device = torch.device(device)
+    fast = _equal_runs(index, n, device)
+    if fast is not None:
+        return fast
     group = _group_ids(index, device)  # [N]
     if group.shape[0] != n:
         raise ValueError(
@@ -217,11 +261,11 @@ def group_layout(index: Any, n: int, device: torch.device | str = "cpu") -> Grou
     if bool((group[1:] >= group[:-1]).all()):  # runs in group order: no sort needed
         pos = arange - starts[group]
         dense = bool((counts == width).all())
-        return GroupLayout(group=group, pos=pos, counts=counts, width=width, dense=dense)
+        return GroupLayout(counts, width, dense, group_ids=group, positions=pos)
     order = torch.argsort(group, stable=True)  # [N] samples sorted by group, batch order kept
     pos = torch.empty_like(group)
     pos[order] = arange - starts[group[order]]
-    return GroupLayout(group=group, pos=pos, counts=counts, width=width)
+    return GroupLayout(counts, width, group_ids=group, positions=pos)
 
 
 # --------------------------------------------------------------------------- options
