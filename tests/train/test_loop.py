@@ -241,3 +241,22 @@ def test_reward_kl_balance_and_kl_tail_are_logged_when_beta_is_set(tmp_path):
     cfg0, inj0 = make(tmp_path / "b0", "optim.steps=2", "eval.balance_every=1")
     train(cfg0, **inj0)
     assert not any("balance/r_over_kl" in r for r in read_jsonl(tmp_path / "b0" / "metrics.jsonl"))
+
+
+def test_sampled_acr_counts_the_groups_dynamic_sampling_dropped(tmp_path):
+    # grpo trains on every generated group: both ACRs are the same number
+    cfg, inj = make(tmp_path / "grpo", "optim.steps=2")
+    train(cfg, **inj)
+    for r in read_jsonl(tmp_path / "grpo" / "metrics.jsonl"):
+        assert r["acr/sampled_rate"] == pytest.approx(r["acr/rate"], abs=1e-12)
+    # dapo drops collapsed groups before training: acr/rate is of the kept batch, while
+    # acr/sampled_rate counts every group it generated (the rollouts the filter wasted)
+    cfg, inj = make(tmp_path / "dapo", "algorithm.preset=dapo", "optim.steps=3")
+    train(cfg, **inj)
+    rows = read_jsonl(tmp_path / "dapo" / "metrics.jsonl")
+    for r in rows:
+        drawn, kept = r["dynamic/drawn"], r["dynamic/kept"]
+        collapsed = r["acr/sampled_rate"] * drawn
+        assert collapsed == pytest.approx(round(collapsed), abs=1e-9)  # a count of groups
+        assert kept <= drawn - round(collapsed)  # only informative groups are kept
+    assert any(r["acr/sampled_rate"] > r["acr/rate"] for r in rows)  # the toy model collapses

@@ -213,6 +213,7 @@ def collect(run: Any, times: dict[str, float]) -> tuple[Batch, dict[str, float]]
         else None
     )
     parts, unscorable, round_ = [], [], 0
+    sampled_collapsed = sampled_groups = 0.0  # every group generated, before any filter
     while True:
         n = p if sampler is None else sampler.next_draw()
         examples = run.task.examples("train", n, _prompt_seed(cfg.run.seed, run.step, round_))
@@ -223,6 +224,8 @@ def collect(run: Any, times: dict[str, float]) -> tuple[Batch, dict[str, float]]
         roll, rewards, m = rollout(run, examples, g, temperature, run.gen, times)
         unscorable.append(m["reward/unscorable_frac"])
         rewards = _overlong(run, roll, rewards)
+        sampled_collapsed += diagnostics.acr(rewards) * n
+        sampled_groups += n
         keep = torch.arange(n) if sampler is None else sampler.add(rewards)
         parts.append((examples, roll, rewards, keep))
         round_ += 1
@@ -238,6 +241,9 @@ def collect(run: Any, times: dict[str, float]) -> tuple[Batch, dict[str, float]]
     metrics.update(
         {
             "reward/unscorable_frac": float(np.mean(unscorable)),
+            # ACR of every generated group: with dynamic sampling acr/rate is measured after
+            # the collapsed groups were dropped, so the rollouts they wasted show only here
+            "acr/sampled_rate": sampled_collapsed / sampled_groups,
             "length/mean": float(lengths.mean()),
             "length/truncated_frac": float(batch.truncated.float().mean()),
             "sampling/temperature": float(temperature),
