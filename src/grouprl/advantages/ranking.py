@@ -27,13 +27,13 @@ def gopo(
     """
     m = group_moments(rewards, valid, ddof, tau)
     # centred average rank = (#below − #above)/2 = ½ Σ_j sign(r_i − r_j) (ties give 0), so
-    # A_i = Σ_j sign(r_i − r_j) / (n − 1). G vectorised passes on the transposed [G, P] layout
-    # (a loop over the group *dimension*, never over groups or samples); NaN pairs add 0.
-    keyed = rewards.t().contiguous()  # [G, P]
-    total = torch.zeros_like(keyed)  # [G, P]
-    for j in range(keyed.shape[0]):
-        step = torch.sign(keyed - keyed[j])  # [G, P]
+    # A_i = Σ_j sign(r_i − r_j) / (n − 1). G vectorised passes over the batch (a loop over the
+    # group *dimension*, never over groups or samples); NaN pairs add 0.
+    total = torch.zeros_like(rewards)  # [P, G]
+    step = torch.empty_like(rewards)  # [P, G], reused: fresh large tensors cost page faults
+    for j in range(rewards.shape[1]):
+        torch.sub(rewards, rewards[:, j : j + 1], out=step).sign_()
         total += step if valid is None else step.nan_to_num_(0.0)
-    denom = (m.count - 1).clamp_min(1).to(rewards.dtype)  # [P]
-    values = total.t().div_(denom[:, None])  # [P, G]
-    return _result(values, valid, m.collapsed, torch.ones_like(m.std))
+    factor = (1.0 / (m.count - 1).clamp_min(1).to(rewards.dtype)).masked_fill_(m.collapsed, 0.0)
+    values = total.mul_(factor[:, None])  # [P, G]; collapsed groups are now exactly 0
+    return _result(values, valid, m.collapsed, torch.ones_like(m.std), zeroed=valid is None)
