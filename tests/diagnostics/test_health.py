@@ -110,3 +110,19 @@ def test_entropy_and_truncation_rules():
     assert h2.entropy_ref == 2.0
     # "loss/total" counts as the loss.
     assert "nonfinite_loss" in RunHealth().update(0, {"loss/total": float("inf")})[0]
+
+
+def test_stall_reads_the_sampled_acr_when_dynamic_sampling_hides_it():
+    # dapo: the kept batch has no collapsed group (acr/rate 0) but 60 % of the generated groups
+    # were collapsed and dropped: that is the stall, and the advice says so
+    h = RunHealth()
+    m = {"acr/rate": 0.0, "acr/sampled_rate": 0.6, "acr/all_wrong": 0.0, "acr/all_correct": 0.0}
+    warnings = [w for i in range(50) for w in h.update(i, dict(m))]
+    assert len(warnings) == 1 and warnings[0].startswith("[acr_stall] step 49")
+    assert "discards 60%" in warnings[0] and "avspo" in warnings[0]
+    assert h.metrics()["health/acr_cumulative"] == pytest.approx(0.6)
+    # without dynamic sampling both rates agree and the split decides the advice as before
+    h2 = RunHealth()
+    same = {"acr/rate": 0.9, "acr/sampled_rate": 0.9, "acr/all_wrong": 0.1, "acr/all_correct": 0.8}
+    w2 = [w for i in range(50) for w in h2.update(i, dict(same))]
+    assert "all-correct" in w2[0] and "discards" not in w2[0]

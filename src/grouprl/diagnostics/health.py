@@ -119,7 +119,9 @@ class RunHealth:
     def update(self, step: int, metrics: dict[str, float]) -> list[str]:
         """Feed one step's metrics; return the warnings that fire now (each with its action)."""
         out: list[str] = []
-        acr_rate = metrics.get("acr/rate")
+        # the ACR of every generated group when the trainer logs it (with dynamic sampling the
+        # kept batch's acr/rate hides the groups that were generated and dropped)
+        acr_rate = metrics.get("acr/sampled_rate", metrics.get("acr/rate"))
         if acr_rate is not None and math.isfinite(acr_rate):
             self._track_acr(float(acr_rate))
             out += self._acr_rules(step, metrics)
@@ -152,7 +154,14 @@ class RunHealth:
         out: list[str] = []
         if self.stall_run >= c.stall_steps:
             wrong, right = m.get("acr/all_wrong", 0.0), m.get("acr/all_correct", 0.0)
-            if wrong >= right:
+            rate = m.get("acr/sampled_rate", m.get("acr/rate", 0.0))
+            if rate > m.get("acr/rate", 0.0) + 1e-9:  # a filter dropped the collapsed groups
+                why = (
+                    f"dynamic sampling discards {rate:.0%} of the generated groups, "
+                    "and their rollouts"
+                )
+                fix = "learn from them with virtual samples (preset avspo), a larger G, or easier prompts"
+            elif wrong >= right:
                 why = f"mostly all-wrong groups ({wrong:.0%}): prompts too hard for the model"
                 fix = "use virtual samples (preset avspo), a larger group size G, or easier prompts"
             else:
@@ -162,7 +171,7 @@ class RunHealth:
                 "acr_stall",
                 step,
                 f"ACR > {c.stall_acr:g} for {self.stall_run} consecutive steps (now "
-                f"{m['acr/rate']:.2f}; {why}) -> {fix}",
+                f"{rate:.2f}; {why}) -> {fix}",
             )
         if len(self.window) >= c.window and self.acr_window_std > c.window_std:
             out += self._fire(
