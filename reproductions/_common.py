@@ -124,3 +124,22 @@ def checks_block(checks: list[dict[str, Any]]) -> str:
     return "\n".join(
         f"- {'✓' if c['holds'] else '✗'} **{c['name']}**: {c['detail']}" for c in checks
     )
+
+
+def output_folder(args: argparse.Namespace, here: Path, readme_block: Any) -> Path | None:
+    """The folder a run writes to (``--out`` or the claim's own); None when ``--readme-only``
+    re-rendered the README's results block from the saved results.json instead."""
+    out = args.out or here
+    if args.readme_only:
+        update_readme(out, readme_block(load_results(out)))
+        return None
+    return out
+
+
+def publish(out: Path, payload: dict[str, Any], fig: Any, readme_block: Any) -> int:
+    """Write results.json and the figure, re-render the README block, print it; exit code 0."""
+    write_results(out, payload, fig)
+    block = readme_block(payload)
+    update_readme(out, block)
+    print(block)
+    return 0

@@ -98,9 +98,8 @@ def readme_block(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = C.parser(__doc__.splitlines()[0]).parse_args(argv)
-    out = args.out or HERE
-    if args.readme_only:
-        C.update_readme(out, readme_block(C.load_results(out)))
+    out = C.output_folder(args, HERE, readme_block)
+    if out is None:
         return 0
     torch.set_num_threads(args.threads)
     from grouprl.simulate.low_variance import simulate
@@ -123,10 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "checks": chk,
         "seconds": time.perf_counter() - t0,
     }
-    C.write_results(out, payload, plot(rows))
-    C.update_readme(out, readme_block(payload))
-    print(readme_block(payload))
-    return 0
+    return C.publish(out, payload, plot(rows), readme_block)
 
 
 if __name__ == "__main__":

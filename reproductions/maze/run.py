@@ -299,9 +299,8 @@ def _run_key(a) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
-    out = a.out or HERE
-    if a.readme_only:
-        C.update_readme(out, readme_block(C.load_results(out)))
+    out = C.output_folder(a, HERE, readme_block)
+    if out is None:
         return 0
     runs_dir = out / ("runs_quick" if a.quick else "runs")
     runs_dir.mkdir(parents=True, exist_ok=True)
@@ -352,10 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": sum(r["seconds"] for r in runs),
         "runs": [{k: v for k, v in r.items() if k not in ("curve", "key")} for r in runs],
     }
-    C.write_results(out, payload, plot(rows))
-    C.update_readme(out, readme_block(payload))
-    print(readme_block(payload))
-    return 0
+    return C.publish(out, payload, plot(rows), readme_block)
 
 
 if __name__ == "__main__":

@@ -173,9 +173,8 @@ def readme_block(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
-    out = a.out or HERE
-    if a.readme_only:
-        C.update_readme(out, readme_block(C.load_results(out)))
+    out = C.output_folder(a, HERE, readme_block)
+    if out is None:
         return 0
     jobs = [(p, s, p == a.presets[0] and s == 0) for s in range(a.seeds) for p in a.presets]
     runs_dir = out / "runs"  # one file per finished run; a rerun with the same settings reuses it
@@ -216,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": sum(r["seconds"] for r in runs),
         "runs": [{k: v for k, v in r.items() if k != "key"} for r in runs],
     }
-    C.write_results(out, payload, plot(runs))
-    C.update_readme(out, readme_block(payload))
-    print(readme_block(payload))
-    return 0
+    return C.publish(out, payload, plot(runs), readme_block)
 
 
 if __name__ == "__main__":
