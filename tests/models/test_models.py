@@ -11,16 +11,6 @@ from hypothesis import strategies as st
 
 from grouprl import models, tasks
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on this shared 2-core box two threads are ~10x slower under load."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 MAZE = tasks.get("maze")
 
 

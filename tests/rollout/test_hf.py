@@ -8,16 +8,6 @@ import torch
 from grouprl import models, tasks
 from grouprl.rollout.hf import Sampling, generate, sample_tokens
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on this shared 2-core box two threads are ~10x slower under load."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 PROMPTS = ["Calculate 1 + 2.", "2+2=", "What is 10 - 3 ? Be quick."]  # different lengths
 
 

@@ -12,16 +12,6 @@ from grouprl import models, tasks
 from grouprl.tasks.maze import Maze
 from grouprl.train import sft
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on this shared 2-core box two threads are ~10x slower under load."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 MAZE = tasks.get("maze")
 SPEC = "tiny:d=32,layers=2,heads=2"
 
