@@ -1,12 +1,12 @@
 """``grouprl bench``: JSON parsing of script output, table rows, subset runs and failure rows."""
 
 import json
-import sys
 import textwrap
 
 import pytest
 
-from grouprl import bench, cli
+from grouprl import cli
+from grouprl.cli import bench
 
 
 def test_last_json_takes_the_final_top_level_object_after_log_lines():
@@ -141,6 +141,20 @@ def test_timeout_is_a_failure_row(tmp_path):
     assert outcome["ok"] is False and "timed out" in outcome["error"]
 
 
-def test_cli_registers_bench():
-    assert cli.COMMANDS["bench"] == "grouprl.bench"
-    assert sys.modules["grouprl.bench"].HELP
+def test_cli_registers_bench(capsys):
+    assert cli.COMMANDS["bench"] == "grouprl.cli.bench"
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: grouprl bench" in out
+    assert cli.HELP["bench"] in " ".join(out.split())  # the one help text, shown under usage
+
+
+def test_installed_package_without_benchmarks_says_where_they_are(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./benchmarks here
+    monkeypatch.setattr(bench, "__file__", str(tmp_path / "site-packages/grouprl/cli/bench.py"))
+    with pytest.raises(SystemExit) as exc:
+        bench.find_dir()
+    assert "not part of the installed package" in str(exc.value)
+    assert "--dir" in str(exc.value)

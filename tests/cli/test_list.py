@@ -3,7 +3,7 @@
 import pytest
 
 from grouprl import advantages, cli, losses, presets, simulate, tasks
-from grouprl.listing import catalogue, first_line
+from grouprl.cli.listing import catalogue, first_line
 
 
 def test_every_registered_name_is_listed(capsys):

@@ -113,7 +113,7 @@ def test_acr_quick_claims():
 
 
 def test_registry_and_cli(tmp_path):
-    from grouprl.simulate.command import _CHOICES
+    from grouprl.cli.simulate import _CHOICES
 
     assert names() == ["categorical", "tail-miss", "low-variance", "acr"] == list(_CHOICES)
     with pytest.raises(ValueError, match="valid simulations"):

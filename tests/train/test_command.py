@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grouprl import cli
-from grouprl.train import command
+from grouprl.cli import train as command
 from grouprl.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,8 +25,6 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
     "simulations": ("Simulations", "grouprl.simulate", "SIMULATIONS"),
 }
 
-HELP = "list every estimator, transform, loss axis, preset, task and simulation"
-
 
 def first_line(obj: object) -> str:
     """One-line description of a registry entry: a preset's description or a docstring's first line."""

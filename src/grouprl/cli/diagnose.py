@@ -7,8 +7,6 @@ import math
 import sys
 from pathlib import Path
 
-HELP = "training-health report for a JSONL of reward groups or a grouprl run folder"
-
 _STEP_COLS = (
     "step",
     "groups",
@@ -128,83 +126,12 @@ def _print_diagnosis(console, d, gf, max_rows) -> None:
         console.print(f"advised G = {d.advice.recommended}: {d.advice.reason}", markup=False)
 
 
-def _write_report(out: Path, d, gf, run_dir, metrics_rows, metrics_errors) -> Path:
-    from grouprl.report import html as H
-    from grouprl.report.run import run_blocks
-
-    blocks = []
-    if d is not None:
-        blocks.append(
-            "<h2>Totals</h2>" + H.table([{"quantity": k, "value": v} for k, v in d.totals.items()])
-        )
-        blocks.append("<h2>Warnings</h2>")
-        blocks += [H.text(w, "warn", "div") for w in d.warnings] or [
-            H.text("No health rule fired.", "ok")
-        ]
-        blocks.append(_figure(d, H))
-        blocks.append("<h2>Inverse-scale tails</h2>" + H.table(d.scale))
-        if d.advice is not None:
-            rows = [
-                {"N": n, "expected active": a, "expected tail miss": m}
-                for n, a, m in d.advice.rows()
-            ]
-            blocks.append(
-                "<h2>Group size advice</h2>"
-                + H.table(rows)
-                + H.text(f"Advised G = {d.advice.recommended}: {d.advice.reason}")
-            )
-        blocks.append("<h2>Per step</h2>" + H.table(d.steps))
-        if gf.n_errors:
-            errs = [H.text(f"line {no}: {msg}", "bad") for no, msg in gf.errors[:200]]
-            blocks.append(f"<h2>Malformed lines ({gf.n_errors}, skipped)</h2>" + "".join(errs))
-    if metrics_rows is not None:
-        blocks.append("<h1>Logged run metrics</h1>")
-        blocks += run_blocks(metrics_rows)
-        if metrics_errors:
-            blocks += [H.text(e, "bad") for e in metrics_errors[:50]]
-    src = str(run_dir or gf.path)
-    return H.write_page(out, "grouprl diagnose", blocks, src)
-
-
-def _figure(d, H) -> str:
-    fig, ax = H.figure(3, 1, width=4.6)
-    labels = [r["step"] for r in d.steps]
-    numeric = all(isinstance(x, int) for x in labels)
-    steps = labels if numeric else list(range(len(d.steps)))
-    parts = ("acr/all_wrong", "acr/all_correct", "acr/other")
-    ax[0, 0].stackplot(
-        steps,
-        *[[r[k] for r in d.steps] for k in parts],
-        labels=[p.split("/")[1] for p in parts],
-        alpha=0.7,
-    )
-    ax[0, 0].axhline(0.35, color="grey", ls=":", label="stall 0.35")
-    ax[0, 0].set_title("ACR per step"), ax[0, 0].legend(fontsize=7)
-    ax[0, 0].set_xlabel("step" if numeric else "batch")
-    ax[0, 1].plot(steps, [r["reward/mean"] for r in d.steps], "o-", ms=3)
-    ax[0, 1].set_title("mean reward")
-    if d.advice is not None:
-        n = list(d.advice.candidates)
-        ax[0, 2].plot(n, d.advice.active, "o-", label="expected active")
-        ax[0, 2].plot(n, d.advice.tail_miss, "o-", label="expected tail miss")
-        ax[0, 2].axvline(
-            d.advice.recommended, color="green", ls="--", label=f"advised {d.advice.recommended}"
-        )
-        ax[0, 2].axvline(d.group_size, color="grey", ls=":", label=f"current {d.group_size}")
-        (
-            ax[0, 2].set_xscale("log", base=2),
-            ax[0, 2].set_xlabel("group size N"),
-            ax[0, 2].legend(fontsize=7),
-        )
-        ax[0, 2].set_title("group size")
-    return "<h2>Figures</h2>" + H.img(fig, "diagnosis")
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
     from grouprl.diagnostics.diagnose import diagnose_groups, load_groups
+    from grouprl.report.diagnosis import write_diagnosis_report
     from grouprl.report.run import read_metrics, replay_health
 
     console = Console(width=None if sys.stdout.isatty() else 140)
@@ -247,6 +174,6 @@ def run(args: argparse.Namespace) -> int:
         out = args.out or (
             (run_dir / "report.html") if run_dir is not None else Path("report.html")
         )
-        path = _write_report(out, d, gf, run_dir, metrics_rows, metrics_errors)
+        path = write_diagnosis_report(out, d, gf, run_dir, metrics_rows, metrics_errors)
         console.print(f"wrote {path}")
     return 0

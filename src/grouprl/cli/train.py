@@ -17,7 +17,6 @@ import sys
 
 __all__ = ["add_arguments", "overrides_from_args", "run"]
 
-HELP = "train a policy with a preset on a verifiable task (default: the maze miniature)"
 
 _FLAGS: dict[str, str] = {
     "model": "model.name",

@@ -5,8 +5,8 @@
     grouprl bench advantages vs_trl       # a subset, by script name
     grouprl bench --json bench.json       # also write every script's JSON
 
-The scripts live in the repository's ``benchmarks/`` folder (found next to the source tree, or
-given with ``--dir``); each runs in its own process, so that one's memory and threads do not
+The scripts live in the repository's ``benchmarks/`` folder, not in the installed package: it is
+found in the working directory, next to a source checkout, or given with ``--dir``; each runs in its own process, so that one's memory and threads do not
 affect the next. A script that is missing, fails or times out is a row saying so, not a crash.
 """
 
@@ -24,7 +24,6 @@ from typing import Any
 
 __all__ = ["BENCHMARKS", "QUICK_ARGS", "add_arguments", "rows_for", "run", "run_script"]
 
-HELP = "run the benchmarks (advantages, train step, vs TRL) and print one table"
 
 BENCHMARKS: tuple[str, ...] = ("advantages", "train_step", "vs_trl")
 """The default benchmark scripts (``benchmarks/<name>.py``), in the order they run."""
@@ -66,12 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def find_dir(explicit: Path | None = None) -> Path:
     """The ``benchmarks/`` folder: ``explicit``, ``./benchmarks`` or the repository's."""
     candidates = [explicit] if explicit else []
-    candidates += [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[2] / "benchmarks"]
+    candidates += [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[3] / "benchmarks"]
     for c in candidates:
         if c is not None and c.is_dir():
             return c
     raise SystemExit(
-        "grouprl bench: no benchmarks/ folder found (run from the repository root or pass --dir)"
+        "grouprl bench: no benchmarks/ folder found. The benchmark scripts are not part of the "
+        "installed package: they live in the repository's benchmarks/ folder. Clone the "
+        "repository and run grouprl bench from its root, or pass --dir PATH/TO/benchmarks."
     )
 
 

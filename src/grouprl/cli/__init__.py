@@ -1,8 +1,8 @@
 """The ``grouprl`` command line: ``grouprl train | simulate | diagnose | bench | list``.
 
-Each subcommand lives in its own module, imported only when it runs, so ``grouprl list``
-stays fast. A command module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``.
+Each subcommand lives in its own module of this package, imported only when it runs, so
+``grouprl list`` stays fast. A command module defines ``add_arguments(parser)`` and
+``run(args) -> int``; its one-line help is :data:`HELP` here, the only copy.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import importlib
 import sys
 
 COMMANDS: dict[str, str] = {
-    "train": "grouprl.train.command",
-    "simulate": "grouprl.simulate.command",
-    "diagnose": "grouprl.diagnostics.command",
-    "bench": "grouprl.bench",
-    "list": "grouprl.listing",
+    "train": "grouprl.cli.train",
+    "simulate": "grouprl.cli.simulate",
+    "diagnose": "grouprl.cli.diagnose",
+    "bench": "grouprl.cli.bench",
+    "list": "grouprl.cli.listing",
 }
 """Subcommand name -> module that implements it."""
 

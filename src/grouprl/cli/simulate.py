@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "run a simulation that reproduces a paper's analysis (categorical, tail-miss, ...)"
-
 _CHOICES = ("categorical", "tail-miss", "low-variance", "acr")
 
 
