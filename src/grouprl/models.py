@@ -146,7 +146,9 @@ def parse_tiny(spec: str) -> dict[str, int]:
     return config
 
 
-def _tiny(spec: str, task: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any]:
+def _tiny(
+    spec: str, task: Any, dtype: torch.dtype, seed: int, attn: str | None = None
+) -> tuple[Any, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = parse_tiny(spec)
@@ -164,6 +166,8 @@ def _tiny(spec: str, task: Any, dtype: torch.dtype, seed: int) -> tuple[Any, Any
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    if attn is not None:
+        config._attn_implementation = attn
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -226,34 +230,38 @@ def _convert_gguf(path: Path, target: Path) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _gguf(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+def _gguf(path: Path, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
     target = _gguf_cache_folder(path)
     if not (target / "config.json").is_file():
         _convert_gguf(path, target)
-    return _folder(target, dtype)
+    return _folder(target, dtype, **kwargs)
 
 
 # --------------------------------------------------------------------------- HF
 
 
-def _folder(folder: str | Path, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
+def _folder(
+    folder: str | Path, dtype: torch.dtype, attn: str | None = None, **kwargs: Any
+) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+    if attn is not None:
+        kwargs["attn_implementation"] = attn
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.eval(), tokenizer
 
 
-def _hub(spec: str, dtype: torch.dtype) -> tuple[Any, Any]:
+def _hub(spec: str, dtype: torch.dtype, attn: str | None = None) -> tuple[Any, Any]:
     try:
-        return _folder(spec, dtype, local_files_only=True)
+        return _folder(spec, dtype, attn, local_files_only=True)
     except Exception as local_err:
         if _offline():
             raise ValueError(_no_hub(spec, local_err)) from local_err
     try:
-        return _folder(spec, dtype)
+        return _folder(spec, dtype, attn)
     except Exception as err:
         raise ValueError(_no_hub(spec, err)) from err
 
@@ -268,30 +276,36 @@ def _no_hub(spec: str, err: Exception) -> str:
 
 
 def load(
-    spec: str, *, task: Any = None, dtype: torch.dtype = torch.float32, seed: int = 0
+    spec: str,
+    *,
+    task: Any = None,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    attn_implementation: str | None = None,
 ) -> tuple[Any, Any]:
     """The model and tokenizer named by ``spec`` (tiny[:opts], smollm2, a folder, a .gguf file, an HF id).
 
     ``task`` picks the tiny model's vocabulary; ``seed`` its initialisation (pretrained
     models ignore both). Models are returned in eval mode on the CPU; a tokenizer always
-    has a pad token (EOS when it had none).
+    has a pad token (EOS when it had none). ``attn_implementation`` (``sdpa``, ``eager``)
+    picks transformers' attention kernel; None keeps transformers' default.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"model spec must be a non-empty string; one of {', '.join(MODELS)}")
     spec = spec.strip()
     if spec == "tiny" or spec.startswith("tiny:"):
-        return _tiny(spec, task, dtype, seed)
+        return _tiny(spec, task, dtype, seed, attn_implementation)
     if spec == "smollm2":
-        return _gguf(smollm2_gguf_path(), dtype)
+        return _gguf(smollm2_gguf_path(), dtype, attn=attn_implementation)
     path = Path(spec).expanduser()
     if spec.endswith(".gguf"):
         if not path.is_file():
             raise ValueError(f"GGUF file {spec!r} does not exist")
-        return _gguf(path, dtype)
+        return _gguf(path, dtype, attn=attn_implementation)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ValueError(f"folder {spec!r} has no config.json: not an HF model folder")
-        return _folder(path, dtype)
+        return _folder(path, dtype, attn_implementation)
     if spec.startswith((".", "/", "~")):
         raise ValueError(f"model path {spec!r} does not exist")
-    return _hub(spec, dtype)
+    return _hub(spec, dtype, attn_implementation)

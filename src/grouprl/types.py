@@ -87,7 +87,8 @@ class Rollouts:
     @property
     def truncated(self) -> torch.Tensor:
         """``[N]`` bool: the completion hit the token limit before EOS."""
-        return torch.tensor([r == "length" for r in self.finish_reason], dtype=torch.bool)
+        flags = [r == "length" for r in self.finish_reason]
+        return torch.tensor(flags, dtype=torch.bool, device=self.completion_ids.device)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Losses, split into independent axes (ALGORITHMS.md §3): surrogate × aggregation × KL × filters.
+"""Losses, split into independent axes (ALGORITHMS.md §3): surrogate × aggregation × KL.
 
 Token tensors are ``[N, T]`` (N = P·G sequences, prompt-major), advantages ``[N]``::
 
@@ -11,11 +11,11 @@ Token tensors are ``[N, T]`` (N = P·G sequences, prompt-major), advantages ``[N
                            ref_logp=ref_logp, kl_weight=w, keep=keep, totals=totals)
     out.loss.backward()
 
-Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``; batch filters in
-:mod:`grouprl.losses.filters`.
+Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``. The batch filters (DAPO's
+dynamic sampling and overlong handling) act on rollouts, not on the loss: they live next to
+batch construction in :mod:`grouprl.train.filters`.
 """
 
-from grouprl.losses import filters
 from grouprl.losses.aggregation import (
     AGGREGATIONS,
     StepTotals,
@@ -37,7 +37,6 @@ __all__ = [
     "StepTotals",
     "aggregate",
     "cispo",
-    "filters",
     "gspo",
     "k1",
     "k2",

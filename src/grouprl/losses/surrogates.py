@@ -25,6 +25,7 @@ is an error.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -159,11 +160,15 @@ def _ratio_stats(
 Eps = float | torch.Tensor
 
 
+def _eps_ok(e: Eps) -> bool:
+    """Finite and >= 0 (a float, or every entry of a per-sequence tensor)."""
+    if isinstance(e, torch.Tensor):
+        return bool(((e >= 0) & torch.isfinite(e)).all())
+    return math.isfinite(float(e)) and float(e) >= 0
+
+
 def _check_eps(eps_low: Eps, eps_high: Eps) -> None:
-    ok = all(
-        bool((torch.as_tensor(e) >= 0).all()) and bool(torch.isfinite(torch.as_tensor(e)).all())
-        for e in (eps_low, eps_high)
-    )
+    ok = _eps_ok(eps_low) and _eps_ok(eps_high)
     if not ok:
         raise ValueError(f"clip bounds must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
 

@@ -117,18 +117,20 @@ def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
-def _encode(tokenizer: Any, prompts: list[str], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode(
+    tokenizer: Any, prompts: list[str], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``[P, Tp]`` ids and mask of the prompts (tokenised without added specials)."""
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     if any(len(e) == 0 for e in encoded):
         raise ValueError("an empty prompt has nothing to condition on; render the task's prompt")
     width = max(len(e) for e in encoded)
-    ids = torch.full((len(encoded), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(encoded), width), dtype=torch.long)
-    for row, e in enumerate(encoded):
-        ids[row, width - len(e) :] = torch.tensor(e, dtype=torch.long)
-        mask[row, width - len(e) :] = 1
-    return ids, mask
+    ids = [[pad_id] * (width - len(e)) + e for e in encoded]
+    mask = [[0] * (width - len(e)) + [1] * len(e) for e in encoded]
+    return (
+        torch.tensor(ids, dtype=torch.long, device=device),
+        torch.tensor(mask, dtype=torch.long, device=device),
+    )
 
 
 @torch.inference_mode()
@@ -165,15 +167,15 @@ def generate(
     device = next(model.parameters()).device
     eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
-    prompt_ids, prompt_mask = _encode(tokenizer, prompts, pad_id)  # [P, Tp]
+    prompt_ids, prompt_mask = _encode(tokenizer, prompts, pad_id, device)  # [P, Tp]
     padded = bool((prompt_mask == 0).any())
     positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)  # [P, Tp]
 
     # ---- prefill each prompt once, then share its cache across the group
     out = model(
-        input_ids=prompt_ids.to(device),
-        attention_mask=prompt_mask.to(device) if padded else None,
-        position_ids=positions.to(device),
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask if padded else None,
+        position_ids=positions,
         use_cache=True,
         logits_to_keep=1,
     )
@@ -181,8 +183,8 @@ def generate(
     cache.batch_repeat_interleave(group_size)
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
     n = logits.shape[0]
-    mask = prompt_mask.repeat_interleave(group_size, dim=0).to(device)  # [N, Tp]
-    next_pos = prompt_mask.sum(-1).repeat_interleave(group_size).to(device)  # [N]
+    mask = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, Tp]
+    next_pos = prompt_mask.sum(-1).repeat_interleave(group_size)  # [N]
 
     # ---- decode all rows together; rows that have stopped leave the batch (compaction)
     t_max = sampling.max_new_tokens
@@ -220,10 +222,10 @@ def generate(
         cache = out.past_key_values
         logits = out.logits[:, -1]
 
-    completion_ids = completion_ids[:, :used].cpu()
-    completion_mask = completion_mask[:, :used].cpu()
-    old_logp = old_logp[:, :used].cpu()
-    stopped = done.cpu().tolist()
+    completion_ids = completion_ids[:, :used]  # on the model's device, as every tensor here
+    completion_mask = completion_mask[:, :used]
+    old_logp = old_logp[:, :used]
+    stopped = done.tolist()
     lengths = completion_mask.sum(-1).tolist()
     eos_set = set(eos.tolist())
     texts = []

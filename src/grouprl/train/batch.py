@@ -1,9 +1,16 @@
-"""Stages 1-2 of a step and the held-out evaluation: prompts → rollouts → rewards.
+"""Batch construction for a step: sample groups, score them, join rounds; and held-out evaluation.
 
-``collect`` samples the step's prompts, generates G completions each, verifies them
-(NaN = unscorable, counted, too many stops the run), applies the preset's overlong rule
-and, for DAPO-style presets, repeats until the batch holds P informative groups.
-``evaluate`` measures pass@k on a fixed held-out set with its own fixed generator, so the
+The step (:func:`grouprl.train.loop.train_step`) calls these in order:
+
+- :func:`sample_groups`: G completions per prompt (``grouprl.rollout.hf.generate``) at the
+  step's temperature, and their rewards ``[P, G]`` (:func:`score`: NaN = unscorable,
+  counted, too many stops the run);
+- :func:`join_rounds`: the kept groups of every generation round (one round, or several
+  under DAPO's dynamic sampling) as one prompt-major :class:`Batch`;
+- :func:`batch_logprobs`: log-probs of a whole batch under the policy or the reference,
+  without gradient (reference branch, AGPO's entropy and drift).
+
+:func:`evaluate` measures pass@k on a fixed held-out set with its own fixed generator, so the
 numbers before and after training are paired (same prompts, same random stream) and an
 evaluation never perturbs the training run's random state.
 """
@@ -11,106 +18,107 @@ evaluation never perturbs the training run's random state.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from grouprl import diagnostics
-from grouprl.losses import filters
-from grouprl.types import Advantages, Rollouts
+from grouprl.rollout import hf
+from grouprl.tasks.base import Example
+from grouprl.train.logprobs import completion_logprobs
+from grouprl.types import Rollouts
 
-__all__ = ["Batch", "collect", "evaluate", "score"]
+if TYPE_CHECKING:
+    from grouprl.train.state import Run
+
+__all__ = [
+    "Batch",
+    "Round",
+    "batch_logprobs",
+    "evaluate",
+    "group_rows",
+    "join_rounds",
+    "sample_groups",
+    "score",
+]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Batch:
-    """One step's training data, prompt-major (row ``p * G + g``); ``attach`` adds advantages."""
+    """One step's training data, prompt-major (row ``p * G + g``), complete when built.
 
-    prompt_ids: torch.Tensor  # [N, Tp]
+    Everything the update reads about the samples; the advantages, keep flags, KL weights and
+    reference log-probs are the step's own locals (:func:`grouprl.train.loop.train_step`).
+    """
+
+    prompt_ids: torch.Tensor  # [N, Tp] left-padded
     prompt_mask: torch.Tensor  # [N, Tp]
-    completion_ids: torch.Tensor  # [N, T]
-    mask: torch.Tensor  # [N, T] loss mask (truncated completions zeroed under overlong="mask")
-    old_logp: torch.Tensor  # [N, T]
-    truncated: torch.Tensor  # [N] bool
-    rewards: torch.Tensor  # [P, G]
-    prompt_ids_text: list[str]  # [P] example ids
+    completion_ids: torch.Tensor  # [N, T] right-padded
+    mask: torch.Tensor  # [N, T] float loss mask (truncated completions zeroed by overlong="mask")
+    old_logp: torch.Tensor  # [N, T] behaviour log-probs from the sampler
+    truncated: torch.Tensor  # [N] bool: hit max_new_tokens without EOS
+    rewards: torch.Tensor  # [P, G] NaN = unscorable
+    example_ids: tuple[str, ...]  # [P]
     group_size: int
     temperature: float
-    adv: torch.Tensor | None = None  # [N]
-    keep: torch.Tensor | None = None  # [N] bool: group kept and reward scorable
-    kl_weight: torch.Tensor | None = None  # [N]
-    ref_logp: torch.Tensor | None = None  # [N, T]
 
     @property
     def size(self) -> int:
+        """N = P·G sequences."""
         return self.completion_ids.shape[0]
 
     @property
     def num_prompts(self) -> int:
+        """P groups."""
         return self.rewards.shape[0]
 
-    def attach(self, adv: Advantages, ref_logp: torch.Tensor | None) -> None:
-        """Per-sample advantages, keep and KL weights from the per-group ``Advantages``.
 
-        [OURS] an unscorable (NaN-reward) sample is left out of the loss entirely, KL branch
-        included: it carries no reward signal and must not count in the normaliser.
-        """
-        g = self.group_size
-        self.adv = adv.per_sample.detach().float()  # [N]
-        valid = ~torch.isnan(self.rewards).reshape(-1)  # [N]
-        self.keep = adv.keep.repeat_interleave(g) & valid  # [N]
-        self.kl_weight = adv.kl_weight.float().repeat_interleave(g)  # [N]
-        self.ref_logp = ref_logp
+@dataclass(frozen=True)
+class Round:
+    """One generation round: its examples, rollouts, rewards ``[n, G]`` and the kept groups."""
+
+    examples: list[Example]
+    rollouts: Rollouts
+    rewards: torch.Tensor  # [n, G]
+    kept: torch.Tensor  # [k] indices into the n groups
 
 
-def _pad(t: torch.Tensor, width: int, left: bool, value: float = 0) -> torch.Tensor:
-    extra = width - t.shape[1]
-    return F.pad(t, (extra, 0) if left else (0, extra), value=value) if extra else t
+def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[k·G]`` row indices of the prompt-major samples of groups ``[k]``, in group order."""
+    offsets = torch.arange(group_size, device=groups.device)  # [G]
+    return (groups[:, None] * group_size + offsets).reshape(-1)
 
 
-def _concat(
-    parts: list[tuple[list[Any], Rollouts, torch.Tensor, torch.Tensor]],
-    pad_id: int,
+# ---- sampling and scoring --------------------------------------------------------------------
+
+
+def sample_groups(
+    run: Run,
+    examples: list[Example],
+    group_size: int,
     temperature: float,
-) -> Batch:
-    """Join rounds of (examples, rollouts, rewards [p, G], kept group indices) into a Batch."""
-    g = parts[0][1].group_size
-    wp = max(r.prompt_ids.shape[1] for _, r, _, _ in parts)
-    wc = max(r.completion_ids.shape[1] for _, r, _, _ in parts)
-    cols: dict[str, list[torch.Tensor]] = {
-        k: [] for k in ("pi", "pm", "ci", "cm", "lp", "tr", "rw")
-    }
-    ids: list[str] = []
-    for examples, r, rewards, groups in parts:
-        rows = (groups[:, None] * g + torch.arange(g)).reshape(-1)  # [n]
-        cols["pi"].append(_pad(r.prompt_ids[rows], wp, True, pad_id))
-        cols["pm"].append(_pad(r.prompt_mask[rows], wp, True))
-        cols["ci"].append(_pad(r.completion_ids[rows], wc, False, pad_id))
-        cols["cm"].append(_pad(r.completion_mask[rows], wc, False))
-        cols["lp"].append(_pad(r.old_logp[rows], wc, False))
-        cols["tr"].append(r.truncated[rows])
-        cols["rw"].append(rewards[groups])
-        ids += [examples[i].id for i in groups.tolist()]
-    c = {k: torch.cat(v) for k, v in cols.items()}
-    return Batch(
-        c["pi"],
-        c["pm"],
-        c["ci"],
-        c["cm"].float(),
-        c["lp"].float(),
-        c["tr"],
-        c["rw"],
-        ids,
-        g,
-        temperature,
-    )
+    gen: torch.Generator,
+    timer: Any = None,
+) -> tuple[Rollouts, torch.Tensor, dict[str, float]]:
+    """``group_size`` completions per example and their rewards ``[P, G]`` (and counters)."""
+    timer = timer or _NoTimer()
+    s = run.cfg.sampling
+    with timer("generate"):
+        prompts = [run.task.render(ex, run.tokenizer) for ex in examples]
+        sampling = hf.Sampling(
+            temperature=temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
+        )
+        roll = hf.generate(run.model, run.tokenizer, prompts, group_size, sampling, gen)
+    with timer("score"):
+        refs = [ex.reference for ex in examples for _ in range(group_size)]
+        rewards, metrics = score(run, roll.texts, refs)
+    return roll, rewards.view(len(examples), group_size), metrics
 
 
-def score(run: Any, texts: list[str], references: list[Any]) -> tuple[torch.Tensor, dict]:
+def score(run: Run, texts: list[str], references: list[Any]) -> tuple[torch.Tensor, dict]:
     """Rewards ``[N]`` of decoded completions (NaN = unscorable) and their counters.
 
     ``sampling.verify_timeout_s > 0``: each call runs in a forked worker under that timeout
@@ -131,7 +139,7 @@ def score(run: Any, texts: list[str], references: list[Any]) -> tuple[torch.Tens
             reward_range=tuple(run.task.reward_range),
         )
         _log_errors(run, out.unscorable, out.errors)
-        return torch.tensor(out.rewards, dtype=torch.float32), out.metrics()
+        return torch.tensor(out.rewards, dtype=torch.float32, device=run.device), out.metrics()
     values, errors = [], []
     for text, ref in zip(texts, references):
         try:
@@ -141,7 +149,7 @@ def score(run: Any, texts: list[str], references: list[Any]) -> tuple[torch.Tens
         except Exception as err:
             values.append(math.nan)
             errors.append(f"{type(err).__name__}: {err}")
-    rewards = torch.tensor(values, dtype=torch.float32)
+    rewards = torch.tensor(values, dtype=torch.float32, device=run.device)
     frac = float(torch.isnan(rewards).float().mean()) if values else 0.0
     if frac > s.max_unscorable_frac:
         raise UnscorableError(
@@ -153,107 +161,91 @@ def score(run: Any, texts: list[str], references: list[Any]) -> tuple[torch.Tens
     return rewards, {"reward/unscorable_frac": frac, "reward/unscorable": float(len(errors))}
 
 
-def _log_errors(run: Any, count: int, sample: list[str]) -> None:
+def _log_errors(run: Run, count: int, sample: list[str]) -> None:
     """A sample of the verifier's errors in the log (the count is in the metrics)."""
-    if count and getattr(run, "sinks", None) is not None:
+    if count and run.sinks is not None:
         run.sinks.print(f"step {run.step}: {count} unscorable completion(s) (NaN); {sample}")
 
 
-def rollout(
-    run: Any,
-    examples: list[Any],
-    group_size: int,
-    temperature: float,
-    gen: torch.Generator,
-    times: dict[str, float] | None = None,
-) -> tuple[Rollouts, torch.Tensor, dict]:
-    """Generate ``group_size`` completions per example and score them: rewards ``[P, G]``."""
-    from grouprl.rollout import hf
+class _NoTimer:
+    """A timer that times nothing (evaluation, AGPO's probe outside a step's timer)."""
 
-    t0 = time.perf_counter()
-    prompts = [run.task.render(ex, run.tokenizer) for ex in examples]
-    s = run.cfg.sampling
-    sampling = hf.Sampling(temperature=temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens)
-    roll = hf.generate(run.model, run.tokenizer, prompts, group_size, sampling, gen)
-    t1 = time.perf_counter()
-    refs = [ex.reference for ex in examples for _ in range(group_size)]
-    rewards, metrics = score(run, roll.texts, refs)
-    if times is not None:
-        times["generate"] += t1 - t0
-        times["score"] += time.perf_counter() - t1
-    return roll, rewards.view(len(examples), group_size), metrics
+    def __call__(self, name: str) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext()
 
 
-def _overlong(run: Any, roll: Rollouts, rewards: torch.Tensor) -> torch.Tensor:
-    """DAPO's soft overlong penalty on the rewards (``overlong="soft"``)."""
-    if run.preset.overlong != "soft":
-        return rewards
-    s = run.cfg.sampling
-    lengths = roll.completion_mask.sum(-1).view_as(rewards)  # [P, G]
-    cache = s.overlong_cache or max(1, s.max_new_tokens // 5)
-    return filters.apply_overlong_penalty(
-        rewards, lengths, max_len=s.max_new_tokens, cache_len=cache
+# ---- joining rounds into a batch -------------------------------------------------------------
+
+
+def _pad(t: torch.Tensor, width: int, left: bool, value: float = 0) -> torch.Tensor:
+    extra = width - t.shape[1]
+    return F.pad(t, (extra, 0) if left else (0, extra), value=value) if extra else t
+
+
+def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
+    """The kept groups of every round as one prompt-major :class:`Batch` (padded to one width)."""
+    g = rounds[0].rollouts.group_size
+    wp = max(r.rollouts.prompt_ids.shape[1] for r in rounds)
+    wc = max(r.rollouts.completion_ids.shape[1] for r in rounds)
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("pi", "pm", "ci", "cm", "lp", "tr")}
+    rewards, ids = [], []
+    for r in rounds:
+        roll = r.rollouts
+        rows = group_rows(r.kept, g).to(roll.prompt_ids.device)  # [k·G]
+        parts["pi"].append(_pad(roll.prompt_ids[rows], wp, True, pad_id))
+        parts["pm"].append(_pad(roll.prompt_mask[rows], wp, True))
+        parts["ci"].append(_pad(roll.completion_ids[rows], wc, False, pad_id))
+        parts["cm"].append(_pad(roll.completion_mask[rows], wc, False))
+        parts["lp"].append(_pad(roll.old_logp[rows], wc, False))
+        parts["tr"].append(roll.truncated[rows])
+        rewards.append(r.rewards[r.kept.to(r.rewards.device)])
+        ids += [r.examples[i].id for i in r.kept.tolist()]
+    c = {k: torch.cat(v) for k, v in parts.items()}
+    return Batch(
+        prompt_ids=c["pi"],
+        prompt_mask=c["pm"],
+        completion_ids=c["ci"],
+        mask=c["cm"].float(),
+        old_logp=c["lp"].float(),
+        truncated=c["tr"],
+        rewards=torch.cat(rewards),
+        example_ids=tuple(ids),
+        group_size=g,
+        temperature=temperature,
     )
 
 
-def _prompt_seed(seed: int, step: int, round_: int) -> int:
-    """[OURS] the train stream of step s, round r: distinct for every (seed, step, round)."""
-    return (seed * 1_000_003 + step) * 64 + round_
-
-
-def collect(run: Any, times: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-    """Stages 1-2: the step's prompts, their groups and rewards (dynamic sampling aware)."""
-    cfg, preset = run.cfg, run.preset
-    p, g = cfg.sampling.prompts_per_step, cfg.sampling.group_size
-    metrics: dict[str, float] = {}
-    temperature = cfg.sampling.temperature
-    sampler = (
-        filters.DynamicSampler(p, max_tries=cfg.sampling.max_resample_tries, on_exhausted="partial")
-        if preset.dynamic_sampling
-        else None
-    )
-    parts, unscorable, round_ = [], [], 0
-    sampled_collapsed = sampled_groups = 0.0  # every group generated, before any filter
-    while True:
-        n = p if sampler is None else sampler.next_draw()
-        examples = run.task.examples("train", n, _prompt_seed(cfg.run.seed, run.step, round_))
-        if run.agpo is not None and round_ == 0:  # AGPO probe at τ_base: sets τ, no gradient
-            probe, probe_rewards, _ = rollout(run, examples, g, temperature, run.gen, times)
-            temperature, agpo_metrics = run.agpo.temperature_from_probe(probe_rewards, probe.texts)
-            metrics.update(agpo_metrics)
-        roll, rewards, m = rollout(run, examples, g, temperature, run.gen, times)
-        unscorable.append(m["reward/unscorable_frac"])
-        rewards = _overlong(run, roll, rewards)
-        sampled_collapsed += diagnostics.acr(rewards) * n
-        sampled_groups += n
-        keep = torch.arange(n) if sampler is None else sampler.add(rewards)
-        parts.append((examples, roll, rewards, keep))
-        round_ += 1
-        if sampler is None or sampler.done:
-            break
-    pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
-    batch = _concat(parts, pad_id, temperature)
-    if preset.overlong == "mask":
-        batch.mask = filters.mask_truncated(batch.mask, batch.truncated)
-    if sampler is not None:
-        metrics.update({f"dynamic/{k}": v for k, v in sampler.stats().items()})
-    lengths = batch.mask.sum(-1)
-    metrics.update(
-        {
-            "reward/unscorable_frac": float(np.mean(unscorable)),
-            # ACR of every generated group: with dynamic sampling acr/rate is measured after
-            # the collapsed groups were dropped, so the rollouts they wasted show only here
-            "acr/sampled_rate": sampled_collapsed / sampled_groups,
-            "length/mean": float(lengths.mean()),
-            "length/truncated_frac": float(batch.truncated.float().mean()),
-            "sampling/temperature": float(temperature),
-        }
-    )
-    return batch, metrics
+# ---- log-probs of a whole batch ----------------------------------------------------------------
 
 
 @torch.no_grad()
-def evaluate(run: Any) -> dict[str, float]:
+def batch_logprobs(
+    run: Run, b: Batch, *, model: torch.nn.Module | None = None, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[N, T]`` (and entropies) of the whole batch under ``model``, no gradient.
+
+    ``model`` defaults to the policy; micro-batches of ``optim.micro_batch_size`` sequences.
+    """
+    size = run.cfg.optim.micro_batch_size or b.size
+    out, ents = [], []
+    for m in torch.arange(b.size, device=b.completion_ids.device).split(size):
+        lp = completion_logprobs(
+            model or run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m],
+            b.mask[m], temperature=b.temperature, group_size=b.group_size,
+            chunk=run.cfg.optim.logprob_chunk, entropy=entropy,
+        )  # fmt: skip
+        out.append(lp.logp)
+        ents.append(lp.entropy)
+    return torch.cat(out), torch.cat(ents) if entropy else None
+
+
+# ---- held-out evaluation -----------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(run: Run) -> dict[str, float]:
     """pass@k (unbiased, Chen et al. 2021) on ``eval.prompts`` held-out examples.
 
     A sample is correct when its reward reaches the top of the task's reward range
@@ -262,15 +254,15 @@ def evaluate(run: Any) -> dict[str, float]:
     """
     e, seed = run.cfg.eval, run.cfg.run.seed
     examples = run.task.examples("eval", e.prompts, seed)
-    gen = torch.Generator().manual_seed(seed + 7_777_777)
+    gen = run.new_generator(seed + 7_777_777)
     per_call = max(1, 512 // e.samples)
     correct, rewards = [], []
     for start in range(0, len(examples), per_call):
         chunk = examples[start : start + per_call]
-        _, r, _ = rollout(run, chunk, e.samples, e.temperature, gen)
+        _, r, _ = sample_groups(run, chunk, e.samples, e.temperature, gen)
         rewards.append(r)
         correct.append((r >= run.task.reward_range[1] - 1e-6).sum(-1))
-    c = torch.cat(correct).numpy()
+    c = torch.cat(correct).cpu().numpy()
     out = {f"eval/pass@{k}": float(np.mean(diagnostics.pass_at_k(e.samples, c, k))) for k in e.ks}
     out["eval/reward_mean"] = float(torch.nanmean(torch.cat(rewards)))
     return out

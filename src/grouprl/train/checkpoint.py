@@ -81,9 +81,12 @@ def _fsync_dir(path: Path) -> None:
 
 
 def capture_rng(generators: dict[str, torch.Generator] | None = None) -> dict[str, Any]:
-    """Every random state the run draws from: torch, python, numpy and named generators."""
+    """Every random state the run draws from: torch (CPU and, when initialised, every CUDA
+    device), python, numpy and named generators (on any device)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
     return {
         "torch": torch.get_rng_state(),
+        "cuda": cuda,
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "generators": {k: g.get_state() for k, g in (generators or {}).items()},
@@ -95,6 +98,8 @@ def restore_rng(
 ) -> None:
     """Inverse of ``capture_rng`` (named generators present in both are restored)."""
     torch.set_rng_state(saved["torch"])
+    if saved.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
     random.setstate(saved["python"])
     np.random.set_state(saved["numpy"])
     for key, gen in (generators or {}).items():

@@ -48,7 +48,22 @@ class ModelConfig:
 
     name: str = "tiny"
     """``tiny[:d=64,layers=4,...]``, ``smollm2``, a folder, a ``.gguf`` file or an HF id."""
+    device: str = "auto"
+    """``auto`` (the first GPU torch sees, else the CPU), ``cpu``, ``cuda`` or ``cuda:N``. The
+    policy, the reference, rollouts, log-probs and the optimizer state all live there."""
     dtype: str = "float32"
+    """The weights' dtype: ``float32``, ``bfloat16`` (``bf16``) or ``float16`` (``fp16``).
+    ``bfloat16`` means plain bf16 weights and AdamW state (half the memory, but updates
+    smaller than bf16's resolution round away); for bf16 compute with fp32 master weights,
+    as TRL's ``bf16=True`` (accelerate autocast) and verl's FSDP mixed precision do, keep
+    ``float32`` and set ``autocast: bfloat16``."""
+    autocast: str = "none"
+    """``none`` or ``bfloat16``: forward passes (rollouts, log-probs) under
+    ``torch.autocast(device, bfloat16)`` while weights, gradients and AdamW stay in ``dtype``
+    (mixed precision with master copies, TRL's and verl's convention)."""
+    attention: str = "sdpa"
+    """The attention kernel transformers uses (``sdpa`` = torch's scaled_dot_product_attention,
+    or ``eager``); applied when grouprl loads the model (not to an injected model)."""
     warm_start: bool = True
     """Supervised warm start before RL (``grouprl.train.sft.warm_start``), cached; only used
     for models built from scratch (the tiny model), as in F-GRPO §5.2 (SFT then RL)."""
@@ -59,6 +74,24 @@ class ModelConfig:
     lora_alpha: float = 32.0
     lora_targets: tuple[str, ...] = ("q_proj", "v_proj")
     """LoRA target modules (peft's ``target_modules``); defaults follow the LoRA paper."""
+
+    @property
+    def torch_dtype(self) -> Any:
+        """``dtype`` as a ``torch.dtype`` (aliases ``bf16``, ``fp16``, ``fp32`` accepted)."""
+        import torch
+
+        return getattr(torch, _DTYPES[self.dtype])
+
+
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+}
+"""Accepted ``model.dtype`` spellings -> torch dtype names."""
 
 
 @dataclass(frozen=True)
@@ -246,11 +279,24 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.max_unscorable_frac must be in [0, 1]")
     if o.lr <= 0:
         raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
+    _check_model_runtime(cfg.model)
     if e.every and (e.samples < max(e.ks) or e.prompts < 1):
         raise ConfigError(
             f"eval.samples ({e.samples}) must be >= max(eval.ks) ({max(e.ks)}): pass@k needs "
             "n >= k samples per prompt; raise eval.samples or drop the large k"
         )
+
+
+def _check_model_runtime(m: ModelConfig) -> None:
+    """dtype, autocast, attention and device spellings (availability is checked at set-up)."""
+    if m.dtype not in _DTYPES:
+        raise ConfigError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {m.dtype!r}")
+    if m.autocast not in ("none", "bfloat16", "bf16"):
+        raise ConfigError(f"model.autocast must be none or bfloat16, got {m.autocast!r}")
+    if m.attention not in ("sdpa", "eager"):
+        raise ConfigError(f"model.attention must be sdpa or eager, got {m.attention!r}")
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", m.device):
+        raise ConfigError(f"model.device must be auto, cpu, cuda or cuda:N, got {m.device!r}")
 
 
 def _check_batch(cfg: RunConfig) -> None:
@@ -295,10 +341,6 @@ def _check_names(cfg: RunConfig) -> None:
                 "reasoning-gym dataset name (e.g. basic_arithmetic; `grouprl list` shows them)"
             )
     _check_model_name(cfg.model.name)
-    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(
-            f"model.dtype must be float32, bfloat16 or float16, got {cfg.model.dtype!r}"
-        )
 
 
 def _check_model_name(name: str) -> None:

@@ -199,7 +199,7 @@ def completion_logprobs(
     if pieces:
         logp = logp.masked_scatter(sel, torch.cat(pieces))
     if entropy:
-        ent = torch.zeros((n, t), dtype=torch.float32)
+        ent = torch.zeros((n, t), dtype=torch.float32, device=hidden.device)
         if ents:
             ent = ent.masked_scatter(sel, torch.cat(ents).detach())
     return TokenLogProbs(logp, ent)

@@ -1,16 +1,18 @@
-"""The training loop, top to bottom: prompts → rollouts → rewards → advantages → update → log.
+"""The training loop: :func:`train` runs the steps, :func:`train_step` is one step, top to bottom.
 
-One step (``train`` below, stage banners as comments)::
+One step, its stages in order, the step's tensors as locals::
 
-    1. prompts     P examples from the task's train stream for this step
-    2. rollouts    G completions each (grouprl.rollout.hf.generate), then verify → rewards [P, G]
-                   (NaN = unscorable, counted; too many stops the run); DAPO's dynamic
-                   sampling repeats 1-2 until P informative groups are found
-    3. advantages  grouprl.advantages.compute(preset.estimator, rewards, **preset kwargs)
-    4. update      PPO epochs × minibatches; each minibatch is one AdamW step whose
-                   micro-batches share one StepTotals, so accumulation is exact
-    5. metrics     diagnostics.step_metrics + RunHealth warnings + losses + timings
-    6. eval/ckpt   pass@k on held-out prompts every ``eval.every`` steps; checkpoints
+    1-2. prompts → rollouts → rewards   P examples, G completions each at the controller's
+         temperature, verified → rewards [P, G] (NaN = unscorable, counted; too many stops
+         the run); DAPO's overlong penalty; DAPO's dynamic sampling draws more prompts
+         until P informative groups are found                     (collect_batch, below)
+    3.   advantages    advantages.compute(preset) → per sample: adv [N], keep [N], kl_weight [N]
+    4.   reference     ref_logp [N, T] (β > 0 only); the controller's clip bounds
+    5.   update        epochs × minibatches of whole groups; each minibatch is one AdamW step
+                       whose micro-batches share one StepTotals, so accumulation is exact
+                                                                  (update_policy, below)
+    6.   metrics       one dict built explicitly: rollout counters, update means, the
+                       diagnostics' step metrics, run-health warnings, stage times
 
 Everything random draws from generators that the checkpoint saves, so a resumed run ends
 with exactly the metrics of an uninterrupted one.
@@ -18,22 +20,25 @@ with exactly the metrics of an uninterrupted one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from grouprl import advantages, diagnostics, losses
-from grouprl.train.batch import Batch, collect, evaluate
+from grouprl.train import filters
+from grouprl.train.batch import Batch, Round, evaluate, group_rows, join_rounds, sample_groups
 from grouprl.train.config import RunConfig
 from grouprl.train.logprobs import completion_logprobs
 from grouprl.train.sinks import Sinks
 from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
 
-__all__ = ["RunResult", "TrainingError", "train"]
+__all__ = ["RunResult", "TrainingError", "train", "train_step"]
 
 
 class TrainingError(RuntimeError):
@@ -52,117 +57,348 @@ class RunResult:
     """The signal number that stopped the run (after a checkpoint), or None."""
 
 
-# ---- the update ----------------------------------------------------------------------------
+# ---- the run -----------------------------------------------------------------------------------
 
 
-def _micro_batches(rows: torch.Tensor, size: int) -> list[torch.Tensor]:
-    return list(rows.split(size)) if size else [rows]
+def train(cfg: RunConfig, **injected: Any) -> RunResult:
+    """Run (or resume) training with ``cfg``; ``injected`` may pass model/tokenizer/task."""
+    run = setup(cfg, **injected)
+    run.sinks = Sinks(
+        run.run_dir,
+        cfg.to_dict(),
+        total_steps=cfg.optim.steps,
+        resume_step=run.step,
+        tensorboard=cfg.run.tensorboard,
+        wandb=cfg.run.wandb,
+        progress=cfg.run.progress,
+    )
+    metrics: dict[str, float] = {}
+    every, ckpt_every = cfg.eval.every, cfg.run.every
+    try:
+        with graceful_stop() as stop:
+            if run.step == 0 and every:
+                _evaluate(run)
+            while run.step < cfg.optim.steps and stop.signum is None:
+                run.step += 1
+                metrics = train_step(run)
+                if every and (run.step % every == 0 or run.step == cfg.optim.steps):
+                    metrics.update(_evaluate(run))
+                run.sinks.log(run.step, metrics)
+                if (ckpt_every and run.step % ckpt_every == 0) or run.step == cfg.optim.steps:
+                    save_checkpoint(run)
+            if stop.signum is not None:
+                save_checkpoint(run)
+                run.print(
+                    f"stopped by signal {stop.signum} after step {run.step}; "
+                    f"resume with --resume --out {run.run_dir}"
+                )
+    finally:
+        run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
+    return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
 
 
-@torch.no_grad()
-def batch_logprobs(
-    run: Run, b: Batch, *, model: Any = None, entropy: bool = False
-) -> tuple[torch.Tensor, Any]:
-    """Log-probs (and entropies) of the whole batch under ``model`` (the policy), no gradient."""
-    out, ents = [], []
-    for m in _micro_batches(torch.arange(b.size), run.cfg.optim.micro_batch_size):
-        lp = completion_logprobs(
-            model or run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m],
-            b.mask[m], temperature=b.temperature, group_size=b.group_size,
-            chunk=run.cfg.optim.logprob_chunk, entropy=entropy,
-        )  # fmt: skip
-        out.append(lp.logp)
-        ents.append(lp.entropy)
-    return torch.cat(out), torch.cat(ents) if entropy else None
+def _evaluate(run: Run) -> dict[str, float]:
+    out = evaluate(run)
+    run.evals[run.step] = out
+    shown = "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in out.items())
+    run.print(f"eval step {run.step}: {shown}")
+    return out
 
 
-def _ref_logp(run: Run, b: Batch) -> torch.Tensor | None:
-    """Reference log-probs ``[N, T]``, only when β > 0 (LoRA: the policy without its adapter)."""
-    if run.ref is None:
-        return None
-    if run.ref == "adapter-off":
-        with run.model.disable_adapter():
-            return batch_logprobs(run, b)[0]
-    return batch_logprobs(run, b, model=run.ref)[0]
+# ---- one step ----------------------------------------------------------------------------------
 
 
-def _micro_loss(run: Run, b: Batch, m: torch.Tensor, clip: dict, totals: Any) -> Any:
-    """The objective of micro-batch rows ``m`` (None when the policy's log-probs are not finite)."""
-    lp = completion_logprobs(
-        run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m], b.mask[m],
-        temperature=b.temperature, group_size=b.group_size, chunk=run.cfg.optim.logprob_chunk,
-        entropy=run.cfg.optim.entropy,
+def train_step(run: Run) -> dict[str, float]:
+    """One training step, stages 1-6 in order (module docstring); returns the step's metrics."""
+    t_step = time.perf_counter()
+    timer = Timer(run.device)
+    preset = run.preset
+
+    # -- 1-2. prompts → rollouts → rewards (dynamic sampling: until P informative groups) ----
+    batch, rollout_metrics = collect_batch(run, timer)
+    rewards, g = batch.rewards, batch.group_size  # [P, G]
+
+    # -- 3. advantages: per group, then per sample (rows p·G + g) ----------------------------
+    adv = advantages.compute(
+        preset.estimator,
+        rewards,
+        **preset.advantage_kwargs(),
+        trigger=run.trigger if preset.virtual else None,
+        reward_range=tuple(run.task.reward_range),
+    )
+    adv_n = adv.per_sample.detach().float()  # [N]
+    # [OURS] an unscorable (NaN-reward) sample leaves the loss entirely, KL branch included:
+    # it carries no reward signal and must not count in the normaliser
+    keep_n = adv.keep.repeat_interleave(g) & ~torch.isnan(rewards).reshape(-1)  # [N]
+    kl_weight_n = adv.kl_weight.float().repeat_interleave(g)  # [N]
+
+    # -- 4. reference log-probs (β > 0) and this step's surrogate parameters -----------------
+    with timer("logprobs"):
+        ref_logp = run.reference.logprobs(run, batch)  # [N, T] or None
+    clip, clip_metrics = run.controller.clip_params(run, batch, dict(preset.surrogate_params))
+
+    # -- 5. update: epochs × minibatches of whole groups, one AdamW step each ----------------
+    log = update_policy(
+        run, batch, adv=adv_n, keep=keep_n, kl_weight=kl_weight_n, ref_logp=ref_logp,
+        clip=clip, timer=timer,
     )  # fmt: skip
-    if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
-        return None
-    p = run.preset
-    return losses.objective(
-        lp.logp, b.old_logp[m], b.adv[m], b.mask[m], surrogate=p.surrogate,
-        surrogate_params=clip, aggregation=p.aggregation, totals=totals, keep=b.keep[m],
-        ref_logp=None if b.ref_logp is None else b.ref_logp[m], kl=p.kl, beta=p.beta,
-        kl_weight=b.kl_weight[m], entropy=lp.entropy,
+    after_metrics = run.controller.after_update(run, batch)
+
+    # -- 6. metrics, built explicitly -------------------------------------------------------
+    with timer("diagnostics"):
+        metrics = {**rollout_metrics, **clip_metrics, **log.metrics(), **after_metrics}
+        metrics["optim/skipped_total"] = float(run.nonfinite_total)
+        metrics["optim/lr"] = run.optimizer.param_groups[0]["lr"]
+        metrics.update({f"clip/{k}": float(v) for k, v in clip.items()})
+        metrics.update(diagnostics.step_metrics(rewards, adv, reward_range=run.task.reward_range))
+        metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
+        if ref_logp is not None:  # KL of the behaviour policy to the reference, per sequence
+            seq_kl = diagnostics.kl_stats(
+                losses.kl(preset.kl, batch.old_logp, ref_logp), batch.mask
+            )
+            metrics["kl/p95"], metrics["kl/max"] = seq_kl["kl/p95"], seq_kl["kl/max"]
+        for line in run.health.update(run.step, metrics):
+            run.print(f"health: {line}")
+        metrics.update(run.health.metrics())
+    metrics.update(timer.metrics(step=time.perf_counter() - t_step))
+    if run.sinks is not None:
+        run.sinks.log_groups(run.step, list(batch.example_ids), rewards)
+    return metrics
+
+
+# ---- stages 1-2: the batch -------------------------------------------------------------------
+
+
+def prompt_seed(seed: int, step: int, round_: int) -> int:
+    """[OURS] the train stream of step s, round r: distinct for every (seed, step, round)."""
+    return (seed * 1_000_003 + step) * 64 + round_
+
+
+def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
+    """Generation rounds until the batch holds P groups (one round without dynamic sampling).
+
+    Each round: draw prompts, sample G completions each (the controller sets the temperature
+    on the first round), score them, apply DAPO's soft overlong penalty, keep the groups
+    the dynamic sampler accepts. ``acr/sampled_rate`` counts every generated group: with
+    dynamic sampling ``acr/rate`` is measured after the collapsed groups were dropped, so the
+    rollouts they wasted show only there.
+    """
+    cfg, preset = run.cfg, run.preset
+    p, g, s = cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.sampling
+    sampler = (
+        filters.DynamicSampler(p, max_tries=s.max_resample_tries, on_exhausted="partial")
+        if preset.dynamic_sampling
+        else None
+    )
+    metrics: dict[str, float] = {}
+    temperature = s.temperature
+    rounds: list[Round] = []
+    unscorable = collapsed = drawn = 0.0
+    while not rounds or (sampler is not None and not sampler.done):
+        n = p if sampler is None else sampler.next_draw()
+        seed = prompt_seed(cfg.run.seed, run.step, len(rounds))
+        examples = run.task.examples("train", n, seed)
+        if not rounds:
+            temperature, controller_metrics = run.controller.temperature(run, examples, timer)
+            metrics.update(controller_metrics)
+        roll, rewards, counters = sample_groups(run, examples, g, temperature, run.gen, timer)
+        if preset.overlong == "soft":  # DAPO §3.4: 0, then linear down to -1 at L_max
+            lengths = roll.completion_mask.sum(-1).view_as(rewards)  # [n, G]
+            cache = s.overlong_cache or max(1, s.max_new_tokens // 5)
+            rewards = filters.apply_overlong_penalty(
+                rewards, lengths, max_len=s.max_new_tokens, cache_len=cache
+            )
+        unscorable += counters["reward/unscorable_frac"]
+        collapsed += diagnostics.acr(rewards) * n
+        drawn += n
+        kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)
+        rounds.append(Round(examples, roll, rewards, kept))
+    pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
+    batch = join_rounds(rounds, pad_id, temperature)
+    if preset.overlong == "mask":  # DAPO's overlong filtering: truncated tokens leave the loss
+        batch = replace(batch, mask=filters.mask_truncated(batch.mask, batch.truncated))
+    if sampler is not None:
+        metrics.update({f"dynamic/{k}": v for k, v in sampler.stats().items()})
+    lengths = batch.mask.sum(-1)
+    metrics.update(
+        {
+            "reward/unscorable_frac": unscorable / len(rounds),
+            "acr/sampled_rate": collapsed / drawn,
+            "length/mean": float(lengths.mean()),
+            "length/truncated_frac": float(batch.truncated.float().mean()),
+            "sampling/temperature": float(temperature),
+        }
+    )
+    return batch, metrics
+
+
+# ---- stage 5: the update ---------------------------------------------------------------------
+
+
+@dataclass
+class UpdateLog:
+    """What the update's optimizer steps add up to; :meth:`metrics` turns it into means.
+
+    ``losses`` and ``policy`` hold, per key, the sum over optimizer steps taken of each
+    step's value (a step's loss is the sum of its micro-batch losses, exact under
+    StepTotals; a step's policy statistic is the sequence-weighted mean over its
+    micro-batches [OURS]). Skipped (non-finite) and empty steps are counted, not averaged in.
+    """
+
+    taken: int = 0
+    skipped: int = 0
+    empty: int = 0
+    grad_norm: float = 0.0
+    losses: dict[str, float] = field(default_factory=dict)
+    policy: dict[str, float] = field(default_factory=dict)
+    balance: dict[str, float] = field(default_factory=dict)
+
+    def metrics(self) -> dict[str, float]:
+        n = max(self.taken, 1)
+        out = {f"loss/{k}": v / n for k, v in self.losses.items()}
+        out.update({f"policy/{k}": v / n for k, v in self.policy.items()})
+        out["kl/mean"] = out.pop("policy/kl_mean", 0.0)
+        out["loss/total"] = out.get("loss/pg", 0.0) + out.get("loss/kl", 0.0)
+        if self.taken:
+            out["optim/grad_norm"] = self.grad_norm / n
+        out["optim/skipped_steps"] = float(self.skipped)
+        out["optim/empty_steps"] = float(self.empty)
+        out.update(self.balance)  # measured once per step, not averaged
+        return out
+
+
+def update_policy(
+    run: Run,
+    batch: Batch,
+    *,
+    adv: torch.Tensor,
+    keep: torch.Tensor,
+    kl_weight: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    clip: dict[str, Any],
+    timer: Timer,
+) -> UpdateLog:
+    """``optim.ppo_epochs`` × ``optim.minibatches`` AdamW steps over whole groups.
+
+    Groups are shuffled each epoch with a generator seeded by (seed, step). The R/KL balance
+    is measured on the first micro-batch of the step every ``eval.balance_every`` steps when
+    β > 0.
+    """
+    cfg, g = run.cfg, batch.group_size
+    every = cfg.eval.balance_every
+    balance = run.preset.beta > 0 and every > 0 and run.step % every == 0
+    shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + run.step)
+    log = UpdateLog()
+    for _ in range(cfg.optim.ppo_epochs):
+        order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")  # [P]
+        for groups in order.chunk(cfg.optim.minibatches):
+            rows = group_rows(groups.sort().values.to(run.device), g)  # [n] sorted rows
+            optimizer_step(
+                run, batch, rows, adv=adv, keep=keep, kl_weight=kl_weight, ref_logp=ref_logp,
+                clip=clip, timer=timer, log=log, balance=balance,
+            )  # fmt: skip
+            balance = False
+    return log
+
+
+def optimizer_step(
+    run: Run,
+    batch: Batch,
+    rows: torch.Tensor,
+    *,
+    adv: torch.Tensor,
+    keep: torch.Tensor,
+    kl_weight: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    clip: dict[str, Any],
+    timer: Timer,
+    log: UpdateLog,
+    balance: bool,
+) -> None:
+    """One AdamW step over sequences ``rows`` ``[n]``: micro-batches share one StepTotals.
+
+    Micro-batch losses sum to the minibatch loss (exact accumulation whatever the split). A
+    non-finite loss or gradient skips the step (counted; K in a row is a TrainingError).
+    """
+    cfg, p = run.cfg, run.preset
+    micro = list(rows.split(cfg.optim.micro_batch_size or len(rows)))
+    totals = losses.step_totals(
+        [batch.mask[m] for m in micro], keep=[keep[m] for m in micro],
+        max_len=max(cfg.sampling.max_new_tokens, batch.mask.shape[1]),
     )  # fmt: skip
+    if totals.is_empty:  # no kept token: nothing to learn from
+        log.empty += 1
+        return
+    step_losses: dict[str, float] = {}
+    step_policy: dict[str, float] = {}
+    finite = True
+    for m in micro:
+        with timer("logprobs"), run.autocast():
+            lp = completion_logprobs(
+                run.model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
+                batch.mask[m], temperature=batch.temperature, group_size=batch.group_size,
+                chunk=cfg.optim.logprob_chunk, entropy=cfg.optim.entropy,
+            )  # fmt: skip
+        if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
+            finite = False
+            break
+        with timer("backward"):
+            obj = losses.objective(
+                lp.logp, batch.old_logp[m], adv[m], batch.mask[m], surrogate=p.surrogate,
+                surrogate_params=clip, aggregation=p.aggregation, totals=totals, keep=keep[m],
+                ref_logp=None if ref_logp is None else ref_logp[m], kl=p.kl, beta=p.beta,
+                kl_weight=kl_weight[m], entropy=lp.entropy,
+            )  # fmt: skip
+            if not torch.isfinite(obj.loss):
+                finite = False
+                break
+            if balance:
+                log.balance = _balance(run, obj)
+                balance = False
+            obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
+        weight = len(m) / len(rows)
+        for key, value in obj.stats.items():
+            if key in _LOSS_STATS:
+                step_losses[_LOSS_STATS[key]] = step_losses.get(_LOSS_STATS[key], 0.0) + value
+            else:
+                step_policy[key] = step_policy.get(key, 0.0) + weight * value
+    with timer("optimizer"):
+        params = [q for q in run.model.parameters() if q.requires_grad]
+        max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        if not (finite and math.isfinite(grad_norm)):
+            run.optimizer.zero_grad(set_to_none=True)
+            _count_nonfinite(run)
+            log.skipped += 1
+            return
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    run.nonfinite_run = 0
+    log.taken += 1
+    log.grad_norm += grad_norm
+    for key, value in step_losses.items():
+        log.losses[key] = log.losses.get(key, 0.0) + value
+    for key, value in step_policy.items():
+        log.policy[key] = log.policy.get(key, 0.0) + value
 
 
-def _balance(run: Run, obj: Any) -> dict[str, float]:
+_LOSS_STATS = {"pg_loss": "pg", "kl_loss": "kl"}
+"""The objective's loss statistics (summed over micro-batches) -> their ``loss/`` name; every
+other statistic of ``losses.objective`` is a mean (weighted by sequences)."""
+
+
+def _balance(run: Run, obj: losses.Objective) -> dict[str, float]:
     """R/KL and the reward/KL gradient cosine of one micro-batch (diagnostics.reward_kl_balance).
 
     Two extra backward passes with ``retain_graph``; the ``.grad`` buffers are not touched.
     Measured on the whole micro-batch [OURS] (the MaxNorm paper restricts it to low-σ groups).
     """
     beta = run.preset.beta
-    params = [p for p in run.model.parameters() if p.requires_grad]
+    params = [q for q in run.model.parameters() if q.requires_grad]
     return diagnostics.reward_kl_balance(obj.pg_loss, obj.kl_loss / beta, params, beta=beta)
 
 
-def _minibatch(
-    run: Run, b: Batch, rows: torch.Tensor, clip: dict, times: dict, balance: bool = False
-) -> dict:
-    """One optimizer step over ``rows``: micro-batches share the step's StepTotals.
-
-    ``balance``: also log the R/KL balance of the first micro-batch.
-    """
-    micro = _micro_batches(rows, run.cfg.optim.micro_batch_size)
-    totals = losses.step_totals(
-        [b.mask[m] for m in micro], keep=[b.keep[m] for m in micro],
-        max_len=max(run.cfg.sampling.max_new_tokens, b.mask.shape[1]),
-    )  # fmt: skip
-    if totals.is_empty:
-        return {"optim/empty_steps": 1.0}
-    stats: dict[str, float] = {}
-    finite = True
-    for m in micro:
-        t0 = time.perf_counter()
-        obj = _micro_loss(run, b, m, clip, totals)
-        t1 = time.perf_counter()
-        times["logprobs"] += t1 - t0
-        if obj is None or not torch.isfinite(obj.loss):
-            finite = False
-            break
-        if balance:
-            stats.update(_balance(run, obj))
-            balance = False
-        obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
-        times["backward"] += time.perf_counter() - t1
-        w = len(m) / len(rows)  # [OURS] logged means weighted by sequences
-        for key, value in obj.stats.items():
-            name = f"loss/{key[:-5]}" if key.endswith("_loss") else f"policy/{key}"
-            stats[name] = stats.get(name, 0.0) + (value if key.endswith("loss") else w * value)
-    t0 = time.perf_counter()
-    params = [p for p in run.model.parameters() if p.requires_grad]
-    max_norm = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    if not (finite and math.isfinite(grad_norm)):
-        run.optimizer.zero_grad(set_to_none=True)
-        return _nonfinite(run)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    run.nonfinite_run = 0
-    times["optimizer"] += time.perf_counter() - t0
-    return {**stats, "optim/grad_norm": grad_norm}
-
-
-def _nonfinite(run: Run) -> dict:
+def _count_nonfinite(run: Run) -> None:
     """Count a skipped optimizer step; K in a row is a ``TrainingError``."""
     run.nonfinite_run += 1
     run.nonfinite_total += 1
@@ -173,145 +409,33 @@ def _nonfinite(run: Run) -> dict:
             f"loss or gradient (limit optim.max_nonfinite_steps={k}); the policy has diverged. "
             "Lower optim.lr, keep optim.grad_clip > 0, or resume from an earlier checkpoint."
         )
-    return {"optim/skipped_steps": 1.0}
 
 
-def update(run: Run, b: Batch, times: dict[str, float]) -> dict[str, float]:
-    """PPO epochs × minibatches of whole groups; returns the means of the logged numbers."""
-    cfg = run.cfg
-    clip = dict(run.preset.surrogate_params)
-    if run.agpo is not None:  # AGPO: ε from the probe and the policy entropy before the update
-        from grouprl.control.agpo import group_token_mean
-
-        _, entropy = batch_logprobs(run, b, entropy=True)
-        clip.update(run.agpo.clip_params(group_token_mean(entropy, b.mask, b.group_size)))
-    shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + run.step)
-    g, n_groups = b.group_size, b.num_prompts
-    sums: dict[str, float] = {}
-    count = 0
-    every = cfg.eval.balance_every
-    balance = run.preset.beta > 0 and every > 0 and run.step % every == 0
-    for _ in range(cfg.optim.ppo_epochs):
-        order = torch.randperm(n_groups, generator=shuffle)  # [P]
-        for groups in order.chunk(cfg.optim.minibatches):
-            rows = (groups[:, None] * g + torch.arange(g)).reshape(-1).sort().values  # [n]
-            for key, value in _minibatch(run, b, rows, clip, times, balance).items():
-                sums[key] = sums.get(key, 0.0) + value
-            count += 1
-            balance = False
-    out = {  # means over minibatches; the balance is measured once per step
-        k: v if k.startswith("balance/") else v / count
-        for k, v in sums.items()
-        if not k.startswith("optim/") or "norm" in k
-    }
-    out["optim/skipped_steps"] = sums.get("optim/skipped_steps", 0.0)
-    out["optim/skipped_total"] = float(run.nonfinite_total)
-    out["optim/lr"] = run.optimizer.param_groups[0]["lr"]
-    out.update({f"clip/{k}": float(v) for k, v in clip.items()})
-    return out
+# ---- timing --------------------------------------------------------------------------------
 
 
-# ---- one step ------------------------------------------------------------------------------
+class Timer:
+    """Wall-clock seconds per stage of one step, summed over its repeats (``time/<stage>``).
 
+    On a GPU each stage ends with a synchronisation, so the time is the stage's, not the
+    time to launch its kernels.
+    """
 
-def _advantages(run: Run, rewards: torch.Tensor) -> advantages.Advantages:
-    preset = run.preset
-    return advantages.compute(
-        preset.estimator,
-        rewards,
-        **preset.advantage_kwargs(),
-        trigger=run.trigger if preset.virtual else None,
-        reward_range=tuple(run.task.reward_range),
-    )
+    STAGES = ("generate", "score", "logprobs", "backward", "optimizer", "diagnostics")
 
+    def __init__(self, device: torch.device) -> None:
+        self.seconds = dict.fromkeys(self.STAGES, 0.0)
+        self._sync = device.type == "cuda"
 
-def step_once(run: Run) -> dict[str, float]:
-    """One training step (stages 1-5); returns the step's metrics."""
-    t_step = time.perf_counter()
-    times = dict.fromkeys(("generate", "score", "logprobs", "backward", "optimizer"), 0.0)
-    # -- 1-2. prompts, rollouts, rewards (with dynamic sampling when the preset asks) -------
-    b, metrics = collect(run, times)
-    # -- 3. advantages ------------------------------------------------------------------------
-    adv = _advantages(run, b.rewards)
-    b.attach(adv, _ref_logp(run, b))
-    # -- 4. update ----------------------------------------------------------------------------
-    metrics.update(update(run, b, times))
-    if run.agpo is not None:  # AGPO: the update's drift feeds the clip controller
-        new_logp, _ = batch_logprobs(run, b)
-        metrics.update(run.agpo.observe_update(b.old_logp, new_logp, b.mask, b.group_size))
-    # -- 5. metrics ---------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    metrics.update(diagnostics.step_metrics(b.rewards, adv, reward_range=run.task.reward_range))
-    metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
-    metrics["kl/mean"] = metrics.pop("policy/kl_mean", 0.0)
-    if b.ref_logp is not None:  # KL of the behaviour policy to the reference, per sequence
-        seq_kl = diagnostics.kl_stats(losses.kl(run.preset.kl, b.old_logp, b.ref_logp), b.mask)
-        metrics.update({"kl/p95": seq_kl["kl/p95"], "kl/max": seq_kl["kl/max"]})
-    metrics["loss/total"] = metrics.get("loss/pg", 0.0) + metrics.get("loss/kl", 0.0)
-    for line in run.health.update(run.step, metrics):
-        _print(run, f"health: {line}")
-    metrics.update(run.health.metrics())
-    times["diagnostics"] = time.perf_counter() - t0
-    times["step"] = time.perf_counter() - t_step
-    metrics.update({f"time/{k}": v for k, v in times.items()})
-    if run.sinks is not None:
-        run.sinks.log_groups(run.step, b.prompt_ids_text, b.rewards)
-    return metrics
+    @contextlib.contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._sync:
+                torch.cuda.synchronize()
+            self.seconds[stage] += time.perf_counter() - t0
 
-
-def _print(run: Run, message: str) -> None:
-    if run.sinks is not None:
-        run.sinks.print(message)
-    else:
-        print(message, flush=True)
-
-
-def _evaluate(run: Run) -> dict[str, float]:
-    out = evaluate(run)
-    run.evals[run.step] = out
-    shown = "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in out.items())
-    _print(run, f"eval step {run.step}: {shown}")
-    return out
-
-
-def _open_sinks(run: Run) -> Sinks:
-    c = run.cfg.run
-    return Sinks(
-        run.run_dir,
-        run.cfg.to_dict(),
-        total_steps=run.cfg.optim.steps,
-        resume_step=run.step,
-        tensorboard=c.tensorboard,
-        wandb=c.wandb,
-        progress=c.progress,
-    )
-
-
-def train(cfg: RunConfig, **injected: Any) -> RunResult:
-    """Run (or resume) training with ``cfg``; ``injected`` may pass model/tokenizer/task."""
-    run = setup(cfg, **injected)
-    run.sinks = _open_sinks(run)
-    metrics: dict[str, float] = {}
-    every, ckpt_every = cfg.eval.every, cfg.run.every
-    try:
-        with graceful_stop() as stop:
-            if run.step == 0 and every:
-                _evaluate(run)
-            while run.step < cfg.optim.steps and stop.signum is None:
-                run.step += 1
-                metrics = step_once(run)
-                if every and (run.step % every == 0 or run.step == cfg.optim.steps):
-                    metrics.update(_evaluate(run))
-                run.sinks.log(run.step, metrics)
-                if (ckpt_every and run.step % ckpt_every == 0) or run.step == cfg.optim.steps:
-                    save_checkpoint(run)
-            if stop.signum is not None:
-                save_checkpoint(run)
-                _print(
-                    run,
-                    f"stopped by signal {stop.signum} after step {run.step}; "
-                    f"resume with --resume --out {run.run_dir}",
-                )
-    finally:
-        run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
-    return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
+    def metrics(self, *, step: float) -> dict[str, float]:
+        return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": step}

@@ -9,7 +9,6 @@ parts that change; ``graceful_stop`` turns SIGINT/SIGTERM into "checkpoint after
 from __future__ import annotations
 
 import contextlib
-import copy
 import random
 import shutil
 import signal
@@ -17,17 +16,23 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from grouprl import advantages, presets
 from grouprl.diagnostics.health import RunHealth
+from grouprl.tasks.base import Task
 from grouprl.train import checkpoint as ckpt
 from grouprl.train.config import RunConfig
+from grouprl.train.controllers import Controller, make_controller
+from grouprl.train.reference import Reference, make_reference
 
-__all__ = ["Run", "graceful_stop", "load_policy", "save_checkpoint", "setup"]
+if TYPE_CHECKING:
+    from grouprl.train.sinks import Sinks
+
+__all__ = ["Run", "graceful_stop", "load_policy", "resolve_device", "save_checkpoint", "setup"]
 
 
 @dataclass
@@ -36,16 +41,16 @@ class Run:
 
     cfg: RunConfig
     preset: presets.Preset
-    task: Any
+    task: Task
     model: torch.nn.Module
-    tokenizer: Any
-    ref: Any  # reference model (β > 0), "adapter-off" for LoRA, or None
+    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
+    reference: Reference
+    controller: Controller
     optimizer: torch.optim.Optimizer
-    gen: torch.Generator  # rollout sampling
+    gen: torch.Generator  # rollout sampling, on the policy's device
     trigger: advantages.VirtualTrigger | None
-    agpo: Any
     health: RunHealth
-    sinks: Any = None  # grouprl.train.sinks.Sinks once the loop opens them
+    sinks: Sinks | None = None  # opened by the loop
     step: int = 0
     nonfinite_run: int = 0
     nonfinite_total: int = 0
@@ -55,12 +60,34 @@ class Run:
     def run_dir(self) -> Path:
         return Path(self.cfg.run.out)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the policy lives; every tensor of a step is created there."""
+        return next(self.model.parameters()).device
+
+    def print(self, message: str) -> None:
+        """A line for the user: through the sinks (above the progress bar) once they are open."""
+        if self.sinks is not None:
+            self.sinks.print(message)
+        else:
+            print(message, flush=True)
+
+    def new_generator(self, seed: int) -> torch.Generator:
+        """A seeded generator on the policy's device."""
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around forward passes when ``model.autocast`` asks for it, else nothing."""
+        if self.cfg.model.autocast == "none":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
     def state(self) -> dict[str, Any]:
         """The non-tensor state a checkpoint carries (model and optimizer go separately)."""
         return {
             "rng": ckpt.capture_rng({"rollout": self.gen}),
             "trigger": self.trigger.state_dict() if self.trigger else None,
-            "agpo": self.agpo.state_dict() if self.agpo else None,
+            "controller": self.controller.state_dict(),
             "health": self.health.state_dict(),
             "nonfinite": (self.nonfinite_run, self.nonfinite_total),
             "evals": self.evals,
@@ -70,8 +97,7 @@ class Run:
         ckpt.restore_rng(state["rng"], {"rollout": self.gen})
         if self.trigger and state["trigger"]:
             self.trigger.load_state_dict(state["trigger"])
-        if self.agpo and state["agpo"]:
-            self.agpo.load_state_dict(state["agpo"])
+        self.controller.load_state_dict(state.get("controller", state.get("agpo")))
         self.health.load_state_dict(state["health"])
         self.nonfinite_run, self.nonfinite_total = state["nonfinite"]
         self.evals = dict(state["evals"])
@@ -100,24 +126,40 @@ def _wrap_lora(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
     return get_peft_model(model, lora)
 
 
-def _reference(model: torch.nn.Module, preset: presets.Preset, cfg: RunConfig) -> Any:
-    """A frozen copy of the initial policy, only when β > 0 (LoRA: the adapter switched off)."""
-    if preset.beta <= 0:
-        return None
-    if cfg.model.lora_rank > 0:
-        return "adapter-off"
-    ref = copy.deepcopy(model).eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    return ref
+def resolve_device(spec: str) -> torch.device:
+    """``auto`` = the first GPU torch sees (``cuda:0``), else the CPU; ``cpu``, ``cuda``, ``cuda:N``.
+
+    A GPU asked for where torch sees none is a ``ConfigError`` naming what torch sees.
+    """
+    from grouprl.train.config import ConfigError
+
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = device.index or 0
+        if index >= count:
+            raise ConfigError(
+                f"model.device={spec!r} but torch sees {count} CUDA device(s) "
+                f"(torch {torch.__version__}, CUDA build: {torch.version.cuda is not None}); "
+                "use model.device=cpu or auto, or install a CUDA build of torch"
+            )
+        return torch.device("cuda", index)
+    return device
 
 
 def load_policy(cfg: RunConfig, task: Any) -> tuple[torch.nn.Module, Any]:
     """The policy and tokenizer: ``grouprl.models.load``, then the cached SFT warm start."""
     from grouprl import models
 
-    dtype = getattr(torch, cfg.model.dtype)
-    model, tokenizer = models.load(cfg.model.name, task=task, dtype=dtype, seed=cfg.run.seed)
+    model, tokenizer = models.load(
+        cfg.model.name,
+        task=task,
+        dtype=cfg.model.torch_dtype,
+        seed=cfg.run.seed,
+        attn_implementation=cfg.model.attention,
+    )
     if cfg.model.warm_start and cfg.model.name.split(":", 1)[0] == "tiny":
         from grouprl.train import sft
 
@@ -135,6 +177,7 @@ def load_policy(cfg: RunConfig, task: Any) -> tuple[torch.nn.Module, Any]:
 def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any = None) -> Run:
     """Build the run (or restore it from the latest good checkpoint when ``run.resume``)."""
     cfg.validate(check_names=task is None or model is None)
+    device = resolve_device(cfg.model.device)
     torch.set_num_threads(cfg.run.threads)
     _seed_everything(cfg.run.seed)
     preset = cfg.algorithm.resolve()
@@ -147,7 +190,8 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     if cfg.model.lora_rank > 0:
         model = _wrap_lora(model, cfg)
     model.eval()  # [OURS] dropout off in RL (TRL disable_dropout=True): ratio 1 on-policy
-    ref = _reference(model, preset, cfg)
+    model.to(device)
+    reference = make_reference(model, beta=preset.beta, lora=cfg.model.lora_rank > 0)
     o = cfg.optim
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad],
@@ -156,22 +200,17 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         eps=o.eps,
         weight_decay=o.weight_decay,
     )
-    agpo = None
-    if preset.controller == "agpo":
-        from grouprl.control import agpo as agpo_mod
-
-        agpo = agpo_mod.AGPO(base_temperature=cfg.sampling.temperature)
     run = Run(
         cfg,
         preset,
         task,
         model,
         tokenizer,
-        ref,
+        reference,
+        make_controller(preset.controller, cfg),
         optimizer,
-        gen=torch.Generator().manual_seed(cfg.run.seed),
+        gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
         trigger=advantages.VirtualTrigger() if preset.virtual else None,
-        agpo=agpo,
         health=RunHealth(),
     )
     if cfg.run.resume:

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grouprl.losses import filters
+from grouprl.train import filters
 
 NAN = math.nan
 

@@ -27,6 +27,8 @@ import math
 
 import torch
 
+from grouprl.diagnostics.acr import DEFAULT_TAU
+
 __all__ = [
     "DynamicSampler",
     "DynamicSamplingExhausted",
@@ -36,9 +38,6 @@ __all__ = [
     "overlong_penalty",
     "prompts_to_draw",
 ]
-
-DEFAULT_TAU = 1e-6
-"""A group is collapsed when its reward std is below this (ALGORITHMS.md §0)."""
 
 
 def informative_groups(rewards: torch.Tensor, *, tau: float = DEFAULT_TAU) -> torch.Tensor:

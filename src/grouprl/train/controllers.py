@@ -1,0 +1,133 @@
+"""Controllers with state across steps, behind one protocol whose defaults change nothing.
+
+A controller may act at three points of a step (:func:`grouprl.train.loop.train_step`):
+
+1. ``temperature(run, examples, timer)``: the sampling temperature of this step's groups
+   (default: ``sampling.temperature``);
+2. ``clip_params(run, batch, params)``: the surrogate's parameters for this step's update
+   (default: the preset's, unchanged);
+3. ``after_update(run, batch)``: observe the policy after the update (default: nothing).
+
+Each returns the metrics it wants logged. ``state_dict()`` / ``load_state_dict()`` carry
+its state through checkpoints. :data:`CONTROLLERS` maps a preset's ``controller`` field to a
+factory; ``None`` is :class:`NoController`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from grouprl.tasks.base import Example
+from grouprl.train.batch import Batch, batch_logprobs, sample_groups
+
+if TYPE_CHECKING:
+    from grouprl.train.state import Run
+
+__all__ = ["CONTROLLERS", "AGPOController", "Controller", "NoController", "make_controller"]
+
+
+class Controller:
+    """The protocol, with no-op defaults: a step runs as configured."""
+
+    name: str = "none"
+
+    def temperature(
+        self, run: Run, examples: list[Example], timer: Any
+    ) -> tuple[float, dict[str, float]]:
+        """This step's sampling temperature and metrics (default: the configured one)."""
+        return run.cfg.sampling.temperature, {}
+
+    def clip_params(
+        self, run: Run, batch: Batch, params: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        """The surrogate's parameters for this update and metrics (default: unchanged)."""
+        return params, {}
+
+    def after_update(self, run: Run, batch: Batch) -> dict[str, float]:
+        """Observe the updated policy; metrics (default: none)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        return None
+
+
+class NoController(Controller):
+    """Fixed temperature and clip bounds (every preset but ``agpo``)."""
+
+
+class AGPOController(Controller):
+    """AGPO (wandugu/paper_agpo): adaptive temperature from a probe group, adaptive clip ε.
+
+    Wraps :class:`grouprl.control.agpo.AGPO` (the controllers' math and state):
+
+    1. a probe group of G completions per prompt at τ_base, never trained on, gives the
+       probe statistics and τ_t (``AGPO.temperature_from_probe``);
+    2. ε from the probe statistics and the policy's token-mean entropy on the training
+       groups before the update (``AGPO.clip_params``);
+    3. the update's drift, from the policy's log-probs after the update
+       (``AGPO.observe_update``), feeds the next step's ε.
+
+    The controllers' statistics are a few numbers per prompt: they are computed on the CPU
+    (explicitly, whatever the policy's device), and ε comes back on the policy's device.
+    """
+
+    name = "agpo"
+
+    def __init__(self, base_temperature: float) -> None:
+        from grouprl.control.agpo import AGPO
+
+        self.agpo = AGPO(base_temperature=base_temperature)
+
+    def temperature(
+        self, run: Run, examples: list[Example], timer: Any
+    ) -> tuple[float, dict[str, float]]:
+        g, tau_base = run.cfg.sampling.group_size, run.cfg.sampling.temperature
+        probe, probe_rewards, _ = sample_groups(run, examples, g, tau_base, run.gen, timer)
+        with torch.device("cpu"):
+            return self.agpo.temperature_from_probe(probe_rewards.cpu(), probe.texts)
+
+    def clip_params(
+        self, run: Run, batch: Batch, params: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, float]]:
+        from grouprl.control.agpo import group_token_mean
+
+        _, entropy = batch_logprobs(run, batch, entropy=True)
+        h = group_token_mean(entropy, batch.mask, batch.group_size).cpu()  # [P]
+        with torch.device("cpu"):
+            eps = self.agpo.clip_params(h, batch.group_size)
+        eps = {k: v.to(run.device) if isinstance(v, torch.Tensor) else v for k, v in eps.items()}
+        return {**params, **eps}, {}
+
+    def after_update(self, run: Run, batch: Batch) -> dict[str, float]:
+        new_logp, _ = batch_logprobs(run, batch)
+        old, new, mask = (t.cpu() for t in (batch.old_logp, new_logp, batch.mask))
+        with torch.device("cpu"):
+            return self.agpo.observe_update(old, new, mask, batch.group_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.agpo.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if state:
+            self.agpo.load_state_dict(state)
+
+
+CONTROLLERS: dict[str | None, Callable[[Any], Controller]] = {
+    None: lambda cfg: NoController(),
+    "agpo": lambda cfg: AGPOController(base_temperature=cfg.sampling.temperature),
+}
+"""A preset's ``controller`` field -> factory taking the RunConfig."""
+
+
+def make_controller(name: str | None, cfg: Any) -> Controller:
+    """The controller a preset names (``None`` = no controller)."""
+    if name not in CONTROLLERS:
+        valid = ", ".join(str(k) for k in CONTROLLERS)
+        raise ValueError(f"unknown controller {name!r}; valid: {valid}")
+    return CONTROLLERS[name](cfg)
