@@ -12,10 +12,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "get", "names"]
+__all__ = ["PRESETS", "Preset", "frozen", "get", "names"]
 
 
-def _frozen(d: dict[str, Any] | None = None) -> MappingProxyType:
+def frozen(d: Any = None) -> MappingProxyType:
+    """A read-only copy of a mapping (``{}`` for None): the dict fields of frozen configs."""
     return MappingProxyType(dict(d or {}))
 
 
@@ -35,14 +36,14 @@ class Preset:
     description: str
     # -- advantage half (ALGORITHMS.md §1-§2)
     estimator: str = "grpo"
-    estimator_params: MappingProxyType = field(default_factory=_frozen)
+    estimator_params: MappingProxyType = field(default_factory=frozen)
     focal_gamma: float = 0.0
     delta_res: float | None = None
     virtual: str | None = None
     # -- loss half (ALGORITHMS.md §3)
     surrogate: str = "ppo_clip"
     surrogate_params: MappingProxyType = field(
-        default_factory=lambda: _frozen({"eps_low": 0.2, "eps_high": 0.2})
+        default_factory=lambda: frozen({"eps_low": 0.2, "eps_high": 0.2})
     )
     aggregation: str = "seq_mean_token_mean"
     kl: str = "k3"
@@ -50,7 +51,7 @@ class Preset:
     dynamic_sampling: bool = False
     overlong: str | None = None  # None | "mask" | "soft"
     controller: str | None = None  # None | "agpo"
-    sources: MappingProxyType = field(default_factory=_frozen)
+    sources: MappingProxyType = field(default_factory=frozen)
 
     def advantage_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``advantages.compute(self.estimator, rewards, **kwargs)``."""
@@ -67,7 +68,7 @@ class Preset:
         """A copy with some fields changed (dict fields are re-frozen)."""
         for key in ("estimator_params", "surrogate_params", "sources"):
             if key in changes and not isinstance(changes[key], MappingProxyType):
-                changes[key] = _frozen(changes[key])
+                changes[key] = frozen(changes[key])
         return replace(self, **changes)
 
 
@@ -108,14 +109,14 @@ def _p(name: str, description: str, sources: dict[str, str], **kw: Any) -> Prese
     """A preset whose ``sources`` cite every axis field: the given ones over the defaults."""
     for key in ("estimator_params", "surrogate_params"):
         if key in kw:
-            kw[key] = _frozen(kw[key])
+            kw[key] = frozen(kw[key])
     unknown = set(sources) - set(_DEFAULT_SOURCES)
     if unknown:
         raise ValueError(f"preset {name!r}: sources for unknown fields {sorted(unknown)}")
     return Preset(
         name=name,
         description=description,
-        sources=_frozen({**_DEFAULT_SOURCES, **sources}),
+        sources=frozen({**_DEFAULT_SOURCES, **sources}),
         **kw,
     )
 

@@ -1,4 +1,4 @@
-"""Notation and the few dataclasses that cross folders.
+"""Notation, the few dataclasses that cross folders, and :func:`to_floats` for their metrics.
 
 Shapes used in comments everywhere:
 
@@ -11,12 +11,12 @@ ALGORITHMS.md §0): NaN entries are left out of every statistic and get advantag
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-__all__ = ["Advantages", "Rollouts", "StepStats"]
+__all__ = ["Advantages", "Rollouts", "to_floats"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +50,6 @@ class Advantages:
     def per_sample(self) -> torch.Tensor:
         """``[P*G]`` advantages flattened in row-major (prompt-major) order."""
         return self.values.reshape(-1)
-
-    def sample_mask(self) -> torch.Tensor:
-        """``[P, G]`` bool: samples that take part in the loss (group kept)."""
-        return self.keep[:, None].expand_as(self.values)
 
 
 @dataclass
@@ -91,17 +87,16 @@ class Rollouts:
         return torch.tensor(flags, dtype=torch.bool, device=self.completion_ids.device)
 
 
-@dataclass
-class StepStats:
-    """Metrics of one optimizer step, as flat ``name -> float`` pairs with ``/`` namespaces.
+def to_floats(values: Mapping[str, torch.Tensor]) -> dict[str, float]:
+    """0-dim tensors -> Python floats under the same keys, with one host transfer.
 
-    The trainer writes one of these per step to ``metrics.jsonl``; sinks read the same dict.
+    One ``.tolist()`` for the whole dict instead of one ``.item()`` (one device sync) per
+    value; each float stays with its own key, so reordering the dict cannot mislabel one.
     """
-
-    step: int
-    metrics: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def update(self, prefix: str, values: dict[str, float]) -> None:
-        for key, value in values.items():
-            self.metrics[f"{prefix}/{key}" if prefix else key] = float(value)
+    if not values:
+        return {}
+    device = next(iter(values.values())).device
+    stacked = torch.stack(
+        [v.detach().to(device, torch.float64).reshape(()) for v in values.values()]
+    )
+    return dict(zip(values, stacked.tolist()))

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grouprl import advantages
 from grouprl.diagnostics import STEP_METRIC_KEYS, inverse_scale_tail, step_metrics
 from grouprl.types import Advantages
 
@@ -40,28 +41,86 @@ def test_step_metrics_hand_derived():
         [2 / 3 / s, -1 / 3 / s, 0, -1 / 3 / s],
     ]
     adv = _adv(values, scale=[1e-6, 1e-6, s, s], kl_weight=[1.0, 1.0, 2.0, 4.0])
+    expected = {
+        # groups 0 (all 1) and 1 (all 0) collapsed; groups 2, 3 mixed; every group has >= 3
+        # valid rewards, so none is insufficient
+        "acr/rate": 0.5,
+        "acr/all_correct": 0.25,
+        "acr/all_wrong": 0.25,
+        "acr/other": 0.0,
+        "acr/insufficient": 0.0,
+        "acr/groups": 4.0,
+        # 15 valid rewards, 4 + 0 + 2 + 1 = 7 ones: mean 7/15, population std sqrt(p(1-p))
+        "reward/mean": 7 / 15,
+        "reward/std": math.sqrt(7 / 15 * 8 / 15),
+        "reward/nan_count": 1.0,
+        "reward/nan_frac": 1 / 16,
+        # |A| over the 15 valid samples of kept groups: group 2 sums 4·0.5/s, group 3 (4/3)/s
+        "adv/abs_mean": (2 / s + 4 / 3 / s) / 15,
+        "adv/abs_max": 2 / 3 / s,
+        "adv/keep_frac": 1.0,
+        "adv/updated_frac": 0.5,
+        "adv/kl_weight_mean": (1 + 1 + 2 + 4) / 4,
+        "adv/kl_weight_max": 4.0,
+        # collapsed groups (scale 1e-6) are not updated, so they stay out of the tail: the two
+        # updated groups both have 1/scale = 1/s, so every quantile is 1/s = sqrt(3)
+        "scale/inv_p50": 1 / s,
+        "scale/inv_p95": 1 / s,
+        "scale/inv_p99": 1 / s,
+        "scale/inv_max": 1 / s,
+        # σ of the two live groups is s for both: mean s, coefficient of variation 0
+        "regime/sigma_mean": s,
+        "regime/sigma_cv": 0.0,
+    }
     m = step_metrics(r, adv)
-    assert list(m) == list(STEP_METRIC_KEYS)
-    assert m["acr/rate"] == pytest.approx(0.5)
-    assert m["acr/all_correct"] == pytest.approx(0.25)
-    assert m["acr/all_wrong"] == pytest.approx(0.25)
-    assert m["acr/other"] == 0.0
-    assert m["acr/groups"] == 4.0
-    # 15 valid rewards, 4 + 0 + 2 + 1 = 7 ones -> mean 7/15.
-    assert m["reward/mean"] == pytest.approx(7 / 15, abs=1e-12)
-    assert m["reward/std"] == pytest.approx(math.sqrt(7 / 15 * 8 / 15), abs=1e-7)
-    assert m["reward/nan_count"] == 1.0
-    assert m["reward/nan_frac"] == pytest.approx(1 / 16)
-    # |A| over 15 valid kept samples: group 2 sum 4·0.5/s, group 3 sum (4/3)/s.
-    assert m["adv/abs_mean"] == pytest.approx((2 / s + 4 / 3 / s) / 15, abs=1e-6)
-    assert m["adv/abs_max"] == pytest.approx(2 / 3 / s, abs=1e-6)
-    assert m["adv/updated_frac"] == 0.5 and m["adv/keep_frac"] == 1.0
-    assert m["adv/kl_weight_mean"] == pytest.approx(2.0) and m["adv/kl_weight_max"] == 4.0
-    # Collapsed groups (scale 1e-6) are not updated, so they do not enter the tail.
-    assert m["scale/inv_p99"] == pytest.approx(1 / s, rel=1e-6)
-    assert m["scale/inv_max"] == pytest.approx(1 / s, rel=1e-6)
-    assert m["regime/sigma_mean"] == pytest.approx(s, abs=1e-7)
-    assert m["regime/sigma_cv"] == pytest.approx(0.0, abs=1e-6)
+    assert list(m) == list(STEP_METRIC_KEYS) == list(expected)
+    for key, want in expected.items():
+        assert m[key] == pytest.approx(want, rel=1e-6, abs=1e-7), key
+
+
+def test_step_metrics_second_hand_built_batch():
+    # A second batch where values the first one shares come apart (unequal scales, so the
+    # four tail quantiles differ; unequal kl weights, so mean != max; a NaN inside a collapsed
+    # group; partial credit). Group 0: [1, 0, 0, 0]; group 1: [1, 1, 1, NaN]; group 2:
+    # [0.5, 1, 0, 0].
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, NAN], [0.5, 1.0, 0.0, 0.0]])
+    # Hand-built advantages, scales 0.5 and 0.25 for the two live groups.
+    values = [[0.9, -0.3, -0.3, -0.3], [0.0, 0.0, 0.0, 0.0], [0.2, 1.8, -1.0, -1.0]]
+    adv = _adv(values, scale=[0.5, 1e-6, 0.25], kl_weight=[1.0, 1.0, 7.0])
+    m = step_metrics(r, adv)
+    s0 = math.sqrt((0.75**2 + 3 * 0.25**2) / 3)  # σ (ddof 1) of [1, 0, 0, 0] = 0.5
+    s2 = math.sqrt((0.125**2 + 0.625**2 + 2 * 0.375**2) / 3)  # of [0.5, 1, 0, 0] = 0.4787
+    valid = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.5, 1.0, 0.0, 0.0]  # the 11 valid rewards
+    mu = sum(valid) / 11
+    sigma_mean = (s0 + s2) / 2
+    expected = {
+        "acr/rate": 1 / 3,  # group 1 (all correct among its valid rewards)
+        "acr/all_correct": 1 / 3,
+        "acr/all_wrong": 0.0,
+        "acr/other": 0.0,
+        "acr/insufficient": 0.0,
+        "acr/groups": 3.0,
+        "reward/mean": mu,  # 5.5 / 11 = 0.5
+        "reward/std": math.sqrt(sum((x - mu) ** 2 for x in valid) / 11),
+        "reward/nan_count": 1.0,
+        "reward/nan_frac": 1 / 12,
+        "adv/abs_mean": (1.8 + 0 + 4.0) / 11,  # |A| summed over the 11 valid samples
+        "adv/abs_max": 1.8,
+        "adv/keep_frac": 1.0,
+        "adv/updated_frac": 2 / 3,
+        "adv/kl_weight_mean": 3.0,
+        "adv/kl_weight_max": 7.0,
+        # 1/scale over the updated groups: {2, 4}; linear quantiles 2 + q·(4 − 2)
+        "scale/inv_p50": 3.0,
+        "scale/inv_p95": 3.9,
+        "scale/inv_p99": 3.98,
+        "scale/inv_max": 4.0,
+        "regime/sigma_mean": sigma_mean,
+        "regime/sigma_cv": abs(s0 - s2) / 2 / sigma_mean,  # population std of two values
+    }
+    assert list(m) == list(expected)
+    for key, want in expected.items():
+        assert m[key] == pytest.approx(want, rel=1e-6, abs=1e-9), key
 
 
 def test_step_metrics_nothing_updated_is_nan_free():
@@ -88,7 +147,6 @@ def test_inverse_scale_quantiles_match_numpy_rule():
 
 
 def test_step_metrics_with_real_estimators():
-    advantages = pytest.importorskip("grouprl.advantages")
     # Group 0: σ = 1e-4 jitter (updated by GRPO with 1/scale ≈ 1e4); group 1 collapsed.
     r = torch.tensor([[0.5, 0.5001, 0.5, 0.5001], [1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]])
     sigma0 = torch.tensor([0.5, 0.5001, 0.5, 0.5001]).std().item()
@@ -114,7 +172,6 @@ def test_step_metrics_with_real_estimators():
     st.randoms(use_true_random=False),
 )
 def test_step_metrics_properties(rows, rnd):
-    advantages = pytest.importorskip("grouprl.advantages")
     r = torch.tensor(rows, dtype=torch.float32)
     m = step_metrics(r, advantages.compute("grpo", r))
     assert all(math.isfinite(v) for v in m.values())

@@ -28,8 +28,6 @@ def _rows(run_dir, drop=("time/",)):
 
 @pytest.mark.parametrize("name", presets.names())
 def test_every_preset_runs_three_steps(tmp_path, name):
-    if presets.get(name).controller == "agpo":
-        pytest.importorskip("grouprl.control.agpo", reason="AGPO controllers not written yet")
     cfg, inj = make(tmp_path, f"algorithm.preset={name}")
     before = _snapshot(inj["model"])
     result = train(cfg, **inj)

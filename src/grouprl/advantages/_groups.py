@@ -10,6 +10,8 @@ from typing import NamedTuple
 
 import torch
 
+from grouprl.types import Advantages
+
 DEFAULT_TAU = 1e-6
 """Collapse threshold on σ_q (ALGORITHMS.md §0, ACR paper): never test σ == 0."""
 
@@ -142,3 +144,36 @@ def batch_std(values: torch.Tensor, valid: torch.Tensor | None, ddof: int = 1) -
     dev = torch.where(valid, values - mean, torch.zeros_like(values))
     var = dev.square().sum() / (n - ddof).clamp_min(1)
     return torch.where(n > ddof, var.sqrt(), torch.zeros_like(var))
+
+
+def wrap_advantages(
+    values: torch.Tensor,
+    valid: torch.Tensor | None,
+    collapsed: torch.Tensor,
+    scale: torch.Tensor,
+    kl_weight: torch.Tensor | None = None,
+    *,
+    zeroed: bool = False,
+    **stats: float,
+) -> Advantages:
+    """An estimator's output as :class:`Advantages` (every group kept, ``updated`` = not
+    collapsed); ``zeroed``: NaN entries and collapsed groups already hold 0."""
+    p = values.shape[0]
+    ones = torch.ones(p, dtype=values.dtype, device=values.device)
+    return Advantages(
+        values=values if zeroed else zero_invalid(values, valid, collapsed),
+        keep=torch.ones(p, dtype=torch.bool, device=values.device),
+        kl_weight=ones if kl_weight is None else kl_weight,
+        scale=scale,
+        stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
+        updated=~collapsed,
+    )
+
+
+def scale_dev(m: Moments, factor: torch.Tensor | float) -> torch.Tensor:
+    """``[P, G]`` m.dev · factor_q, with collapsed groups zeroed in the same pass.
+
+    ``m.dev`` is already 0 at NaN entries, so one multiply both scales and masks.
+    """
+    f = torch.as_tensor(factor, dtype=m.dev.dtype, device=m.dev.device).expand_as(m.mean)
+    return m.dev.mul_(f.masked_fill(m.collapsed, 0.0)[:, None])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, Moments, group_moments, zero_invalid
+from grouprl.advantages._groups import DEFAULT_TAU, group_moments, scale_dev, wrap_advantages
 from grouprl.advantages._groups import batch_std as _batch_std
 from grouprl.types import Advantages
 
@@ -20,38 +20,6 @@ GRPO_EPS = 1e-6
 
 DEFAULT_DDOF = 1
 """Bessel-corrected std (``torch.std`` default) as TRL and verl use."""
-
-
-def _result(
-    values: torch.Tensor,
-    valid: torch.Tensor | None,
-    collapsed: torch.Tensor,
-    scale: torch.Tensor,
-    kl_weight: torch.Tensor | None = None,
-    *,
-    zeroed: bool = False,
-    **stats: float,
-) -> Advantages:
-    """Wrap an estimator's output; ``zeroed``: NaN entries and collapsed groups already hold 0."""
-    p = values.shape[0]
-    ones = torch.ones(p, dtype=values.dtype, device=values.device)
-    return Advantages(
-        values=values if zeroed else zero_invalid(values, valid, collapsed),
-        keep=torch.ones(p, dtype=torch.bool, device=values.device),
-        kl_weight=ones if kl_weight is None else kl_weight,
-        scale=scale,
-        stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
-        updated=~collapsed,
-    )
-
-
-def _scaled(m: Moments, factor: torch.Tensor | float) -> torch.Tensor:
-    """``[P, G]`` m.dev · factor_q, with collapsed groups zeroed in the same pass.
-
-    ``m.dev`` is already 0 at NaN entries, so one multiply both scales and masks.
-    """
-    f = torch.as_tensor(factor, dtype=m.dev.dtype, device=m.dev.device).expand_as(m.mean)
-    return m.dev.mul_(f.masked_fill(m.collapsed, 0.0)[:, None])
 
 
 def rloo_factor(count: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -74,7 +42,7 @@ def grpo(
     """
     m = group_moments(rewards, valid, ddof, tau)
     scale = m.std + eps  # [P]
-    return _result(_scaled(m, 1.0 / scale), valid, m.collapsed, scale, zeroed=True)
+    return wrap_advantages(scale_dev(m, 1.0 / scale), valid, m.collapsed, scale, zeroed=True)
 
 
 def dr_grpo(
@@ -89,7 +57,9 @@ def dr_grpo(
     ``ddof`` only enters the collapse test σ_q < tau.
     """
     m = group_moments(rewards, valid, ddof, tau)
-    return _result(_scaled(m, 1.0), valid, m.collapsed, torch.ones_like(m.mean), zeroed=True)
+    return wrap_advantages(
+        scale_dev(m, 1.0), valid, m.collapsed, torch.ones_like(m.mean), zeroed=True
+    )
 
 
 def rloo(
@@ -104,8 +74,8 @@ def rloo(
     scale = 1 (ALGORITHMS.md §1). Groups with n < 2 get 0 (no leave-one-out baseline).
     """
     m = group_moments(rewards, valid, ddof, tau)
-    values = _scaled(m, rloo_factor(m.count, rewards.dtype))  # [P, G]
-    return _result(values, valid, m.collapsed, torch.ones_like(m.mean), zeroed=True)
+    values = scale_dev(m, rloo_factor(m.count, rewards.dtype))  # [P, G]
+    return wrap_advantages(values, valid, m.collapsed, torch.ones_like(m.mean), zeroed=True)
 
 
 def batch_std(
@@ -123,8 +93,8 @@ def batch_std(
     """
     m = group_moments(rewards, valid, ddof, tau)
     sigma = _batch_std(rewards, valid, ddof=ddof) + eps  # []
-    values = _scaled(m, 1.0 / sigma)  # [P, G]
-    return _result(values, valid, m.collapsed, sigma.expand_as(m.mean).clone(), zeroed=True)
+    values = scale_dev(m, 1.0 / sigma)  # [P, G]
+    return wrap_advantages(values, valid, m.collapsed, sigma.expand_as(m.mean).clone(), zeroed=True)
 
 
 def reinforce_pp(
@@ -146,7 +116,7 @@ def reinforce_pp(
     mu_b = u.sum() / m.count.sum().clamp_min(1).to(rewards.dtype)  # []
     sigma = _batch_std(u, valid, ddof=ddof) + eps  # []
     values = u.sub_(mu_b).div_(sigma)  # [P, G]
-    return _result(values, valid, m.collapsed, sigma.expand_as(m.mean).clone())
+    return wrap_advantages(values, valid, m.collapsed, sigma.expand_as(m.mean).clone())
 
 
 def grpo_beta_comp(
@@ -189,6 +159,6 @@ def is_grpo(
     live = (~collapsed).to(rewards.dtype)  # [P]
     sigma_bar = (std * live).sum() / live.sum().clamp_min(1)  # []
     weight = std / sigma_bar.clamp_min(torch.finfo(rewards.dtype).tiny)  # [P]
-    values = _scaled(m, weight / (std + eps))  # [P, G]
+    values = scale_dev(m, weight / (std + eps))  # [P, G]
     scale = torch.where(collapsed, std + eps, (std + eps) / weight.clamp_min(1e-30))
-    return _result(values, valid, collapsed, scale, zeroed=True, sigma_bar=float(sigma_bar))
+    return wrap_advantages(values, valid, collapsed, scale, zeroed=True, sigma_bar=float(sigma_bar))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, group_moments
-from grouprl.advantages.baseline import DEFAULT_DDOF, _result
+from grouprl.advantages._groups import DEFAULT_TAU, group_moments, wrap_advantages
+from grouprl.advantages.baseline import DEFAULT_DDOF
 from grouprl.types import Advantages
 
 
@@ -36,4 +36,4 @@ def gopo(
         total += step if valid is None else step.nan_to_num_(0.0)
     factor = (1.0 / (m.count - 1).clamp_min(1).to(rewards.dtype)).masked_fill_(m.collapsed, 0.0)
     values = total.mul_(factor[:, None])  # [P, G]; collapsed groups are now exactly 0
-    return _result(values, valid, m.collapsed, torch.ones_like(m.std), zeroed=valid is None)
+    return wrap_advantages(values, valid, m.collapsed, torch.ones_like(m.std), zeroed=valid is None)

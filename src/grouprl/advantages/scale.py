@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, group_moments
-from grouprl.advantages.baseline import DEFAULT_DDOF, _result, _scaled, rloo_factor
+from grouprl.advantages._groups import DEFAULT_TAU, group_moments, scale_dev, wrap_advantages
+from grouprl.advantages.baseline import DEFAULT_DDOF, rloo_factor
 from grouprl.types import Advantages
 
 DEFAULT_TAU_RES = 1e-2
@@ -57,9 +57,9 @@ def _row_quantile(
 def _divide_by_card(m, valid, factor, card, tau_res) -> Advantages:
     """A = u / s_q with the scale card s_q = max(tau_res, card); u = factor·(r − r̄)."""
     s = card.clamp_min(tau_res)  # [P]
-    values = _scaled(m, factor / s)  # [P, G]
+    values = scale_dev(m, factor / s)  # [P, G]
     bound = _frac(s <= tau_res, m.collapsed)
-    return _result(values, valid, m.collapsed, s, zeroed=True, tau_res_bound_frac=bound)
+    return wrap_advantages(values, valid, m.collapsed, s, zeroed=True, tau_res_bound_frac=bound)
 
 
 def _frac(mask: torch.Tensor, collapsed: torch.Tensor) -> float:

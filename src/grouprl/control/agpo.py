@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from grouprl.tasks.answers import last_boxed
+
 __all__ = [
     "AGPO",
     "DISPERSIONS",
@@ -174,20 +176,7 @@ def skewness(
     return torch.where(bessel < sigma_min, torch.zeros_like(out), out)
 
 
-_BOXED = re.compile(r"\\boxed\s*\{")
 _NUMBER = re.compile(r"[-+]?\d*\.?\d+(?:/[1-9]\d*)?")
-
-
-def _last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}``, nested braces allowed; None if absent/unclosed."""
-    starts = [m.end() for m in _BOXED.finditer(text)]
-    for start in reversed(starts):
-        depth = 1
-        for i in range(start, len(text)):
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            if depth == 0:
-                return text[start:i]
-    return None
 
 
 def _canonical_number(key: str) -> str:
@@ -213,7 +202,7 @@ def extract_answer_key(text: str) -> str:
     ``4``, ``4.0``, ``8/2`` are one vote (and ``1,234`` after ``####`` is ``1234``).
     """
     stripped = text.strip()
-    boxed = _last_boxed(stripped)
+    boxed = last_boxed(stripped)
     if boxed is not None:
         key = boxed.strip().lower()
     elif "####" in stripped:

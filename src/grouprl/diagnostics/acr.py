@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import validate_rewards
+from grouprl.advantages._groups import DEFAULT_TAU, group_moments, validate_rewards
 
 __all__ = ["DEFAULT_TAU", "acr", "collapse_split"]
-
-DEFAULT_TAU = 1e-6
-"""Collapse threshold on σ_q [PAPER: ACR paper; ALGORITHMS.md §0]."""
 
 CORRECT_ATOL = 1e-6
 """How close a collapsed group's mean must be to r_hi / r_lo to count as all-correct /
@@ -33,8 +30,8 @@ def collapse_split(
 
     Keys:
         ``collapsed``: σ_q < tau, σ over the valid (non-NaN) rewards with ``ddof`` (1 = Bessel,
-            as TRL/verl). A group with fewer than ``ddof + 1`` valid rewards has σ = 0 and is
-            collapsed by definition (ALGORITHMS.md §0: it gets advantage 0).
+            as TRL/verl), or fewer than 2 valid rewards (ALGORITHMS.md §0: it gets advantage
+            0). The same statistics as the estimators (``advantages._groups.group_moments``).
         ``all_correct``: collapsed, at least one valid reward, mean within ``atol`` of r_hi.
         ``all_wrong``: collapsed, at least one valid reward, mean within ``atol`` of r_lo.
         ``other``: collapsed but neither (constant partial credit, or no valid reward at all).
@@ -44,18 +41,11 @@ def collapse_split(
     Edge cases: NaN rewards are excluded, never read as 0; ±inf raises ValueError.
     """
     valid = validate_rewards(rewards)  # [P, G] or None when every reward is valid
-    if valid is None:
-        valid = torch.ones_like(rewards, dtype=torch.bool)
     r_lo, r_hi = float(reward_range[0]), float(reward_range[1])
     if not r_hi > r_lo:
         raise ValueError(f"reward_range must be (r_lo, r_hi) with r_hi > r_lo, got {reward_range}")
-    n = valid.sum(dim=1).to(rewards.dtype)  # [P]
-    filled = torch.where(valid, rewards, torch.zeros_like(rewards))  # [P, G]
-    mean = filled.sum(dim=1) / n.clamp_min(1)  # [P]
-    dev = torch.where(valid, rewards - mean[:, None], torch.zeros_like(rewards))  # [P, G]
-    var = dev.square().sum(dim=1) / (n - ddof).clamp_min(1)  # [P]
-    sigma = torch.where(n > ddof, var.sqrt(), torch.zeros_like(var))  # [P]
-    collapsed = sigma < tau  # [P]
+    m = group_moments(rewards, valid, ddof, tau)  # the estimators' own statistics
+    n, mean, sigma, collapsed = m.count, m.mean, m.std, m.collapsed  # [P] each
     has_any = n >= 1  # [P]
     all_correct = collapsed & has_any & ((mean - r_hi).abs() <= atol)
     all_wrong = collapsed & has_any & ((mean - r_lo).abs() <= atol)

@@ -6,7 +6,7 @@ import torch
 
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
 from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
-from grouprl.types import Advantages
+from grouprl.types import Advantages, to_floats
 
 __all__ = ["STEP_METRIC_KEYS", "step_metrics"]
 
@@ -87,7 +87,7 @@ def step_metrics(
     upd = updated_groups(adv)  # [P]
     kl_w = adv.kl_weight.to(f)
 
-    tail = torch.nan_to_num(inverse_scale_tail(adv, (0.5, 0.95, 0.99, 1.0)), nan=0.0)  # [4]
+    tail = torch.nan_to_num(inverse_scale_tail(adv, (0.5, 0.95, 0.99, 1.0)), nan=0.0).to(f)  # [4]
 
     sigma = split["sigma"].to(f)  # [P]
     live = ~split["collapsed"]  # [P]
@@ -97,26 +97,28 @@ def step_metrics(
         s_mean > 0, s_var.sqrt() / s_mean.clamp_min(1e-300), torch.zeros_like(s_mean)
     )
 
-    parts = [
-        frac["collapsed"],
-        frac["all_correct"],
-        frac["all_wrong"],
-        frac["other"],
-        split["insufficient"].to(f).mean(),
-        torch.tensor(float(p), dtype=f, device=rewards.device),
-        r_mean,
-        r_std,
-        nan_count,
-        nan_count / float(p * g),
-        a_abs_m.sum() / a_mask.sum().clamp_min(1),
-        a_abs_m.amax(),
-        keep.to(f).mean(),
-        upd.to(f).mean(),
-        kl_w.mean(),
-        kl_w.amax(),
-        *tail.to(f).to(rewards.device).unbind(),
-        s_mean,
-        s_cv,
-    ]
-    values = torch.stack([t.to(rewards.device) for t in parts]).tolist()
-    return dict(zip(STEP_METRIC_KEYS, values))
+    step = {  # 0-dim tensors; one host transfer below
+        "acr/rate": frac["collapsed"],
+        "acr/all_correct": frac["all_correct"],
+        "acr/all_wrong": frac["all_wrong"],
+        "acr/other": frac["other"],
+        "acr/insufficient": split["insufficient"].to(f).mean(),
+        "acr/groups": torch.tensor(float(p), dtype=f, device=rewards.device),
+        "reward/mean": r_mean,
+        "reward/std": r_std,
+        "reward/nan_count": nan_count,
+        "reward/nan_frac": nan_count / float(p * g),
+        "adv/abs_mean": a_abs_m.sum() / a_mask.sum().clamp_min(1),
+        "adv/abs_max": a_abs_m.amax(),
+        "adv/keep_frac": keep.to(f).mean(),
+        "adv/updated_frac": upd.to(f).mean(),
+        "adv/kl_weight_mean": kl_w.mean(),
+        "adv/kl_weight_max": kl_w.amax(),
+        "scale/inv_p50": tail[0],
+        "scale/inv_p95": tail[1],
+        "scale/inv_p99": tail[2],
+        "scale/inv_max": tail[3],
+        "regime/sigma_mean": s_mean,
+        "regime/sigma_cv": s_cv,
+    }
+    return to_floats(step)

@@ -18,8 +18,8 @@ import torch
 
 from grouprl.losses.aggregation import StepTotals, aggregate
 from grouprl.losses.kl import kl as kl_fn
-from grouprl.losses.surrogates import _to_floats
 from grouprl.losses.surrogates import surrogate as surrogate_fn
+from grouprl.types import to_floats
 
 __all__ = ["Objective", "objective"]
 
@@ -147,6 +147,6 @@ def objective(
             ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
             total = total - entropy_coeff * ent
     extra.update(pg_loss=pg_loss, kl_loss=kl_loss, kept_frac=keep_t.to(n_tok.dtype).mean())
-    stats.update(_to_floats(extra))  # one device sync for all of them
+    stats.update(to_floats(extra))  # one device sync for all of them
     loss = pg_loss + kl_loss - ent_bonus
     return Objective(loss, pg_loss, kl_loss, ent_bonus, total, stats)

@@ -30,6 +30,8 @@ from collections.abc import Callable
 
 import torch
 
+from grouprl.types import to_floats
+
 __all__ = [
     "SURROGATES",
     "check_inputs",
@@ -121,12 +123,6 @@ def check_inputs(
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum()
-
-
-def _to_floats(stats: dict[str, torch.Tensor]) -> dict[str, float]:
-    """0-dim tensors -> floats with one device sync (one ``tolist``), not one per stat."""
-    values = torch.stack([v.detach().to(torch.float64) for v in stats.values()]).tolist()
-    return dict(zip(stats, values))
 
 
 @torch.no_grad()
@@ -227,7 +223,7 @@ def ppo_clip(
         dual = (adv < 0) & (per_token > loss3)
         per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
         stats["clip_frac_dual"] = _masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
-    return per_token * mask, _to_floats(stats)
+    return per_token * mask, to_floats(stats)
 
 
 def cispo(
@@ -263,7 +259,7 @@ def cispo(
         stats["clip_frac_low"] = _masked_mean(low, mask)
         stats["clip_frac_high"] = _masked_mean(high, mask)
         stats["clip_frac_region"] = _masked_mean(torch.maximum(low, high), mask)
-    return per_token * mask, _to_floats(stats)
+    return per_token * mask, to_floats(stats)
 
 
 def gspo(
@@ -298,7 +294,7 @@ def gspo(
     per_token = torch.maximum(loss1, loss2)
     stats = _ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
     stats["approx_kl"] = _masked_mean((old_logp - logp).detach(), mask)
-    return per_token * mask, _to_floats(stats)
+    return per_token * mask, to_floats(stats)
 
 
 def reinforce(
@@ -316,7 +312,7 @@ def reinforce(
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
     log_ratio = (logp - old_logp).detach()
     stats = _ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return -adv * logp * mask, _to_floats(stats)
+    return -adv * logp * mask, to_floats(stats)
 
 
 SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]

@@ -14,6 +14,7 @@ import dataclasses
 import re
 from typing import Any
 
+from grouprl.tasks.answers import last_boxed
 from grouprl.tasks.base import Example, Task, chat_render, check_n, split_rng
 
 __all__ = ["DEFAULT_CONFIGS", "ReasoningGymTask", "dataset_names", "extract_answer"]
@@ -37,7 +38,6 @@ reasoning-gym's own default (2–6 terms, up to 4 digits, all four operators) le
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?|-?\.\d+")
 _FULL_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _PREFIX = re.compile(r"^(?:the\s+)?(?:final\s+)?answer\s*(?:is)?\s*[:=]?\s*", re.I)
 
 
@@ -69,11 +69,11 @@ def extract_answer(text: str, numeric: bool) -> str | None:
     """
     span = text
     tags = _ANSWER_TAG.findall(text)
-    boxed = _BOXED.findall(text)
+    boxed = last_boxed(text)
     if tags:
         span = tags[-1]
-    elif boxed:
-        span = boxed[-1]
+    elif boxed is not None:
+        span = boxed
     if numeric:
         return _last_number(span)
     lines = [line.strip() for line in span.strip().splitlines() if line.strip()]

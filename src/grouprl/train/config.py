@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from grouprl.presets import frozen
+
 __all__ = [
     "AlgorithmConfig",
     "CheckpointConfig",
@@ -36,10 +38,6 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A configuration that cannot work; the message says which field and what to do."""
-
-
-def _frozen(d: Any = None) -> MappingProxyType:
-    return MappingProxyType(dict(d or {}))
 
 
 @dataclass(frozen=True)
@@ -99,7 +97,7 @@ class TaskConfig:
     """The verifiable task: a name in ``grouprl.tasks.TASKS`` and its configuration."""
 
     name: str = "maze"
-    params: MappingProxyType = field(default_factory=_frozen)
+    params: MappingProxyType = field(default_factory=frozen)
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ class AlgorithmConfig:
     """A preset name plus overrides of any of its fields (``beta``, ``surrogate_params``...)."""
 
     preset: str = "grpo"
-    overrides: MappingProxyType = field(default_factory=_frozen)
+    overrides: MappingProxyType = field(default_factory=frozen)
 
     def resolve(self) -> Any:
         """The ``grouprl.presets.Preset`` with the overrides applied."""
@@ -419,9 +417,9 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
             continue
         if key not in names:
             raise ConfigError(f"unknown field {section}.{key}; valid fields: {', '.join(names)}")
-        kwargs[key] = _frozen(value) if key in _MAPPINGS else _coerce(names[key], value, section)
+        kwargs[key] = frozen(value) if key in _MAPPINGS else _coerce(names[key], value, section)
     if shorthand:
-        kwargs["overrides"] = _frozen({**kwargs.get("overrides", {}), **shorthand})
+        kwargs["overrides"] = frozen({**kwargs.get("overrides", {}), **shorthand})
     return cls(**kwargs)
 
 
