@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from grouprl.report import html as H
-from grouprl.report.run import run_blocks
+from grouprl.report.run import read_run_config, run_blocks
 
 __all__ = ["write_diagnosis_report"]
 
@@ -43,7 +43,8 @@ def write_diagnosis_report(
             blocks.append(f"<h2>Malformed lines ({gf.n_errors}, skipped)</h2>" + "".join(errs))
     if metrics_rows is not None:
         blocks.append("<h1>Logged run metrics</h1>")
-        blocks += run_blocks(metrics_rows)
+        config = read_run_config(run_dir)[0] if run_dir is not None else None
+        blocks += run_blocks(metrics_rows, config)
         if metrics_errors:
             blocks += [H.text(e, "bad") for e in metrics_errors[:50]]
     src = str(run_dir or gf.path)

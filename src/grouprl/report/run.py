@@ -1,22 +1,40 @@
 """The report of a training run: ``run_dir/report.html`` from ``metrics.jsonl`` (+ config.yaml).
 
-Every figure is drawn only when its metrics exist, so a run that logs fewer keys (an old run,
-a run without evaluation or KL) still gets a report. Health warnings are recomputed by
-replaying :class:`grouprl.diagnostics.RunHealth` over the logged steps, so the report shows
-them even though the trainer only printed them.
+Every panel is drawn only when its metrics exist (:func:`plan_panels`), so a run that logs
+fewer keys (an old run, a run without evaluation) still gets a report, and a line under the
+figure says what was left out. The KL panel is left out when the run's β is 0 (no KL term);
+the evaluation panel starts at step 0 when the trainer logged the evaluation before the first
+update; a log axis is used only for a series with every value > 0. Health warnings are
+recomputed by replaying :class:`grouprl.diagnostics.RunHealth` over the logged steps, so the
+report shows them even though the trainer only printed them.
+
+[OURS] The ACR paper's fit of final accuracy on ACR_100 (51.4 − 29.6·ACR_100) is not shown:
+it was fitted on that paper's models and benchmarks, and on a maze or arithmetic run its
+number (e.g. 30.8 at ACR_100 = 0.7) predicts nothing.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grouprl.diagnostics.health import RunHealth, acr_100_accuracy_fit
+from grouprl.diagnostics.health import RunHealth
 from grouprl.report import html as H
 
-__all__ = ["read_metrics", "replay_health", "run_blocks", "write_run_report"]
+__all__ = [
+    "Panel",
+    "plan_panels",
+    "read_metrics",
+    "read_run_config",
+    "replay_health",
+    "run_beta",
+    "run_blocks",
+    "training_figure",
+    "write_run_report",
+]
 
 
 def _num(v: Any) -> float:
@@ -78,49 +96,115 @@ def _has(rows, key) -> bool:
     return any(key in r and math.isfinite(r[key]) for r in rows)
 
 
-def _panel(ax, rows, keys, title, *, logy=False, hline=None):
-    drawn = False
-    for key in keys:
-        if _has(rows, key):
-            x, y = _series(rows, key)
-            ax.plot(x, y, label=key, lw=1.2)
-            drawn = True
-    if not drawn:
-        ax.text(
-            0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey"
-        )
-    if hline is not None:
-        ax.axhline(hline[0], color="grey", ls=":", lw=1, label=hline[1])
-    if logy and drawn:
-        ax.set_yscale("log")
+def run_beta(config: Any) -> float | None:
+    """β of the run's resolved preset (``algorithm.preset`` + ``algorithm.overrides`` of its
+    config.yaml); None when the config does not say (no config, an older layout, a preset
+    this grouprl does not know)."""
+    algo = config.get("algorithm") if isinstance(config, dict) else None
+    if not isinstance(algo, dict) or "preset" not in algo:
+        return None
+    from grouprl.presets import frozen
+    from grouprl.train.config import AlgorithmConfig
+
+    try:
+        preset = AlgorithmConfig(str(algo["preset"]), frozen(algo.get("overrides"))).resolve()
+        return float(preset.beta)
+    except (ValueError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One plot of the training-curves figure: its title and the metric keys it draws."""
+
+    title: str
+    keys: tuple[str, ...]
+    log_y: bool = False
+    """Log-scale the y axis, which only happens when every plotted value is > 0."""
+
+
+def plan_panels(rows: list[dict[str, float]], beta: float | None) -> tuple[list[Panel], list[str]]:
+    """The panels to draw (those with a logged finite value), and one line per panel left out.
+
+    The KL panel and the ``loss/kl`` curve are left out when β = 0: the run has no KL term,
+    and the zeros the trainer logs for it would only look like a KL that stays at 0.
+    """
+    no_kl = beta == 0
+    evals = tuple(sorted({k for r in rows for k in r if k.startswith("eval/")}))
+    loss_keys = ("loss/total", "loss", "loss/pg") + (() if no_kl else ("loss/kl",))
+    wanted = [
+        Panel("reward", ("reward/mean",)),
+        Panel("advantage-collapse rate", ("acr/rate", "health/acr_cumulative")),
+        Panel("KL", ("kl/mean", "kl/p95")),
+        Panel("evaluation", evals),
+        Panel("1/scale over updated groups", ("scale/inv_p95", "scale/inv_p99"), log_y=True),
+        Panel("loss", tuple(k for k in loss_keys if _has(rows, k))[:3]),
+    ]
+    drawn, left_out = [], []
+    for panel in wanted:
+        if panel.title == "KL" and no_kl:
+            left_out.append("KL: β = 0, the run has no KL term")
+        elif any(_has(rows, k) for k in panel.keys):
+            drawn.append(panel)
+        else:
+            left_out.append(f"{panel.title}: not logged")
+    return drawn, left_out
+
+
+def training_figure(rows: list[dict[str, float]], beta: float | None) -> tuple[Any, list[str]]:
+    """The training-curves figure (None when no panel has data) and the panels left out."""
+    panels, left_out = plan_panels(rows, beta)
+    if not panels:
+        return None, left_out
+    ncols = min(3, len(panels))
+    fig, ax = H.figure(ncols, math.ceil(len(panels) / ncols), width=4.8, height=3.2)
+    for i, a in enumerate(ax.flat):
+        if i < len(panels):
+            _draw(a, rows, panels[i])
+        else:
+            a.set_axis_off()
+    return fig, left_out
+
+
+def _draw(ax, rows, panel: Panel) -> None:
+    if panel.title == "advantage-collapse rate":
+        _acr_stack(ax, rows)
+    values = []
+    for key in panel.keys:
+        x, y = _series(rows, key)
+        if y:
+            ax.plot(x, y, label=key, lw=1.2, marker="o" if len(y) < 20 else None, ms=3)
+            values += y
+    if panel.title == "advantage-collapse rate":
+        ax.axhline(0.35, color="grey", ls=":", lw=1, label="stall 0.35")
+    title = panel.title
+    if panel.log_y:
+        if min(values) > 0:
+            ax.set_yscale("log")
+        else:  # a log axis has no place for 0 (1/scale is logged as 0 when nothing updated)
+            title += " (linear: some values are 0)"
     ax.set_title(title)
     ax.set_xlabel("step")
-    if drawn:
-        ax.legend(fontsize=7)
-    return drawn
+    ax.legend(fontsize=7)
 
 
-def _acr_panel(ax, rows):
+def _acr_stack(ax, rows):
     parts = [k for k in ("acr/all_wrong", "acr/all_correct", "acr/other") if _has(rows, k)]
-    if parts:
-        steps = [r["step"] for r in rows]
-        ys = [
-            [r.get(k, math.nan) if math.isfinite(r.get(k, math.nan)) else 0.0 for r in rows]
-            for k in parts
-        ]
+    logged = [r for r in rows if any(k in r for k in parts)]
+    if parts and logged:
+        ys = [[r[k] if math.isfinite(r.get(k, math.nan)) else 0.0 for r in logged] for k in parts]
+        steps = [r["step"] for r in logged]
         ax.stackplot(steps, *ys, labels=[k.split("/")[1] for k in parts], alpha=0.6)
-    _panel(
-        ax,
-        rows,
-        ["acr/rate", "health/acr_cumulative"],
-        "advantage-collapse rate",
-        hline=(0.35, "stall 0.35"),
-    )
 
 
-def _summary(rows, config) -> list[dict[str, Any]]:
-    last = rows[-1] if rows else {}
-    out = [{"quantity": "steps logged", "value": len(rows)}]
+def _config_value(config: Any, section: str, key: str) -> Any:
+    """``config[section][key]`` (config.yaml's layout), or a flat ``config[section]``."""
+    value = config.get(section) if isinstance(config, dict) else None
+    return value.get(key) if isinstance(value, dict) else value
+
+
+def _summary(rows, config, beta) -> list[dict[str, Any]]:
+    out = [{"quantity": "steps logged", "value": sum(r["step"] >= 1 for r in rows)}]
     for key, label in (
         ("reward/mean", "last reward/mean"),
         ("acr/rate", "last ACR"),
@@ -129,50 +213,36 @@ def _summary(rows, config) -> list[dict[str, Any]]:
         ("scale/inv_p99", "last 1/scale P99"),
         ("kl/mean", "last KL mean"),
     ):
-        if key in last and math.isfinite(last[key]):
-            out.append({"quantity": label, "value": last[key]})
-    if "health/acr_100" in last and math.isfinite(last["health/acr_100"]):
-        fit = acr_100_accuracy_fit(last["health/acr_100"])
-        out.append(
-            {
-                "quantity": "ACR paper's accuracy fit 51.4 − 29.6·ACR_100 (their models only)",
-                "value": fit,
-            }
-        )
+        _, y = _series(rows, key)
+        if y and not (key == "kl/mean" and beta == 0):
+            out.append({"quantity": label, "value": y[-1]})
     for k in sorted({k for r in rows for k in r if k.startswith("eval/")}):
         x, y = _series(rows, k)
+        if len(y) > 1:
+            out.append({"quantity": f"{k} (step {int(x[0])})", "value": y[0]})
         if y:
             out.append({"quantity": f"{k} (step {int(x[-1])})", "value": y[-1]})
-    if isinstance(config, dict):
-        for key in ("preset", "task", "model"):
-            v = config.get(key)
-            if v is not None:
-                out.append(
-                    {
-                        "quantity": f"config {key}",
-                        "value": v if not isinstance(v, dict) else json.dumps(v),
-                    }
-                )
+    for section, key in (("algorithm", "preset"), ("task", "name"), ("model", "name")):
+        v = _config_value(config, section, key)
+        if v is not None:
+            out.append({"quantity": f"config {section}", "value": str(v)})
+    if beta is not None:
+        out.append({"quantity": "β (KL coefficient)", "value": beta})
     return out
 
 
 def run_blocks(rows: list[dict[str, float]], config: Any = None) -> list[str]:
     """HTML blocks (summary, figures, warnings, key table) for logged metric rows."""
-    blocks = ["<h2>Summary</h2>" + H.table(_summary(rows, config))]
+    beta = run_beta(config)
+    blocks = ["<h2>Summary</h2>" + H.table(_summary(rows, config, beta))]
     if not rows:
         return [*blocks, H.text("metrics.jsonl holds no step yet.", "sub")]
-    fig, ax = H.figure(3, 2, width=4.8, height=3.2)
-    _panel(ax[0, 0], rows, ["reward/mean"], "reward")
-    _acr_panel(ax[0, 1], rows)
-    _panel(ax[0, 2], rows, ["kl/mean", "kl/p95"], "KL")
-    evals = sorted({k for r in rows for k in r if k.startswith("eval/")})
-    _panel(ax[1, 0], rows, evals, "evaluation")
-    _panel(
-        ax[1, 1], rows, ["scale/inv_p95", "scale/inv_p99"], "1/scale over updated groups", logy=True
-    )
-    losses = [k for k in ("loss/total", "loss", "loss/pg", "loss/kl") if _has(rows, k)]
-    _panel(ax[1, 2], rows, losses[:3], "loss")
-    blocks.append("<h2>Training curves</h2>" + H.img(fig, "training curves"))
+    fig, left_out = training_figure(rows, beta)
+    blocks.append("<h2>Training curves</h2>")
+    if fig is not None:
+        blocks.append(H.img(fig, "training curves"))
+    if left_out:
+        blocks.append(H.text("Not drawn: " + "; ".join(left_out) + ".", "sub"))
     warnings = replay_health(rows)
     blocks.append("<h2>Health warnings</h2>")
     if warnings:
@@ -191,6 +261,19 @@ def run_blocks(rows: list[dict[str, float]], config: Any = None) -> list[str]:
     return blocks
 
 
+def read_run_config(run_dir: str | Path) -> tuple[Any, list[str]]:
+    """``run_dir/config.yaml`` as a dict (None when absent) and the problems found reading it."""
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return None, []
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8")), []
+    except yaml.YAMLError as err:
+        return None, [f"config.yaml: {err}"]
+
+
 def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) from ``metrics.jsonl`` and ``config.yaml``.
 
@@ -202,15 +285,8 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path
     if not metrics_path.is_file():
         raise FileNotFoundError(f"{metrics_path} not found: is {run_dir} a grouprl run folder?")
     rows, errors = read_metrics(metrics_path)
-    config = None
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        import yaml
-
-        try:
-            config = yaml.safe_load(cfg_path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as err:
-            errors.append(f"config.yaml: {err}")
+    config, config_errors = read_run_config(run_dir)
+    errors += config_errors
     blocks = run_blocks(rows, config)
     if errors:
         blocks.append("<h2>Skipped lines</h2>" + "".join(H.text(e, "bad") for e in errors[:50]))
