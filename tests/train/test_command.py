@@ -73,7 +73,26 @@ def test_bad_input_exits_2_with_the_choices_before_loading_a_model(
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
-def test_example_configs_load_and_validate(path):
-    cfg = load_config(path)
-    assert cfg.optim.steps > 0 and cfg.run.out.startswith("runs/")
+CONFIGS = {  # what each example config says it runs (read off the files)
+    "maze.yaml": ("tiny", "maze", "grpo", 300, 0.0),
+    "maze_f_grpo.yaml": ("tiny", "maze", "f_grpo", 300, 0.0),
+    "smollm2_arithmetic.yaml": ("smollm2", "basic_arithmetic", "f_grpo", 50, 0.0),
+    "smollm2_lora_dapo.yaml": ("smollm2", "basic_arithmetic", "dapo", 50, 0.01),
+}
+
+
+def test_every_example_config_is_listed():
+    assert sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) == sorted(CONFIGS)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_example_configs_load_and_validate(name):
+    cfg = load_config(ROOT / "configs" / name)
+    got = (
+        cfg.model.name,
+        cfg.task.name,
+        cfg.algorithm.preset,
+        cfg.optim.steps,
+        cfg.algorithm.resolve().beta,
+    )
+    assert got == CONFIGS[name] and cfg.run.out.startswith("runs/")

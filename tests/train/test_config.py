@@ -12,7 +12,7 @@ from grouprl.train import config as C
 def test_defaults_are_the_maze_miniature_and_validate():
     cfg = C.load_config()
     assert (cfg.model.name, cfg.task.name, cfg.algorithm.preset) == ("tiny", "maze", "grpo")
-    # MODELS-AND-TASKS.md: 32 mazes x 8; lr 5e-5 measured here (OptimConfig.lr)
+    # docs/models.md (the maze miniature): 32 mazes x 8; lr 5e-5 measured here (OptimConfig.lr)
     assert (cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.optim.lr) == (32, 8, 5e-5)
     assert cfg.batch_size == 256
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -83,6 +83,20 @@ def test_lora_without_peft_is_rejected_before_any_model(monkeypatch):
 
 
 def test_reasoning_gym_names_and_model_paths_are_accepted(tmp_path):
-    C.load_config(None, ["task.name=basic_arithmetic", "model.name=smollm2"])
-    C.load_config(None, ["model.name=tiny:d=32,layers=2"])
-    C.load_config(None, [f"model.name={tmp_path}"])
+    # A reasoning-gym dataset name and the registered smollm2 pass validation and pick the
+    # "pretrained" profile (PROFILES): 8 x 8, 48 new tokens, lr 2e-6, 50 steps, a small eval.
+    rg = C.load_config(None, ["task.name=basic_arithmetic", "model.name=smollm2"])
+    assert (rg.task.name, dict(rg.task.params), rg.model.name) == (
+        "basic_arithmetic",
+        {},
+        "smollm2",
+    )
+    assert (rg.sampling.prompts_per_step, rg.sampling.max_new_tokens) == (8, 48)
+    assert (rg.optim.lr, rg.optim.steps, rg.eval.ks) == (2e-6, 50, (1, 8))
+    # A tiny spec keeps the tiny profile (maze verifier in-process: no timeout)...
+    tiny = C.load_config(None, ["model.name=tiny:d=32,layers=2"])
+    assert tiny.model.name == "tiny:d=32,layers=2" and tiny.sampling.verify_timeout_s == 0.0
+    assert tiny.optim.lr == C.OptimConfig.lr
+    # ... and a folder is a pretrained model.
+    folder = C.load_config(None, [f"model.name={tmp_path}"])
+    assert folder.model.name == str(tmp_path) and folder.optim.lr == 2e-6
