@@ -14,7 +14,7 @@ the measured steps. Printed as JSON:
 - ``diagnostics_frac = diagnostics / step`` (target ≤ 0.01);
 - ``peak_rss_mb``: the subprocess's peak resident memory (``ru_maxrss``).
 
-Benchmark on an idle machine: another busy process slows torch 4–10× (MODELS-AND-TASKS.md).
+Benchmark on an idle machine: another busy process slows torch 4–10× (docs/models.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Specs, in the order they are tried (:data:`MODELS` names the built-in ones):
   ``save_pretrained`` refuses GGUF-loaded models, so the first load rebuilds a plain model
   from the config without ``quantization_config``, copies the weights (all keys match,
   identical logits) and caches it as safetensors under :func:`cache_dir`; later loads
-  take ~5 s (MODELS-AND-TASKS.md);
+  take a few seconds (docs/models.md);
 - a folder with an HF model; an HF hub id (from the local HF cache; from the hub only
   when ``HF_HUB_OFFLINE`` is not set and a hub is reachable).
 """
@@ -56,7 +56,7 @@ MODELS: dict[str, str] = {
 TINY_DEFAULTS: dict[str, int] = {"d": 64, "layers": 4, "heads": 4, "ff": 0, "ctx": 256}
 """[OURS] The tiny model: width d, layers, heads, MLP width ff (0: 8d/3 rounded up to a
 multiple of 8, SwiGLU's usual ratio, so d=64 gives ff=176 and ~205k parameters with the
-maze vocabulary, the size MODELS-AND-TASKS.md measured), context length ctx."""
+maze vocabulary: 204,928, docs/models.md), context length ctx."""
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _SPECIALS = ("<pad>", "<unk>", "<bos>", "<sep>", "<eos>")

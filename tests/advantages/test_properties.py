@@ -1,4 +1,4 @@
-"""Hypothesis properties of the advantage layer (DESIGN.md's list)."""
+"""Hypothesis properties of the advantage layer (docs/design.md's list)."""
 
 import math
 

@@ -6,7 +6,7 @@
 
 The loop calls ``model.forward`` with ``past_key_values`` itself instead of
 ``model.generate``: every prompt is prefilled **once** (on the maze ~75 % of a step's
-tokens are prompt tokens, MODELS-AND-TASKS.md), its cache is repeated ``G`` times along the
+tokens are prompt tokens, docs/models.md), its cache is repeated ``G`` times along the
 batch, and then all ``P·G`` sequences decode together, one token per step, until every
 row has emitted EOS or ``max_new_tokens`` is reached. Prompts are left-padded; the
 attention mask and explicit position ids make padded rows see exactly what an unpadded

@@ -4,7 +4,7 @@ reasoning-gym's default ``score_answer`` gives 1.0 for an exact match and
 ``len(gold) / len(reply)`` when the gold answer merely occurs in a longer reply (``' 1'``
 scores 0.5 against ``'1'``), and small models ignore ``<answer>`` tags (SmolLM2-135M:
 pass@1 0.18 on one-digit sums with a last-number parser, 0 when tags are demanded;
-MODELS-AND-TASKS.md). So [OURS] we first extract the answer leniently (:func:`extract_answer`)
+docs/models.md). So [OURS] we first extract the answer leniently (:func:`extract_answer`)
 and then, by default, binarise the scorer's value: reward 1 iff the scorer gives 1.
 """
 
@@ -31,7 +31,7 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     },
 }
 """[OURS] Dataset configs used when the caller gives none: one-digit add/subtract, where
-SmolLM2-135M's pass@1 is ~0.18 and 72 % of groups of 8 are mixed (MODELS-AND-TASKS.md);
+SmolLM2-135M's pass@1 is ~0.18 and 72 % of groups of 8 are mixed (docs/models.md);
 reasoning-gym's own default (2–6 terms, up to 4 digits, all four operators) leaves a
 135M model at ~0."""
 
@@ -65,7 +65,7 @@ def extract_answer(text: str, numeric: bool) -> str | None:
     (thousands commas dropped, trailing ``.0`` trimmed, unicode minus read as ``-``);
     otherwise the span's last non-empty line, with an ``Answer:`` / ``The answer is``
     prefix and a trailing full stop removed. None when nothing is left (reward 0).
-    [OURS] lenient extraction, after MODELS-AND-TASKS.md's measurement.
+    [OURS] lenient extraction, after the measurement in docs/models.md (reasoning-gym).
     """
     span = text
     tags = _ANSWER_TAG.findall(text)

@@ -66,7 +66,7 @@ class ModelConfig:
     """Supervised warm start before RL (``grouprl.train.sft.warm_start``), cached; only used
     for models built from scratch (the tiny model), as in F-GRPO §5.2 (SFT then RL)."""
     sft_steps: int = 1400
-    """Warm-start steps (batch 64, lr 2e-3: ~3 min on one core, MODELS-AND-TASKS.md)."""
+    """Warm-start steps (batch 64, lr 2e-3: ~3 min on one idle core, docs/models.md)."""
     lora_rank: int = 0
     """0 = full fine-tuning; > 0 wraps the policy in a peft LoRA adapter of that rank."""
     lora_alpha: float = 32.0
@@ -145,7 +145,7 @@ class OptimConfig:
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the maze miniature (300 GRPO steps, 32 x 8):
     5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 -> 0.334/0.385);
-    2e-4 (the prototype's rate in MODELS-AND-TASKS.md) made pass@1 oscillate (0.10-0.16)
+    2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate (0.10-0.16)
     and pass@16 fall to 0.28; 1e-4 was in between."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -458,8 +458,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "tiny": {
-        # The maze miniature (MODELS-AND-TASKS.md): 32 mazes x 8, on-policy, lr 2e-4; the
-        # maze verifier is pure Python and bounded, so it runs in-process.
+        # The maze miniature (docs/models.md): the maze verifier is pure Python and
+        # bounded, so it runs in-process.
         "sampling": {"verify_timeout_s": 0.0},
     },
     "pretrained": {

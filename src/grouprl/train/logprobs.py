@@ -2,8 +2,8 @@
 
 The memory of an RL step on a small LM is dominated by full-vocabulary logits: SmolLM2's
 vocabulary is 49,152, so ``[32, 128, V]`` fp32 logits are 805 MB, and autograd keeps
-the log-softmax output as well (MODELS-AND-TASKS.md measured 13 GB peak for one naive
-step). Here the decoder runs once to hidden states ``[N, L, H]``; only the positions that
+the log-softmax output as well (docs/models.md: 13 GB peak for one naive step on
+32 × 128 tokens). Here the decoder runs once to hidden states ``[N, L, H]``; only the positions that
 predict real completion tokens are projected, ``chunk`` tokens at a time:
 ``log_softmax(lm_head(h) / temperature)`` gathered at the sampled token. With gradient,
 each chunk is recomputed in the backward pass (activation checkpointing), so at most one
