@@ -20,6 +20,7 @@ import torch
 
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
 from grouprl.diagnostics.health import RunHealth
+from grouprl.diagnostics.regime import sigma_mean_cv
 from grouprl.diagnostics.scale import updated_groups
 from grouprl.diagnostics.tailmiss import (
     DEFAULT_CANDIDATES,
@@ -157,8 +158,7 @@ class Diagnosis:
 def _step_row(step, rewards, tau, reward_range) -> dict[str, Any]:
     split = collapse_split(rewards, tau=tau, reward_range=reward_range)
     valid = ~torch.isnan(rewards)
-    live = ~split["collapsed"]
-    sig = split["sigma"][live]
+    s_mean, s_cv = sigma_mean_cv(split["sigma"], ~split["collapsed"])
     lo, hi = reward_range
     return {
         "step": step if step is not None else "-",
@@ -171,10 +171,8 @@ def _step_row(step, rewards, tau, reward_range) -> dict[str, Any]:
         "acr/other": float(split["other"].double().mean()),
         "reward/nan_count": int((~valid).sum()),
         "reward/nan_frac": float((~valid).double().mean()),
-        "regime/sigma_mean": float(sig.mean()) if sig.numel() else 0.0,
-        "regime/sigma_cv": float(sig.std(correction=0) / sig.mean())
-        if sig.numel() and sig.mean() > 0
-        else 0.0,
+        "regime/sigma_mean": float(s_mean),
+        "regime/sigma_cv": float(s_cv),
         "_range_ok": bool(((rewards[valid] >= lo - 1e-9) & (rewards[valid] <= hi + 1e-9)).all()),
     }
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from grouprl.advantages._groups import batch_std
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
+from grouprl.diagnostics.regime import sigma_mean_cv
 from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
 from grouprl.types import Advantages, to_floats
 
@@ -35,10 +37,6 @@ STEP_METRIC_KEYS: tuple[str, ...] = (
     "regime/sigma_cv",
 )
 """Every key :func:`step_metrics` returns, in order (docs/diagnostics.md is the glossary)."""
-
-
-def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    return torch.where(m, x, torch.zeros_like(x)).sum() / m.sum().clamp_min(1)
 
 
 def step_metrics(
@@ -74,10 +72,8 @@ def step_metrics(
     f = torch.float64
     frac = {k: split[k].to(f).mean() for k in ("collapsed", "all_correct", "all_wrong", "other")}
     vals = torch.where(valid, rewards, torch.zeros_like(rewards)).to(f)  # [P, G]
-    n_valid = valid.sum().to(f)
-    r_mean = vals.sum() / n_valid.clamp_min(1)
-    r_var = torch.where(valid, (vals - r_mean).square(), torch.zeros_like(vals)).sum()
-    r_std = (r_var / n_valid.clamp_min(1)).sqrt()
+    r_mean = vals.sum() / valid.sum().clamp_min(1)
+    r_std = batch_std(vals, valid, ddof=0)
     nan_count = (~valid).sum().to(f)
 
     keep = adv.keep.to(torch.bool)  # [P]
@@ -89,13 +85,7 @@ def step_metrics(
 
     tail = torch.nan_to_num(inverse_scale_tail(adv, (0.5, 0.95, 0.99, 1.0)), nan=0.0).to(f)  # [4]
 
-    sigma = split["sigma"].to(f)  # [P]
-    live = ~split["collapsed"]  # [P]
-    s_mean = _masked_mean(sigma, live)
-    s_var = _masked_mean((sigma - s_mean).square(), live)
-    s_cv = torch.where(
-        s_mean > 0, s_var.sqrt() / s_mean.clamp_min(1e-300), torch.zeros_like(s_mean)
-    )
+    s_mean, s_cv = sigma_mean_cv(split["sigma"], ~split["collapsed"])
 
     step = {  # 0-dim tensors; one host transfer below
         "acr/rate": frac["collapsed"],

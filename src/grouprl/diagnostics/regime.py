@@ -13,9 +13,24 @@ from collections.abc import Iterable
 
 import torch
 
+from grouprl.advantages._groups import batch_std
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
 
-__all__ = ["gradient_orthogonality", "per_prompt_gradients", "sigma_stats"]
+__all__ = ["gradient_orthogonality", "per_prompt_gradients", "sigma_mean_cv", "sigma_stats"]
+
+
+def sigma_mean_cv(sigma: torch.Tensor, live: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean of ``sigma [P]`` over the ``live [P]`` groups and its coefficient of variation
+    (population std / mean) across them, as 0-dim float64 tensors (no host transfer).
+
+    Both 0 when no group is live or the mean is 0 [OURS: keeps the logs free of NaN].
+    """
+    sigma = sigma.to(torch.float64)  # [P]
+    n = live.sum().clamp_min(1)
+    mean = torch.where(live, sigma, torch.zeros_like(sigma)).sum() / n
+    std = batch_std(sigma, live, ddof=0)
+    cv = torch.where(mean > 0, std / mean.clamp_min(1e-300), torch.zeros_like(mean))
+    return mean, cv
 
 
 def sigma_stats(rewards: torch.Tensor, *, tau: float = DEFAULT_TAU) -> dict[str, float]:
@@ -24,15 +39,12 @@ def sigma_stats(rewards: torch.Tensor, *, tau: float = DEFAULT_TAU) -> dict[str,
     Both 0 when every group is collapsed. σ with ddof = 1 (as the estimators).
     """
     split = collapse_split(rewards, tau=tau)
-    sigma = split["sigma"].to(torch.float64)[~split["collapsed"]]
-    if sigma.numel() == 0:
-        return {"regime/sigma_mean": 0.0, "regime/sigma_cv": 0.0, "regime/live_groups": 0.0}
-    mean = sigma.mean()
-    cv = sigma.std(correction=0) / mean if mean > 0 else torch.zeros(())
+    live = ~split["collapsed"]  # [P]
+    mean, cv = sigma_mean_cv(split["sigma"], live)
     return {
         "regime/sigma_mean": float(mean),
         "regime/sigma_cv": float(cv),
-        "regime/live_groups": float(sigma.numel()),
+        "regime/live_groups": float(live.sum()),
     }
 
 
