@@ -69,10 +69,16 @@ def _start(tmp_path, out, resume):
     )
 
 
+def _last_step(out) -> int:
+    """The last logged step (metrics.jsonl starts with the step-0 evaluation row)."""
+    rows = read_jsonl(Path(out) / "metrics.jsonl") if (Path(out) / "metrics.jsonl").exists() else []
+    return rows[-1]["step"] if rows else -1
+
+
 def _wait_for_steps(proc, out, k, timeout=120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len(read_jsonl(Path(out) / "metrics.jsonl")) >= k or proc.poll() is not None:
+        if _last_step(out) >= k or proc.poll() is not None:
             return
         time.sleep(0.02)
     raise AssertionError(f"run did not reach step {k} in {timeout} s")
@@ -95,7 +101,7 @@ def test_sigkill_at_several_points_then_resume_gives_the_same_metrics(tmp_path, 
         _wait_for_steps(proc, out, k)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        kills.append(len(read_jsonl(out / "metrics.jsonl")))
+        kills.append(_last_step(out))
     proc = _start(tmp_path, out, resume=True)
     log, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, log
@@ -114,7 +120,7 @@ def test_sigterm_checkpoints_and_exits_cleanly(tmp_path, uninterrupted):
     log, _ = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGTERM, log
     assert "stopped by signal 15 after step" in log
-    stopped = len(read_jsonl(out / "metrics.jsonl"))
+    stopped = _last_step(out)
     assert (out / f"checkpoints/step_{stopped:08d}/manifest.json").exists()
     proc = _start(tmp_path, out, resume=True)
     log, _ = proc.communicate(timeout=180)

@@ -61,7 +61,8 @@ def test_two_seeded_runs_give_identical_metrics(tmp_path):
         )
         train(cfg, **inj)
     a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
-    assert a == b and len(a) == 4 and "eval/pass@4" in a[1]
+    assert a == b and [r["step"] for r in a] == [0, 1, 2, 3, 4] and "eval/pass@4" in a[2]
+    assert set(a[0]) == {"step", "eval/pass@1", "eval/pass@4", "eval/reward_mean"}  # the start
     assert read_jsonl(tmp_path / "a/rewards.jsonl") == read_jsonl(tmp_path / "b/rewards.jsonl")
     # another seed gives other numbers (the comparison above can fail)
     cfg, inj = make(tmp_path / "c", "optim.steps=4", "run.seed=1")

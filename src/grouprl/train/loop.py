@@ -76,8 +76,8 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
         with graceful_stop() as stop:
-            if run.step == 0 and every:
-                _evaluate(run)
+            if run.step == 0 and every:  # the start, logged as step 0 (eval/* keys only)
+                run.sinks.log(0, _evaluate(run))
             while run.step < cfg.optim.steps and stop.signum is None:
                 run.step += 1
                 metrics = train_step(run)
