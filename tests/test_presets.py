@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from grouprl import advantages, losses, presets
+from grouprl import advantages, losses, presets, sampling
 
 GRPO = (0.2, 0.2)
 DAPO = (0.2, 0.28)
@@ -100,11 +100,15 @@ EXPECTED = {
         "k3",
         0.0,
     ),
-    "is_grpo": ("is_grpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    # IS-GRPO: plain GRPO advantages; its difference is the prompt sampler (SAMPLER below)
+    "is_grpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
     # AGPO: ε_base 0.2 (replaced per step by the controller), k1 KL β = 0.03 (§3-§4);
     # aggregation from the AGPO code (per-sequence token mean, mean over sequences)
     "agpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, SMTM, False, None, "agpo", "k1", 0.03),
 }
+
+# The prompt sampler of each preset (ALGORITHMS.md §1): uniform unless named here.
+SAMPLER = {"is_grpo": "sigma"}
 
 FIELDS = (
     "estimator",
@@ -137,6 +141,14 @@ def test_preset_parameters_match_algorithms_md(name):
     )
     assert got == EXPECTED[name]
     assert dict(p.estimator_params) == {}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_preset_prompt_sampler(name):
+    p = presets.get(name)
+    assert p.sampler == SAMPLER.get(name, "uniform")
+    sampler = sampling.make(p.sampler, pool_size=16)  # every named sampler exists
+    assert sampler.sample(4, torch.Generator().manual_seed(0)).shape == (4,)
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -18,6 +18,7 @@ _SUBMODULES = {
     "losses",
     "diagnostics",
     "presets",
+    "sampling",
     "control",
     "simulate",
     "tasks",

@@ -29,6 +29,7 @@ class Preset:
     Loss half: ``surrogate`` (+ ``surrogate_params``: clip bounds...), ``aggregation``,
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
+    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma").
     ``sources`` cites, for every one of these fields, where its value comes from.
     """
 
@@ -51,6 +52,8 @@ class Preset:
     dynamic_sampling: bool = False
     overlong: str | None = None  # None | "mask" | "soft"
     controller: str | None = None  # None | "agpo"
+    # -- prompt sampler (grouprl.sampling; ALGORITHMS.md §1, IS-GRPO)
+    sampler: str = "uniform"
     sources: MappingProxyType = field(default_factory=frozen)
 
     def advantage_kwargs(self) -> dict[str, Any]:
@@ -102,6 +105,7 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "dynamic_sampling": "off: every sampled group is used (GRPO, TRL and verl default)",
     "overlong": "None: truncated completions are trained on as they are (TRL default)",
     "controller": "None: fixed clip and temperature",
+    "sampler": "uniform: every prompt of the pool equally likely (GRPO, TRL and verl default)",
 }
 
 
@@ -298,13 +302,17 @@ PRESETS: dict[str, Preset] = {
         ),
         _p(
             "is_grpo",
-            "IS-GRPO: per-prompt normalisation re-weighted by sigma_q / mean sigma",
+            "IS-GRPO: GRPO advantages, prompts drawn with probability ~ max(sigma_hat, floor)",
             {
-                "estimator": "IS-GRPO (Why GRPO needs normalization) [OURS reconstruction]",
+                "estimator": "IS-GRPO (Why GRPO needs normalization): per-prompt GRPO "
+                "normalisation, no extra weight (grouprl.sampling docstring)",
                 "aggregation": _S_TOKEN_MEAN,
+                "sampler": "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn "
+                "with p ~ max(sigma_hat, sigma_floor) so the expected update is parallel to the "
+                "full gradient; running estimate, floor and replacement are [OURS]",
             },
-            estimator="is_grpo",
             aggregation="token_mean",
+            sampler="sigma",
         ),
         _p(
             "agpo",

@@ -89,7 +89,7 @@ def per_group(kind, rewards, *, eps=1e-6, ddof=1, tau=TAU, tau_res=1e-2, quantil
             sq = max(tau_res, card)
             scales[p] = sq
             vals = [a / sq for a in u]
-        elif kind == "is_grpo":
+        elif kind == "sigma_weighted_grpo":
             w = s / sigma_bar if sigma_bar > 0 else 0.0
             scales[p] = (s + eps) / w if (not coll and w > 0) else s + eps
             vals = [w * (x - m) / (s + eps) for x in xs]

@@ -98,10 +98,10 @@ def test_reinforce_pp():
     assert a.reshape(-1).tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5, 1, 1, -1, -1], abs=1e-12)
 
 
-def test_is_grpo():
+def test_sigma_weighted_grpo():
     # σ1 = 0.5, σ2 = sqrt(1/3); σ̄ = (0.5 + 0.5773503)/2 = 0.5386751. With eps -> 0 the
     # advantage is (r - r̄_q)/σ̄: group 1 0.75/σ̄ = 1.3923048, group 2 0.5/σ̄ = 0.9282032
-    a = adv("is_grpo", B2, eps=1e-12)
+    a = adv("sigma_weighted_grpo", B2, eps=1e-12)
     sbar = (0.5 + math.sqrt(1 / 3)) / 2
     assert a[0].tolist() == pytest.approx([0.75 / sbar] + [-0.25 / sbar] * 3, abs=1e-9)
     assert a[1].tolist() == pytest.approx([0.5 / sbar] * 2 + [-0.5 / sbar] * 2, abs=1e-9)

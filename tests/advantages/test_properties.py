@@ -32,7 +32,7 @@ MEAN_CENTRED = [
     "maxnorm_rloo",
     "maxnorm_dr_grpo",
     "grpo_beta_comp",
-    "is_grpo",
+    "sigma_weighted_grpo",
 ]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -85,7 +85,9 @@ def test_shift_invariance(rewards, name, c):
 @SETTINGS
 @given(
     batches(),
-    st.sampled_from(["grpo", "batch_std", "reinforce_pp", "gopo", "is_grpo", "grpo_beta_comp"]),
+    st.sampled_from(
+        ["grpo", "batch_std", "reinforce_pp", "gopo", "sigma_weighted_grpo", "grpo_beta_comp"]
+    ),
     st.sampled_from([0.5, 2.0, 10.0]),
 )
 def test_scale_invariance_where_std_normalised(rewards, name, c):

@@ -34,6 +34,27 @@ def test_balance_linear_losses_hand_derived():
     assert w.grad is not None
 
 
+def test_balance_is_the_maxnorm_caption_ratio_with_the_unweighted_kl():
+    # MaxNorm Table 3 caption: R/KL = ‖g_R‖/(β‖g_KL‖), base β, g_KL of the *unweighted* KL.
+    # Two groups, one parameter each, θ = (1, 2); reward branch −(3θ1 + 4θ2): g_R = (−3, −4),
+    # ‖g_R‖ = 5. KL of group q: ½θ_q² (reference 0); unweighted branch = mean over groups
+    # = (θ1² + θ2²)/4: g_KL = (θ1/2, θ2/2) = (0.5, 1), ‖g_KL‖ = √1.25. β = 0.1:
+    # R/KL = 5/(0.1·√1.25) = 44.72; cosine = (−1.5 − 4)/(5·√1.25) = −0.9839.
+    theta = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    reward = -(torch.tensor([3.0, 4.0], dtype=torch.float64) * theta).sum()
+    kl_per_group = theta.square() / 2
+    out = reward_kl_balance(reward, kl_per_group.mean(), [theta], beta=0.1)
+    assert out["balance/r_over_kl"] == pytest.approx(5.0 / (0.1 * math.sqrt(1.25)), rel=1e-12)
+    assert out["balance/kl_grad_norm"] == pytest.approx(math.sqrt(1.25), rel=1e-12)
+    assert out["balance/cosine"] == pytest.approx(-5.5 / (5.0 * math.sqrt(1.25)), rel=1e-12)
+    # With a per-group kl_weight (GRPO+β_q-comp: 1/σ_q, here (4, 1)) the *trained* KL branch
+    # has gradient (2, 1), ‖·‖ = √5, and would read R/KL = 5/(0.1·√5) = 22.4: not the caption's
+    # number. The caller passes the unweighted branch; the function does not un-weight.
+    weighted = (torch.tensor([4.0, 1.0], dtype=torch.float64) * kl_per_group).mean()
+    w_out = reward_kl_balance(reward, weighted, [theta], beta=0.1)
+    assert w_out["balance/r_over_kl"] == pytest.approx(5.0 / (0.1 * math.sqrt(5.0)), rel=1e-12)
+
+
 def test_balance_without_kl_leaves_ratio_out():
     w = torch.ones(3, requires_grad=True)
     out = reward_kl_balance(w.sum(), (0 * w).sum(), [w], beta=0.04)

@@ -233,6 +233,8 @@ def test_trainer_rejects_what_it_cannot_run(tmp_path):
     )
     with pytest.raises(ValueError, match="controller"):
         gt.GroupRLGRPOTrainer(preset="agpo", **common)
+    with pytest.raises(ValueError, match="'sigma' sampler"):  # IS-GRPO needs its prompt sampler
+        gt.GroupRLGRPOTrainer(preset="is_grpo", **common)
     with pytest.raises(ValueError, match="unknown parameter"):
         gt.GroupRLGRPOTrainer(estimator="grpo", advantage_kwargs={"gamma": 1.0}, **common)
     with pytest.raises(ValueError, match="loss must be"):

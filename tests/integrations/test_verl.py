@@ -248,6 +248,8 @@ def test_bad_options_fail_loudly():
     tlr, mask, uids, _ = ragged_batch(seed=1)
     with pytest.raises(ValueError, match="adv_estimator=grouprl_maxnorm_rloo"):
         via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"preset": "maxnorm_rloo"})
+    with pytest.raises(ValueError, match="'sigma' sampler"):  # IS-GRPO needs its prompt sampler
+        via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"preset": "is_grpo"})
     with pytest.raises(ValueError, match="singleton"):
         via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"singleton": "raw"})
     with pytest.raises(ValueError, match="unknown parameter"):

@@ -55,7 +55,7 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
     "maxnorm_rloo": scale.maxnorm_rloo,
     "maxnorm_dr_grpo": scale.maxnorm_dr_grpo,
     "grpo_beta_comp": baseline.grpo_beta_comp,
-    "is_grpo": baseline.is_grpo,
+    "sigma_weighted_grpo": baseline.sigma_weighted_grpo,
 }
 """Estimator name -> pure function ``(rewards [P, G], valid [P, G], **params) -> Advantages``."""
 

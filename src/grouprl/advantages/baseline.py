@@ -1,5 +1,5 @@
 """Baseline-and-scale estimators: grpo, dr_grpo, rloo, batch_std, reinforce_pp,
-grpo_beta_comp, is_grpo (ALGORITHMS.md §1).
+grpo_beta_comp, sigma_weighted_grpo (ALGORITHMS.md §1).
 
 Every function maps ``rewards [P, G]`` (NaN = missing) and its validity mask (None = all
 valid) to an :class:`~grouprl.types.Advantages`. Shared rules (§0): NaN entries are left out
@@ -139,7 +139,7 @@ def grpo_beta_comp(
     return Advantages(out.values, out.keep, kl_weight, out.scale, out.stats, out.updated)
 
 
-def is_grpo(
+def sigma_weighted_grpo(
     rewards: torch.Tensor,
     valid: torch.Tensor | None,
     *,
@@ -147,11 +147,14 @@ def is_grpo(
     ddof: int = DEFAULT_DDOF,
     tau: float = DEFAULT_TAU,
 ) -> Advantages:
-    """IS-GRPO: (σ_q / mean_{q'} σ_{q'}) · (r_i − r̄_q)/(σ_q + eps), mean over non-collapsed groups.
+    """GRPO re-weighted per prompt by σ_q/σ̄: (σ_q/σ̄)·(r_i − r̄_q)/(σ_q + eps).
 
-    [OURS] reconstruction of "Why GRPO needs normalization" (IS-GRPO): re-weighting each
-    prompt by σ_q/σ̄ undoes GRPO's per-prompt 1/σ_q so that the expected update is parallel to
-    the full gradient, with the batch-level σ̄ keeping the step size normalised. With no
+    σ̄ = mean σ_q over the batch's non-collapsed groups. Up to eps this is (r_i − r̄_q)/σ̄:
+    Dr.GRPO's direction with one per-batch scale (an adaptive optimizer largely removes it).
+    [OURS] It is the *in-batch* reading of IS-GRPO ("Why GRPO needs normalization"): move the
+    sampling density p_x ∝ σ_x into a weight on uniformly drawn prompts. It was this project's
+    ``is_grpo`` estimator until issue 11; the ``is_grpo`` preset now follows the paper's
+    sampling reading (GRPO advantages, prompts drawn ∝ σ̂ by ``grouprl.sampling``). With no
     non-collapsed group every advantage is 0. scale = (σ_q + eps)·σ̄/σ_q.
     """
     m = group_moments(rewards, valid, ddof, tau)

@@ -8,6 +8,15 @@ from pathlib import Path
 _CHOICES = ("categorical", "tail-miss", "low-variance", "acr")
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers such as 1e3,3e3, got {text!r}"
+        ) from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=_CHOICES, help="which simulation")
     parser.add_argument("--quick", action="store_true", help="small setting (under a minute)")
@@ -22,6 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lr", type=float, default=None, help="override the learning rate (categorical, acr)"
     )
     parser.add_argument("--steps", type=int, default=None, help="override the steps (categorical)")
+    parser.add_argument(
+        "--lr-sweep",
+        type=_floats,
+        default=None,
+        metavar="η,η,...",
+        help="categorical: more step sizes after --lr (the paper's 1e-2), e.g. 1e3,3e3,1e4",
+    )
+    parser.add_argument(
+        "--surrogate",
+        choices=("prob", "logprob"),
+        default=None,
+        help="categorical: the paper's (1/N)Σ r̃ π(a) (prob, default) or the log-prob variant",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a claim does not hold")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 
@@ -63,10 +85,12 @@ def run(args: argparse.Namespace) -> int:
         if args.name not in ("categorical", "acr"):
             raise SystemExit(f"--lr applies to categorical and acr, not {args.name}")
         overrides["lr"] = args.lr
-    if args.steps is not None:
-        if args.name != "categorical":
-            raise SystemExit("--steps applies to categorical only")
-        overrides["steps"] = args.steps
+    for flag, key in (("steps", "steps"), ("lr_sweep", "lr_sweep"), ("surrogate", "surrogate")):
+        value = getattr(args, flag)
+        if value is not None:
+            if args.name != "categorical":
+                raise SystemExit(f"--{flag.replace('_', '-')} applies to categorical only")
+            overrides[key] = value
     result = get(args.name)(quick=args.quick, seed=args.seed, **overrides)
     _print(result)
     paths = write_result(result, args.out)

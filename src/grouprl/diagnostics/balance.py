@@ -1,9 +1,13 @@
 """Reward/KL balance from two backward passes, and KL mean / P95 over sequences.
 
-ALGORITHMS.md §5 [PAPER seed: MaxNorm-AC, Table 3]: R/KL = ‖g_R‖ / (β‖g_KL‖) and the cosine
-between g_R and g_KL, where g_R is the gradient of the reward branch of the loss and g_KL the
-gradient of the (unweighted) KL branch. GRPO on low-variance groups reaches R/KL ≈ 3.1;
-RLOO / Dr.GRPO ≈ 0.5 (KL-dominated).
+ALGORITHMS.md §5 [PAPER seed: MaxNorm-AC, Table 3 caption: "R/KL is ‖g_R‖/(β‖g_KL‖), and Dir.
+is the reward/KL direction cosine"]: g_R is the gradient of the reward branch of the loss,
+g_KL the gradient of the **unweighted** KL branch — the KL term without β and without any
+per-group ``kl_weight`` — and β the base coefficient. One definition for every method, so
+GRPO+β_q-comp, whose ``kl_weight = 1/(σ_q + eps)`` rescales the KL it trains with, is measured
+on the same scale as GRPO (the paper reports 2.94 for it next to GRPO's 3.10, which only the
+unweighted reading gives: its reward branch is GRPO's). GRPO on low-variance groups reaches
+R/KL ≈ 3.1; RLOO / Dr.GRPO ≈ 0.5 (KL-dominated).
 """
 
 from __future__ import annotations
@@ -32,14 +36,16 @@ def reward_kl_balance(
     beta: float,
     retain_graph: bool = True,
 ) -> dict[str, float]:
-    """R/KL ratio and direction cosine of the reward and KL branches' gradients.
+    """R/KL = ‖g_R‖/(β‖g_KL‖) and the direction cosine (MaxNorm Table 3 caption).
 
-    ``reward_loss`` is the scalar reward branch (surrogate, aggregated); ``kl_loss`` the scalar
-    KL branch **before** multiplying by β (and after any per-group ``kl_weight``); ``params``
-    the trainable parameters. Two ``torch.autograd.grad`` calls, so ``.grad`` buffers are not
+    ``reward_loss``: the scalar reward branch (surrogate, aggregated). ``kl_loss``: the scalar
+    **unweighted** KL branch — the per-token KL aggregated like the loss, without β and
+    without the per-group ``kl_weight`` (for every estimator but ``grpo_beta_comp`` that is
+    the trained KL term divided by β). ``beta``: the base coefficient. ``params``: the
+    trainable parameters. Two ``torch.autograd.grad`` calls, so ``.grad`` buffers are not
     touched; ``retain_graph=True`` (default) leaves the graph for the optimizer's own backward.
 
-    Returns ``balance/reward_grad_norm``, ``balance/kl_grad_norm`` (unweighted),
+    Returns ``balance/reward_grad_norm`` (‖g_R‖), ``balance/kl_grad_norm`` (‖g_KL‖, unweighted),
     ``balance/cosine`` (0 when either gradient is 0) and ``balance/r_over_kl`` =
     ‖g_R‖/(β‖g_KL‖), left out when β·‖g_KL‖ = 0 [OURS: no inf in the log].
     """

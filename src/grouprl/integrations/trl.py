@@ -309,6 +309,12 @@ class GroupRLGRPOTrainer(GRPOTrainer):
                 "temperature / clip control), which the TRL integration does not drive; use "
                 "`grouprl train` or a preset without a controller"
             )
+        if spec.sampler != "uniform":
+            raise ValueError(
+                f"preset {spec.name!r} draws prompts with the {spec.sampler!r} sampler "
+                "(grouprl.sampling, IS-GRPO), which TRL's dataloader does not do; without it the "
+                "preset is plain GRPO. Use `grouprl train`, or preset='grpo' if GRPO is meant"
+            )
         self.grouprl_trigger = VirtualTrigger() if spec.virtual is not None else None
         targs = kwargs.get("args", args[2] if len(args) > 2 else None)
         self._grouprl_loss = self._configure_loss(spec, targs, loss, preset is not None, kwargs)

@@ -310,6 +310,12 @@ def _options(name: str, config: Any) -> tuple[str, dict[str, Any]]:
                 f"algorithm.adv_estimator is {PREFIX + name!r}; set "
                 f"algorithm.adv_estimator={PREFIX + preset.estimator}"
             )
+        if preset.sampler != "uniform":
+            raise ValueError(
+                f"preset {preset_name!r} draws prompts with the {preset.sampler!r} sampler "
+                "(grouprl.sampling, IS-GRPO), which verl's dataloader does not do; without it "
+                "the preset is plain GRPO: use algorithm.adv_estimator=grouprl_grpo without it"
+            )
         kwargs.update(preset.advantage_kwargs())
     singleton = opts.pop("singleton", "zero")
     if singleton not in SINGLETON_RULES:

@@ -117,9 +117,11 @@ class ToyPolicy:
 def reward_kl_ratio(adv, sel: torch.Tensor, toy: ToyPolicy, beta: float) -> dict[str, float]:
     """R/KL = ‖g_R‖/(β‖g_KL‖) and the direction cosine on the selected groups of a toy policy.
 
-    Reward branch −mean_{q,i} A_{q,i} log π_q(a_{q,i}); KL branch mean_{q,i} kl_weight_q ·
-    k3(log π_q, log π_ref) at the sampled answers; both through
-    :func:`grouprl.diagnostics.reward_kl_balance` (two backward passes).
+    Reward branch −mean_{q,i} A_{q,i} log π_q(a_{q,i}); KL branch mean_{q,i} k3(log π_q,
+    log π_ref) at the sampled answers, **unweighted** (no ``kl_weight``: the MaxNorm Table 3
+    caption's definition, ``diagnostics.balance``); both through
+    :func:`grouprl.diagnostics.reward_kl_balance` (two backward passes). A method's
+    ``kl_weight`` shows in the KL calibration κ instead.
     """
     if not bool(sel.any()):
         return {"balance/r_over_kl": float("nan"), "balance/cosine": float("nan")}
@@ -129,7 +131,7 @@ def reward_kl_ratio(adv, sel: torch.Tensor, toy: ToyPolicy, beta: float) -> dict
     lref = torch.log_softmax(toy.ref[sel], 1).gather(1, act)  # [S, G]
     reward_loss = -(adv.values[sel].double() * lp).mean()
     d = lref - lp
-    kl_loss = (adv.kl_weight[sel].double()[:, None] * (d.exp() - d - 1)).mean()
+    kl_loss = (d.exp() - d - 1).mean()  # unweighted: no kl_weight
     return reward_kl_balance(reward_loss, kl_loss, [theta], beta=beta, retain_graph=False)
 
 
