@@ -239,3 +239,23 @@ def test_objective_micro_batches_equal_one_batch(aggregation, parts):
         grad[s] = lp.grad
     assert acc == pytest.approx(float(full.loss.detach()), abs=1e-12)
     torch.testing.assert_close(grad, g_full, atol=1e-12, rtol=0)
+
+
+def test_unweighted_kl_branch_leaves_out_beta_and_kl_weight():
+    # two sequences of one token each, k1 = logp - ref: (0.5 - 0) and (0.2 - 0.4) = -0.2;
+    # token_mean over the 2 kept tokens: unweighted (0.5 - 0.2)/2 = 0.15;
+    # weighted by kl_weight (1, 3) and beta 0.1: 0.1 * (0.5 - 0.6)/2 = -0.005
+    logp = torch.tensor([[0.5], [0.2]], requires_grad=True)
+    ref = torch.tensor([[0.0], [0.4]])
+    mask = torch.ones(2, 1)
+    out = losses.objective(
+        logp, logp.detach(), torch.zeros(2), mask, surrogate="reinforce",
+        aggregation="token_mean", ref_logp=ref, kl="k1", beta=0.1,
+        kl_weight=torch.tensor([1.0, 3.0]),
+    )  # fmt: skip
+    assert out.kl_unweighted.detach().item() == pytest.approx(0.15, abs=1e-7)
+    assert out.kl_loss.detach().item() == pytest.approx(-0.005, abs=1e-7)
+    (g,) = torch.autograd.grad(out.kl_unweighted, logp)
+    torch.testing.assert_close(g, torch.tensor([[0.5], [0.5]]))  # d/dlogp of (k1_0 + k1_1)/2
+    none = losses.objective(logp, logp.detach(), torch.zeros(2), mask, surrogate="reinforce")
+    assert none.kl_unweighted.detach().item() == 0.0

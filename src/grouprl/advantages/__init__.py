@@ -17,7 +17,13 @@ from typing import Any
 import torch
 
 from grouprl.advantages import baseline, ranking, scale, transforms
-from grouprl.advantages._groups import DEFAULT_TAU, check_positive, dense_valid, validate_rewards
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    check_positive,
+    dense_valid,
+    group_moments,
+    validate_rewards,
+)
 from grouprl.advantages.transforms import (
     DEFAULT_DELTA_RES,
     VIRTUAL_MODES,
@@ -37,6 +43,7 @@ __all__ = [
     "VirtualTrigger",
     "compute",
     "focal_weight",
+    "group_std",
     "names",
     "resolution",
     "transforms",
@@ -203,3 +210,14 @@ def compute(
         updated = updated & keep
     stats["updated_frac"] = float(updated.float().mean())
     return Advantages(values, keep, out.kl_weight, out.scale, stats, updated)
+
+
+def group_std(rewards: torch.Tensor, *, ddof: int = 1) -> torch.Tensor:
+    """``[P]`` std of each group's valid rewards (``ddof`` 1 as in §0); NaN with fewer than 2.
+
+    The within-group reward std σ_q that GRPO divides by, as a plain statistic (no eps, no
+    collapse threshold): what the IS-GRPO prompt sampler observes (``grouprl.sampling``).
+    """
+    valid = validate_rewards(rewards)
+    m = group_moments(rewards, valid, ddof)
+    return m.std.masked_fill(m.count < 2, float("nan"))

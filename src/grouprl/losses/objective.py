@@ -32,6 +32,9 @@ class Objective:
         loss: scalar to ``backward()``: ``pg_loss + kl_loss − entropy_bonus``.
         pg_loss: the aggregated reward (surrogate) branch, with its graph.
         kl_loss: the aggregated ``β·kl_weight·KL`` branch, with its graph (0 when β = 0).
+        kl_unweighted: the per-token KL aggregated the same way but without β and without
+            ``kl_weight``, with its graph (0 when β = 0): the KL branch the MaxNorm paper's
+            R/KL = ‖g_R‖/(β‖g_KL‖) differentiates (``diagnostics.reward_kl_balance``).
         entropy_bonus: the aggregated ``entropy_coeff·H`` (0 when unused).
         per_token: ``[N, T]`` the summed per-token objective (0 at masked / dropped tokens).
         stats: floats: the surrogate's stats (ratio, clip fractions) plus ``pg_loss``,
@@ -47,6 +50,7 @@ class Objective:
     entropy_bonus: torch.Tensor
     per_token: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
+    kl_unweighted: torch.Tensor | None = None
 
 
 def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -117,10 +121,10 @@ def objective(
     if not any_kept:
         stats = {key: 0.0 for key in stats}
         stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
-        return Objective(zero, zero, zero, zero, per_token * 0.0, stats)
+        return Objective(zero, zero, zero, zero, per_token * 0.0, stats, zero)
     total = per_token  # already 0 outside eff (the surrogate's mask)
     pg_loss = aggregate(aggregation, total, eff_f, totals)
-    kl_loss = zero
+    kl_loss = kl_unweighted = zero
     n_tok = eff_f.sum()
     extra = {"kl_mean": zero.detach(), "entropy_mean": zero.detach()}
     if beta > 0:
@@ -133,6 +137,7 @@ def objective(
         kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
         kl_term = beta * w[:, None] * kl_tok
         kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
+        kl_unweighted = aggregate(aggregation, kl_tok, eff_f, totals)
         total = total + kl_term
         extra["kl_mean"] = kl_tok.detach().sum() / n_tok
     ent_bonus = zero
@@ -149,4 +154,4 @@ def objective(
     extra.update(pg_loss=pg_loss, kl_loss=kl_loss, kept_frac=keep_t.to(n_tok.dtype).mean())
     stats.update(to_floats(extra))  # one device sync for all of them
     loss = pg_loss + kl_loss - ent_bonus
-    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, stats)
+    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, stats, kl_unweighted)

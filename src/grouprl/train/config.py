@@ -118,6 +118,12 @@ class SamplingConfig:
     overlong_cache: int = 0
     """DAPO's soft-penalty ramp L_cache in tokens; 0 = max_new_tokens // 5 (DAPO: 4096 of
     20480) [OURS scaling]."""
+    pool_size: int = 0
+    """Prompts come from a finite pool of this many train examples, drawn once from the seed,
+    and the preset's prompt sampler (``grouprl.sampling``) picks each step's P from it. 0 =
+    a fresh stream of prompts every step for the ``uniform`` sampler, and a pool of
+    ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs one (``sigma``,
+    IS-GRPO) [OURS]. A dataset task with fewer rows gives a pool of its distinct rows."""
     max_resample_tries: int = 3
     """Dynamic sampling (DAPO): rounds of extra prompts before training on a short batch;
     DAPO's code uses ``max_num_gen_batches`` (0 = unlimited) [OURS default 3]."""
@@ -273,6 +279,11 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.temperature and eval.temperature must be > 0")
     if not 0 < s.top_p <= 1:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p}")
+    if s.pool_size < 0 or 0 < s.pool_size < s.prompts_per_step:
+        raise ConfigError(
+            f"sampling.pool_size must be 0 (automatic) or at least sampling.prompts_per_step="
+            f"{s.prompts_per_step}, got {s.pool_size}"
+        )
     if not 0 <= s.max_unscorable_frac <= 1:
         raise ConfigError("sampling.max_unscorable_frac must be in [0, 1]")
     if o.lr <= 0:
@@ -327,6 +338,14 @@ def _check_names(cfg: RunConfig) -> None:
     if unknown:
         raise ConfigError(
             f"unknown algorithm override(s) {unknown}; valid: {', '.join(sorted(fields_))}"
+        )
+    from grouprl import sampling
+
+    sampler = cfg.algorithm.resolve().sampler
+    if sampler not in sampling.SAMPLERS:
+        raise ConfigError(
+            f"unknown prompt sampler algorithm.sampler={sampler!r}; valid: "
+            f"{', '.join(sampling.names())}"
         )
     from grouprl import tasks
 

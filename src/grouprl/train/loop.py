@@ -2,7 +2,8 @@
 
 One step, its stages in order, the step's tensors as locals::
 
-    1-2. prompts → rollouts → rewards   P examples, G completions each at the controller's
+    1-2. prompts → rollouts → rewards   P examples (a stream, or a pool + a prompt sampler),
+         G completions each at the controller's
          temperature, verified → rewards [P, G] (NaN = unscorable, counted; too many stops
          the run); DAPO's overlong penalty; DAPO's dynamic sampling draws more prompts
          until P informative groups are found                     (collect_batch, below)
@@ -169,15 +170,12 @@ def train_step(run: Run) -> dict[str, float]:
 # ---- stages 1-2: the batch -------------------------------------------------------------------
 
 
-def prompt_seed(seed: int, step: int, round_: int) -> int:
-    """[OURS] the train stream of step s, round r: distinct for every (seed, step, round)."""
-    return (seed * 1_000_003 + step) * 64 + round_
-
-
 def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
     """Generation rounds until the batch holds P groups (one round without dynamic sampling).
 
-    Each round: draw prompts, sample G completions each (the controller sets the temperature
+    Each round: draw prompts (``run.prompts``: a fresh stream, or a pool and IS-GRPO's
+    sampler, which then observes every generated group's σ), sample G completions each (the
+    controller sets the temperature
     on the first round), score them, apply DAPO's soft overlong penalty, keep the groups
     the dynamic sampler accepts. ``acr/sampled_rate`` counts every generated group: with
     dynamic sampling ``acr/rate`` is measured after the collapsed groups were dropped, so the
@@ -196,8 +194,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
     unscorable = collapsed = drawn = 0.0
     while not rounds or (sampler is not None and not sampler.done):
         n = p if sampler is None else sampler.next_draw()
-        seed = prompt_seed(cfg.run.seed, run.step, len(rounds))
-        examples = run.task.examples("train", n, seed)
+        examples, indices = run.prompts.draw(n, run.step, len(rounds))  # [n] pool indices
         if not rounds:
             temperature, controller_metrics = run.controller.temperature(run, examples, timer)
             metrics.update(controller_metrics)
@@ -208,6 +205,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
             rewards = filters.apply_overlong_penalty(
                 rewards, lengths, max_len=s.max_new_tokens, cache_len=cache
             )
+        run.prompts.observe(indices, rewards)  # IS-GRPO's sampler: σ of every generated group
         unscorable += counters["reward/unscorable_frac"]
         collapsed += diagnostics.acr(rewards) * n
         drawn += n
@@ -219,6 +217,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         batch = replace(batch, mask=filters.mask_truncated(batch.mask, batch.truncated))
     if sampler is not None:
         metrics.update({f"dynamic/{k}": v for k, v in sampler.stats().items()})
+    metrics.update(run.prompts.metrics())
     lengths = batch.mask.sum(-1)
     metrics.update(
         {
@@ -388,14 +387,18 @@ other statistic of ``losses.objective`` is a mean (weighted by sequences)."""
 
 
 def _balance(run: Run, obj: losses.Objective) -> dict[str, float]:
-    """R/KL and the reward/KL gradient cosine of one micro-batch (diagnostics.reward_kl_balance).
+    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine of one micro-batch.
 
-    Two extra backward passes with ``retain_graph``; the ``.grad`` buffers are not touched.
-    Measured on the whole micro-batch [OURS] (the MaxNorm paper restricts it to low-σ groups).
+    As the MaxNorm paper's Table 3 caption defines it (``diagnostics.reward_kl_balance``): the
+    base β and the gradient of the *unweighted* KL branch (no β, no per-group ``kl_weight``,
+    so ``grpo_beta_comp``'s 1/σ weights are not folded in). Two extra backward passes with
+    ``retain_graph``; the ``.grad`` buffers are not touched. Measured on the whole
+    micro-batch [OURS] (the paper restricts it to low-σ groups).
     """
-    beta = run.preset.beta
     params = [q for q in run.model.parameters() if q.requires_grad]
-    return diagnostics.reward_kl_balance(obj.pg_loss, obj.kl_loss / beta, params, beta=beta)
+    return diagnostics.reward_kl_balance(
+        obj.pg_loss, obj.kl_unweighted, params, beta=run.preset.beta
+    )
 
 
 def _count_nonfinite(run: Run) -> None:

@@ -27,6 +27,7 @@ from grouprl.tasks.base import Task
 from grouprl.train import checkpoint as ckpt
 from grouprl.train.config import RunConfig
 from grouprl.train.controllers import Controller, make_controller
+from grouprl.train.prompts import Prompts
 from grouprl.train.reference import Reference, make_reference
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ class Run:
     tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
     reference: Reference
     controller: Controller
+    prompts: Prompts
     optimizer: torch.optim.Optimizer
     gen: torch.Generator  # rollout sampling, on the policy's device
     trigger: advantages.VirtualTrigger | None
@@ -88,6 +90,7 @@ class Run:
             "rng": ckpt.capture_rng({"rollout": self.gen}),
             "trigger": self.trigger.state_dict() if self.trigger else None,
             "controller": self.controller.state_dict(),
+            "prompts": self.prompts.state_dict(),
             "health": self.health.state_dict(),
             "nonfinite": (self.nonfinite_run, self.nonfinite_total),
             "evals": self.evals,
@@ -98,6 +101,7 @@ class Run:
         if self.trigger and state["trigger"]:
             self.trigger.load_state_dict(state["trigger"])
         self.controller.load_state_dict(state.get("controller", state.get("agpo")))
+        self.prompts.load_state_dict(state.get("prompts"))
         self.health.load_state_dict(state["health"])
         self.nonfinite_run, self.nonfinite_total = state["nonfinite"]
         self.evals = dict(state["evals"])
@@ -208,6 +212,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         tokenizer,
         reference,
         make_controller(preset.controller, cfg),
+        Prompts(task, sampler=preset.sampler, pool_size=cfg.sampling.pool_size, seed=cfg.run.seed),
         optimizer,
         gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
         trigger=advantages.VirtualTrigger() if preset.virtual else None,

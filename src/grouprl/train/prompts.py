@@ -1,0 +1,88 @@
+"""Where a step's prompts come from: a fresh stream, or a finite pool and a prompt sampler.
+
+Two modes, chosen once at set-up from ``sampling.pool_size`` and the preset's ``sampler``
+(:mod:`grouprl.sampling`):
+
+- **stream** (``uniform`` sampler, ``pool_size: 0``, the default of every preset but
+  ``is_grpo``): each (seed, step, round) draws P new examples from the task's ``train``
+  stream, as before the sampler axis existed;
+- **pool**: ``pool_size`` train examples are drawn once from the run's seed (for a dataset
+  task with fewer rows, its distinct rows), and each round the sampler picks P indices into
+  the pool. After each round the sampler observes the within-group reward std of every
+  group it generated (:func:`grouprl.advantages.group_std`; dynamic sampling's dropped groups
+  included), which is what IS-GRPO's ``sigma`` sampler draws by.
+
+The indices come from a CPU generator seeded by (seed, step, round), so the draws of a resumed
+run are those of an uninterrupted one; the sampler's own state (σ̂ per prompt) is checkpointed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from grouprl import advantages, sampling
+from grouprl.tasks.base import Example, Task
+
+__all__ = ["DEFAULT_POOL", "Prompts", "prompt_seed"]
+
+DEFAULT_POOL = 1024
+"""[OURS] pool size when ``sampling.pool_size`` is 0 and the sampler needs a pool (``sigma``):
+with 32 prompts a step, each prompt is visited about every 32 steps."""
+
+_POOL_SEED = 99_991
+"""[OURS] offset of the pool's seed from the run's, so the pool is not the step-0 stream."""
+
+
+def prompt_seed(seed: int, step: int, round_: int) -> int:
+    """[OURS] the train stream of step s, round r: distinct for every (seed, step, round)."""
+    return (seed * 1_000_003 + step) * 64 + round_
+
+
+class Prompts:
+    """The prompt source of a run (module docstring): ``draw`` → examples, ``observe`` → σ."""
+
+    def __init__(self, task: Task, *, sampler: str, pool_size: int, seed: int) -> None:
+        if sampler not in sampling.SAMPLERS:
+            raise ValueError(
+                f"unknown prompt sampler {sampler!r}; valid: {', '.join(sampling.names())}"
+            )
+        self.task, self.seed = task, seed
+        self.pool: list[Example] | None = None
+        self.sampler: sampling.PromptSampler | None = None
+        if sampler == "uniform" and pool_size == 0:
+            return  # the stream
+        pool: dict[str, Example] = {}
+        for ex in task.examples("train", pool_size or DEFAULT_POOL, seed + _POOL_SEED):
+            pool.setdefault(ex.id, ex)  # a dataset task cycles its rows: keep each once
+        self.pool = list(pool.values())
+        self.sampler = sampling.make(sampler, len(self.pool))
+
+    @property
+    def mode(self) -> str:
+        return "stream" if self.sampler is None else "pool"
+
+    def draw(self, n: int, step: int, round_: int) -> tuple[list[Example], torch.Tensor | None]:
+        """``n`` examples for (step, round), and their pool indices ``[n]`` (None: stream)."""
+        seed = prompt_seed(self.seed, step, round_)
+        if self.sampler is None or self.pool is None:
+            return self.task.examples("train", n, seed), None
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        idx = self.sampler.sample(n, gen)  # [n]
+        return [self.pool[i] for i in idx.tolist()], idx
+
+    def observe(self, indices: torch.Tensor | None, rewards: torch.Tensor) -> None:
+        """Tell the sampler the within-group reward std of the groups ``indices`` drew."""
+        if self.sampler is not None and indices is not None:
+            self.sampler.observe(indices, advantages.group_std(rewards).cpu())
+
+    def metrics(self) -> dict[str, float]:
+        return {} if self.sampler is None else self.sampler.stats()
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return None if self.sampler is None else self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if self.sampler is not None and state is not None:
+            self.sampler.load_state_dict(state)
