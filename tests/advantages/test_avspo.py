@@ -116,3 +116,48 @@ def test_trigger_state_round_trip_and_compute_advances_it():
     clone = VirtualTrigger()
     clone.load_state_dict(t.state_dict())
     assert clone.state_dict() == t.state_dict()
+
+
+def test_code_mode_per_generation_batch_of_groups():
+    # groups: all-wrong, all-correct, mixed, all-wrong (G = 4)
+    r = torch.tensor([[0.0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])
+    # one group per generation batch (the authors' script): every uniform group fires.
+    # All-wrong + one virtual 1: mean 0.2, std (ddof 1) sqrt(0.8 / 4) = sqrt(0.2), so each
+    # real sample gets (0 - 0.2)/sqrt(0.2) = -sqrt(0.2); all-correct + a virtual 0: +sqrt(0.2)
+    one = advantages.compute("grpo", r, virtual="code", virtual_batch_groups=1)
+    s = math.sqrt(0.2)
+    torch.testing.assert_close(one.values[0], torch.full((4,), -s), atol=1e-5, rtol=0)
+    torch.testing.assert_close(one.values[1], torch.full((4,), s), atol=1e-5, rtol=0)
+    torch.testing.assert_close(one.values[3], torch.full((4,), -s), atol=1e-5, rtol=0)
+    plain = advantages.compute("grpo", r)
+    torch.testing.assert_close(one.values[2], plain.values[2])  # mixed: no virtual sample
+    assert one.stats["virtual/triggered_frac"] == 0.75
+    # batches of 2 groups: (wrong, correct) is not uniform, (mixed, wrong) neither: nothing fires
+    two = advantages.compute("grpo", r, virtual="code", virtual_batch_groups=2)
+    assert two.stats["virtual/triggered_frac"] == 0.0
+    # the whole batch (the default) fires only when every reward is 0 (or every one 1)
+    assert advantages.compute("grpo", r, virtual="code").stats["virtual/triggered_frac"] == 0.0
+    # batches of 2 over [wrong, wrong | correct, correct]: both batches fire
+    r2 = torch.tensor([[0.0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1]])
+    both = advantages.compute("grpo", r2, virtual="code", virtual_batch_groups=2)
+    assert both.stats["virtual/triggered_frac"] == 1.0
+    assert bool((both.values[:2] < 0).all()) and bool((both.values[2:] > 0).all())
+
+
+def test_code_mode_per_group_equals_a_loop_over_groups():
+    gen = torch.Generator().manual_seed(0)
+    r = (torch.rand(64, 4, generator=gen) < 0.3).float()
+    r[5, 1] = math.nan  # a NaN entry is ignored by the rule
+    vec = advantages.compute("grpo", r, virtual="code", virtual_batch_groups=1).values
+    loop = torch.cat(
+        [advantages.compute("grpo", r[i : i + 1], virtual="code").values for i in range(64)]
+    )
+    torch.testing.assert_close(vec, loop, atol=1e-6, rtol=0)
+
+
+def test_batch_groups_is_for_code_mode_only():
+    r = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="applies to virtual mode 'code' only"):
+        advantages.compute("grpo", r, virtual="symmetric", virtual_batch_groups=1)
+    with pytest.raises(ValueError, match="positive number of groups"):
+        advantages.compute("grpo", r, virtual="code", virtual_batch_groups=0)

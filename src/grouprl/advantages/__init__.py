@@ -136,6 +136,7 @@ def compute(
     virtual: str | None = None,
     trigger: VirtualTrigger | None = None,
     virtual_alpha: float = 0.5,
+    virtual_batch_groups: int | None = None,
     reward_range: tuple[float, float] = (0.0, 1.0),
     **params: Any,
 ) -> Advantages:
@@ -151,6 +152,9 @@ def compute(
         trigger: AVSPO's adaptive threshold state; read for the decision, then advanced once
             with this batch's ACR and mean reward. None: a fixed τ_adapt = 0.5.
         virtual_alpha: exponent α in K = ⌈G·ACR^α⌉ (ACR paper: 0.5).
+        virtual_batch_groups: ``virtual="code"`` only: groups per generation batch whose
+            rewards the code rule looks at together (None = the whole batch; the authors'
+            script runs 1, see ``transforms.virtual_samples``).
         reward_range: ``(r_lo, r_hi)``, what "wrong" and "correct" are (default [0, 1]).
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
@@ -185,6 +189,7 @@ def compute(
             reward_range=(r_lo, r_hi),
             tau=params.get("tau", DEFAULT_TAU),
             ddof=params.get("ddof", 1),
+            batch_groups=virtual_batch_groups,
         )
         stats.update(vstats)
         if trigger is not None:

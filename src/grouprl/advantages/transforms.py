@@ -117,6 +117,7 @@ def virtual_samples(
     reward_range: tuple[float, float] = (0.0, 1.0),
     tau: float = DEFAULT_TAU,
     ddof: int = 1,
+    batch_groups: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
     """AVSPO virtual samples: extra columns of rewards that enter the statistics only.
 
@@ -134,8 +135,14 @@ def virtual_samples(
       max reward. Known defect, kept for comparison: an all-zero group stays collapsed
       (every v_k = 0), and with K = 1 the virtual sample equals the group's value.
     - ``"code"`` (what the authors' repository runs): only when every valid reward of the
-      whole batch is r_lo (or every one is r_hi), one virtual sample of the opposite value
-      is added to every group; τ_adapt is not used.
+      whole generation batch is r_lo (or every one is r_hi), one virtual sample of the
+      opposite value is added to every group of it; τ_adapt is not used. ``batch_groups``:
+      the generation batch is each run of ``batch_groups`` consecutive groups (None = all P).
+      The authors' script trains one group per generation batch [CODE: hexixiang/ACR
+      train_grpo.sh, 4 processes × per-device batch 1 completion, num_generations 4;
+      trl_scope/trainer/grpo_trainer.py:1515-1536], i.e. ``batch_groups=1``: the rule then
+      fires on every all-wrong and every all-correct group. With 32 groups in one batch it
+      essentially never fires.
     """
     if mode not in VIRTUAL_MODES:
         raise ValueError(f"unknown virtual mode {mode!r}; valid modes: {', '.join(VIRTUAL_MODES)}")
@@ -150,14 +157,15 @@ def virtual_samples(
     all_lo = collapsed & (mean <= r_lo + atol)  # [P]
     stats = {"virtual/acr": acr, "virtual/tau_adapt": float(tau_adapt)}
 
+    if batch_groups is not None and (mode != "code" or batch_groups < 1):
+        raise ValueError(
+            f"batch_groups={batch_groups!r} applies to virtual mode 'code' only and must be a "
+            f"positive number of groups per generation batch (mode is {mode!r})"
+        )
     if mode == "code":
-        all_valid = rewards if valid is None else rewards[valid]
-        batch_lo = bool((all_valid <= r_lo + atol).all())
-        batch_hi = bool((all_valid >= r_hi - atol).all())
         k = 1
-        fill = r_hi if batch_lo else r_lo
-        triggered = torch.full((p,), batch_lo or batch_hi, dtype=torch.bool, device=rewards.device)
-        v = torch.full((p, k), fill, dtype=rewards.dtype, device=rewards.device)
+        triggered, fill = _code_trigger(rewards, valid, r_lo, r_hi, atol, batch_groups or p)
+        v = fill[:, None]  # [P, 1]
     else:
         k = virtual_count(g, acr, alpha)
         fire = acr > tau_adapt
@@ -177,6 +185,36 @@ def virtual_samples(
     v = torch.where(triggered[:, None], v, torch.full_like(v, float("nan")))
     augmented = torch.cat([rewards, v], dim=1)  # [P, G+K]
     return augmented, torch.cat([dense_valid(rewards, valid), ~torch.isnan(v)], dim=1), stats
+
+
+def _code_trigger(
+    rewards: torch.Tensor,
+    valid: torch.Tensor | None,
+    r_lo: float,
+    r_hi: float,
+    atol: float,
+    width: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The code mode's rule per generation batch of ``width`` consecutive groups.
+
+    Returns ``(triggered [P] bool, fill [P])``: a batch whose valid rewards are all r_lo gets
+    r_hi in each of its groups, all r_hi gets r_lo (a batch with no valid reward: all r_lo,
+    as the authors' ``torch.all`` over an empty batch) [CODE grpo_trainer.py:1515-1536].
+    """
+    p = rewards.shape[0]
+    ok = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid  # [P, G]
+    lo = ((rewards <= r_lo + atol) | ~ok).all(1)  # [P] every valid reward is r_lo
+    hi = ((rewards >= r_hi - atol) | ~ok).all(1) & ok.any(1)  # [P] every valid reward is r_hi
+    batch = torch.arange(p, device=rewards.device) // width  # [P] generation batch of each group
+    n_batches = int(batch[-1]) + 1 if p else 0
+    ones = torch.ones(n_batches, dtype=torch.long, device=rewards.device)
+    size = torch.zeros_like(ones).index_add_(0, batch, torch.ones_like(batch))  # [B]
+    batch_lo = torch.zeros_like(ones).index_add_(0, batch, lo.long()) == size  # [B]
+    batch_hi = torch.zeros_like(ones).index_add_(0, batch, hi.long()) == size  # [B]
+    batch_hi &= ~batch_lo
+    triggered = (batch_lo | batch_hi)[batch]  # [P]
+    fill = torch.where(batch_lo[batch], r_hi, r_lo).to(rewards.dtype)  # [P]
+    return triggered, fill
 
 
 # --------------------------------------------------------------------------- focal weight

@@ -105,12 +105,8 @@ def method_advantages(method: str, rewards: torch.Tensor, trigger) -> tuple[torc
     from grouprl import advantages
 
     if method == "avspo_code_g1":
-        rows = [
-            advantages.compute("grpo", rewards[i : i + 1], virtual="code")
-            for i in range(len(rewards))
-        ]
-        fired = sum(r.stats["virtual/triggered_frac"] for r in rows) / len(rows)
-        return torch.cat([r.values for r in rows]), fired
+        adv = advantages.compute("grpo", rewards, virtual="code", virtual_batch_groups=1)
+        return adv.values, adv.stats["virtual/triggered_frac"]
     virtual = None if method == "grpo" else method.split("_", 1)[1]
     adv = advantages.compute("grpo", rewards, virtual=virtual, trigger=trigger if virtual else None)
     return adv.values, adv.stats.get("virtual/triggered_frac", 0.0)
