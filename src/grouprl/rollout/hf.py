@@ -219,7 +219,7 @@ def generate(
         raise ValueError(f"compact_below must be in [0, 1], got {compact_below}")
     row_t = None
     if temperatures is not None:
-        per_prompt = torch.as_tensor(temperatures, dtype=torch.float32).reshape(-1)  # [P]
+        per_prompt = torch.as_tensor(temperatures, dtype=torch.float32, device="cpu").reshape(-1)
         if per_prompt.shape != (len(prompts),):
             raise ValueError(
                 f"temperatures must hold one value per prompt ({len(prompts)}), got "

@@ -400,6 +400,16 @@ def _check_names(cfg: RunConfig) -> None:
         raise ConfigError(
             f"unknown algorithm override(s) {unknown}; valid: {', '.join(sorted(fields_))}"
         )
+    try:
+        preset = cfg.algorithm.resolve()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"algorithm overrides: {err}") from None
+    if preset.controller == "agpo" and preset.dynamic_sampling:
+        raise ConfigError(
+            "the agpo controller sets each prompt's temperature and ε from its probe group, "
+            "while dynamic sampling replaces collapsed groups with prompts drawn later: set "
+            "algorithm.dynamic_sampling=false (the AGPO code has no dynamic sampling)"
+        )
     from grouprl import tasks
 
     if cfg.task.name not in tasks.TASKS:
