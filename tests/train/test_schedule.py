@@ -95,3 +95,8 @@ def test_agpo_step_runs_four_epochs_with_per_prompt_eps(tmp_path):
 def test_agpo_with_dynamic_sampling_is_refused():
     with pytest.raises(ConfigError, match=r"algorithm\.dynamic_sampling=false"):
         load_config(None, ["algorithm.preset=agpo", "algorithm.dynamic_sampling=true"])
+    # also when the names are not checked (a run with an injected model and task)
+    cfg = load_config(None, ["algorithm.preset=agpo", "algorithm.dynamic_sampling=true"],
+                      validate=False)  # fmt: skip
+    with pytest.raises(ConfigError, match="the agpo controller sets each prompt's temperature"):
+        cfg.validate(check_names=False)

@@ -94,6 +94,7 @@ class Sampling:
 
 
 def _row_temperatures(temperature: torch.Tensor, n: int) -> torch.Tensor:
+    """``[N, 1]`` float per-row temperatures, checked: one per row, finite and > 0."""
     if temperature.shape != (n,):
         raise ValueError(
             f"per-row temperatures must be [N]={n} (one per sequence), got "

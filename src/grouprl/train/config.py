@@ -219,6 +219,7 @@ class Schedule:
 
     @property
     def optimizer_steps(self) -> int:
+        """Optimizer steps per generation batch."""
         return self.minibatches * self.ppo_epochs
 
 
@@ -358,20 +359,27 @@ def _check_model_runtime(m: ModelConfig) -> None:
 _SCHEDULE_FIELDS = ("optim.ppo_epochs", "optim.minibatches")
 
 
-def _resolved_minibatches(cfg: RunConfig) -> int:
-    """The run's minibatch count; 1 when the preset cannot be resolved (``_check_names`` or
+def _resolved_preset(cfg: RunConfig) -> Any:
+    """The preset with its overrides, or None when it cannot be resolved (``_check_names`` or
     ``setup`` reports an unknown preset or override)."""
-    if cfg.optim.minibatches is not None:
-        return cfg.optim.minibatches
     try:
-        return cfg.schedule().minibatches
+        return cfg.algorithm.resolve()
     except (ValueError, TypeError):
-        return 1
+        return None
 
 
 def _check_batch(cfg: RunConfig) -> None:
-    """Minibatches hold whole groups and micro-batches split minibatches exactly."""
-    n, g, m = cfg.batch_size, cfg.sampling.group_size, _resolved_minibatches(cfg)
+    """Minibatches hold whole groups and micro-batches split minibatches exactly; the preset's
+    controller fits its filters."""
+    preset = _resolved_preset(cfg)
+    if preset is not None and preset.controller == "agpo" and preset.dynamic_sampling:
+        raise ConfigError(
+            "the agpo controller sets each prompt's temperature and ε from its probe group, "
+            "while dynamic sampling replaces collapsed groups with prompts drawn later: set "
+            "algorithm.dynamic_sampling=false (the AGPO code has no dynamic sampling)"
+        )
+    m = cfg.optim.minibatches or (cfg.schedule(preset).minibatches if preset else 1)
+    n, g = cfg.batch_size, cfg.sampling.group_size
     if cfg.sampling.prompts_per_step % m:
         raise ConfigError(
             f"optim.minibatches={m} does not divide sampling.prompts_per_step="
@@ -401,15 +409,9 @@ def _check_names(cfg: RunConfig) -> None:
             f"unknown algorithm override(s) {unknown}; valid: {', '.join(sorted(fields_))}"
         )
     try:
-        preset = cfg.algorithm.resolve()
+        cfg.algorithm.resolve()
     except (TypeError, ValueError) as err:
         raise ConfigError(f"algorithm overrides: {err}") from None
-    if preset.controller == "agpo" and preset.dynamic_sampling:
-        raise ConfigError(
-            "the agpo controller sets each prompt's temperature and ε from its probe group, "
-            "while dynamic sampling replaces collapsed groups with prompts drawn later: set "
-            "algorithm.dynamic_sampling=false (the AGPO code has no dynamic sampling)"
-        )
     from grouprl import tasks
 
     if cfg.task.name not in tasks.TASKS:
