@@ -144,10 +144,12 @@ _S_AGPO_MB = (
     "1: AGPO code, one backward over every rollout of the step, then one optimizer step "
     "(src/llamafactory/train/agpo/trainer.py:544-552)"
 )
-_S_FOCAL_SCHEDULE = (
-    "[OURS] the base method's schedule (the focal weight changes the advantage, not the "
-    "update); the F-GRPO appendix that lists its hyper-parameters was not reachable"
+_S_FOCAL_MB = (
+    "4: F-GRPO (arXiv 2602.06717v2) App. L.2, Table 5: global batch 256, mini-batch 64, the "
+    "same for its GRPO, DAPO and CISPO runs (its maze runs, App. K, take one on-policy update "
+    "per step)"
 )
+_S_FOCAL_EPOCHS = "1: F-GRPO App. L.2, Table 5: PPO epochs 1"
 _S_AVSPO_SCHEDULE = (
     "1: the ACR authors' train_grpo.sh:37,39 (TRL GRPO, per_device_train_batch_size 1, "
     "gradient_accumulation_steps 1) with TRL's num_iterations=1: one step per generation batch"
@@ -159,7 +161,7 @@ _S_SAME_AS_GRPO = (
 _GRPO_SCHEDULE = {"minibatches": _S_GRPO_SCHEDULE, "ppo_epochs": _S_GRPO_SCHEDULE}
 _DAPO_SCHEDULE = {"minibatches": _S_DAPO_MB, "ppo_epochs": _S_ONE_EPOCH}
 _CISPO_SCHEDULE = {"minibatches": _S_CISPO_MB, "ppo_epochs": _S_ONE_EPOCH}
-_FOCAL_SCHEDULE = {"minibatches": _S_FOCAL_SCHEDULE, "ppo_epochs": _S_FOCAL_SCHEDULE}
+_FOCAL_SCHEDULE = {"minibatches": _S_FOCAL_MB, "ppo_epochs": _S_FOCAL_EPOCHS}
 
 _DEFAULT_SOURCES: dict[str, str] = {
     "estimator": "GRPO: (r - mean)/(std + 1e-6), ddof 1 (DeepSeekMath; verl, TRL)",
@@ -285,6 +287,7 @@ PRESETS: dict[str, Preset] = {
             {"focal_gamma": _S_FOCAL, "aggregation": "F-GRPO paper: token mean", **_FOCAL_SCHEDULE},
             focal_gamma=0.5,
             aggregation="token_mean",
+            minibatches=4,
         ),
         _p(
             "f_dapo",
@@ -302,7 +305,7 @@ PRESETS: dict[str, Preset] = {
             aggregation="token_mean",
             dynamic_sampling=True,
             overlong="soft",
-            minibatches=16,
+            minibatches=4,
         ),
         _p(
             "f_cispo",
@@ -318,7 +321,7 @@ PRESETS: dict[str, Preset] = {
             surrogate="cispo",
             surrogate_params=_CISPO_CLIP,
             aggregation="token_mean",
-            minibatches=16,
+            minibatches=4,
         ),
         _p(
             "avspo",

@@ -158,7 +158,7 @@ class OptimConfig:
     code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
     minibatches: int | None = None
     """Optimizer steps per epoch, each on whole groups; None = the preset's
-    (``Preset.minibatches``: DAPO and CISPO 16, GSPO 4, the others 1). One minibatch and one
+    (``Preset.minibatches``: DAPO and CISPO 16, GSPO and the F-* presets 4, the others 1). One minibatch and one
     epoch is fully on-policy: every step sees ratio 1 and no clip acts. A value set here
     must divide ``sampling.prompts_per_step``."""
     micro_batch_size: int = 0
