@@ -283,7 +283,7 @@ class RunConfig:
             "minibatches": "optim" if o.minibatches is not None else "preset",
             "ppo_epochs": "optim" if o.ppo_epochs is not None else "preset",
         }
-        return Schedule(minibatches, epochs, _frozen(source), note)
+        return Schedule(minibatches, epochs, frozen(source), note)
 
     def validate(self, *, check_names: bool = True) -> RunConfig:
         """Raise ``ConfigError`` on a configuration that cannot work; returns ``self``."""

@@ -191,9 +191,10 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
 
     Each round: draw prompts, sample G completions each (the controller sets the temperature
     on the first round, one or one per prompt, and the log-prob temperature), score them,
-    apply DAPO's soft overlong penalty, keep the groups the dynamic sampler accepts. ``acr/sampled_rate`` counts every generated group: with
-    dynamic sampling ``acr/rate`` is measured after the collapsed groups were dropped, so the
-    rollouts they wasted show only there.
+    apply DAPO's soft overlong penalty, keep the groups the dynamic sampler accepts.
+    ``acr/sampled_rate`` counts every generated group: with dynamic sampling ``acr/rate`` is
+    measured after the collapsed groups were dropped, so the rollouts they wasted show only
+    there.
     """
     cfg, preset = run.cfg, run.preset
     p, g, s = cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.sampling
