@@ -204,3 +204,34 @@ def test_with_and_unknown():
         presets.get("ppo")
     assert presets.get("f_grpo").advantage_kwargs() == {"focal_gamma": 0.5}
     assert presets.get("maxnorm_rloo").advantage_kwargs() == {"delta_res": 1e-2}
+
+
+# The update schedule of each preset, transcribed from the ALGORITHMS.md §3 "Update schedule"
+# table: (minibatches per generation batch, ppo_epochs). The sources: DAPO §4.1 (512 prompts,
+# mini-batch 32 prompts -> 16), MiniMax-M1 §3.1 (16 off-policy updates per generation batch),
+# GSPO §5.1 (four minibatches), F-GRPO Table 5 (batch 256 / mini-batch 64 -> 4 for F-GRPO,
+# F-DAPO, F-CISPO), AGPO's code (agpo_update_epochs = 4, one step per epoch), DeepSeekMath §4.2
+# and the ACR script (one update per batch).
+SCHEDULES = {name: (1, 1) for name in EXPECTED}
+SCHEDULES.update({"dapo": (16, 1), "cispo": (16, 1), "gspo": (4, 1)})
+SCHEDULES.update({"f_grpo": (4, 1), "f_dapo": (4, 1), "f_cispo": (4, 1)})
+SCHEDULES["agpo"] = (1, 4)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_preset_update_schedule_matches_algorithms_md(name):
+    p = presets.get(name)
+    assert (p.minibatches, p.ppo_epochs) == SCHEDULES[name]
+    assert p.optimizer_steps == SCHEDULES[name][0] * SCHEDULES[name][1]
+    # a schedule that is not the source's own says so ([OURS]); a sourced one cites a place
+    for key in ("minibatches", "ppo_epochs"):
+        src = p.sources[key]
+        assert "[OURS]" in src or any(m in src for m in (".sh:", ".py:", ".yaml:", "§", "App. "))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_preset_schedule_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="minibatches must be an integer >= 1"):
+        presets.get("dapo").with_(minibatches=bad)
+    with pytest.raises(ValueError, match="ppo_epochs must be an integer >= 1"):
+        presets.get("agpo").with_(ppo_epochs=bad)

@@ -2,8 +2,10 @@
 
 A preset fixes one choice per axis: estimator (+ its parameters), transforms (resolution,
 virtual samples, focal weight), surrogate (+ clip bounds), aggregation, KL estimator and β,
-and batch filters. ``sources`` cites, per parameter, where its value comes from
-(ALGORITHMS.md §3). Users override any field with ``dataclasses.replace`` or from the CLI.
+batch filters, and the update schedule its sources run (minibatches per generation batch ×
+epochs: with one of each every optimizer step sees ratio 1 and no clip ever acts).
+``sources`` cites, per parameter, where its value comes from (ALGORITHMS.md §3). Users
+override any field with ``dataclasses.replace`` or from the CLI.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class Preset:
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
     Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma").
+    Update schedule: ``minibatches`` (optimizer steps per epoch over one generation batch, each
+    on whole groups) and ``ppo_epochs`` (passes over the batch); the trainer runs them unless
+    ``optim.minibatches`` / ``optim.ppo_epochs`` are set (ALGORITHMS.md §3 "Update schedule").
     ``sources`` cites, for every one of these fields, where its value comes from.
     """
 
@@ -54,7 +59,24 @@ class Preset:
     controller: str | None = None  # None | "agpo"
     # -- prompt sampler (grouprl.sampling; ALGORITHMS.md §1, IS-GRPO)
     sampler: str = "uniform"
+    # -- update schedule (ALGORITHMS.md §3): minibatches × ppo_epochs optimizer steps per batch
+    minibatches: int = 1
+    ppo_epochs: int = 1
     sources: MappingProxyType = field(default_factory=frozen)
+
+    def __post_init__(self) -> None:
+        for key in ("minibatches", "ppo_epochs"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"preset {self.name!r}: {key} must be an integer >= 1 (optimizer steps per "
+                    f"generation batch = minibatches × ppo_epochs), got {value!r}"
+                )
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per generation batch: ``minibatches × ppo_epochs``."""
+        return self.minibatches * self.ppo_epochs
 
     def advantage_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``advantages.compute(self.estimator, rewards, **kwargs)``."""
@@ -91,6 +113,56 @@ _S_MAXNORM = "MaxNorm-AC seed paper: s_q = max(tau_res, max_j |u_j|), |A| <= 1, 
 _S_RES = "MaxNorm-AC resolution protocol: delta_res 1e-2 for rewards in [0, 1]"
 _S_KL_UNSCALED = "MaxNorm-AC: KL added as beta·KL, never divided by s_q (kl_weight 1)"
 
+# Update schedules: optimizer steps per generation batch = minibatches × ppo_epochs.
+_S_GRPO_SCHEDULE = (
+    "1 (on-policy): DeepSeekMath §4.2 'The policy model only has a single update following "
+    "each exploration stage'; TRL GRPOConfig num_iterations=1, steps_per_generation="
+    "gradient_accumulation_steps (verl's GRPO examples use 4: train_batch_size 1024 / "
+    "ppo_mini_batch_size 256, examples/grpo_trainer/run_qwen2-7b_math.sh:16,24)"
+)
+_S_DAPO_MB = (
+    "16: DAPO recipe (verl 246cac4 recipe/dapo/run_dapo_qwen2.5_32b.sh:28,31: "
+    "train_prompt_bsz 512 / train_prompt_mini_bsz 32); DAPO §4.1: 16 gradient updates per "
+    "rollout step"
+)
+_S_ONE_EPOCH = "1: verl actor ppo_epochs default (verl/trainer/config/actor/actor.yaml:111)"
+_S_CISPO_MB = (
+    "16: MiniMax-M1 §3.1 'our setup, which involved 16 rounds of off-policy updates per "
+    "generation batch'; [OURS] read as 16 minibatches × 1 epoch (the paper does not split them)"
+)
+_S_GSPO_MB = (
+    "4: GSPO §5.1 'each batch of rollout data is partitioned into four minibatches' (verl "
+    "examples/gspo_trainer/test_gspo_3b_math.sh:74-75: 512 / 128)"
+)
+_S_AGPO_EPOCHS = (
+    "4: AGPO code, agpo_update_epochs default (wandugu/paper_agpo src/llamafactory/hparams/"
+    "finetuning_args.py:231-234); each epoch is one optimizer step over all the step's rollouts "
+    "(src/llamafactory/train/agpo/trainer.py:538-554). Its example configs set 1 "
+    "(examples/train_lora/qwen3_0_6b_gsm8k_agpo_wandb.yaml:18)"
+)
+_S_AGPO_MB = (
+    "1: AGPO code, one backward over every rollout of the step, then one optimizer step "
+    "(src/llamafactory/train/agpo/trainer.py:544-552)"
+)
+_S_FOCAL_MB = (
+    "4: F-GRPO (arXiv 2602.06717v2) App. L.2, Table 5: global batch 256, mini-batch 64, the "
+    "same for its GRPO, DAPO and CISPO runs (its maze runs, App. K, take one on-policy update "
+    "per step)"
+)
+_S_FOCAL_EPOCHS = "1: F-GRPO App. L.2, Table 5: PPO epochs 1"
+_S_AVSPO_SCHEDULE = (
+    "1: the ACR authors' train_grpo.sh:37,39 (TRL GRPO, per_device_train_batch_size 1, "
+    "gradient_accumulation_steps 1) with TRL's num_iterations=1: one step per generation batch"
+)
+_S_SAME_AS_GRPO = (
+    "1 [OURS]: the method changes the advantage, not the update, so GRPO's schedule "
+    "(DeepSeekMath §4.2: one update per exploration stage)"
+)
+_GRPO_SCHEDULE = {"minibatches": _S_GRPO_SCHEDULE, "ppo_epochs": _S_GRPO_SCHEDULE}
+_DAPO_SCHEDULE = {"minibatches": _S_DAPO_MB, "ppo_epochs": _S_ONE_EPOCH}
+_CISPO_SCHEDULE = {"minibatches": _S_CISPO_MB, "ppo_epochs": _S_ONE_EPOCH}
+_FOCAL_SCHEDULE = {"minibatches": _S_FOCAL_MB, "ppo_epochs": _S_FOCAL_EPOCHS}
+
 _DEFAULT_SOURCES: dict[str, str] = {
     "estimator": "GRPO: (r - mean)/(std + 1e-6), ddof 1 (DeepSeekMath; verl, TRL)",
     "estimator_params": "the estimator's defaults (ALGORITHMS.md §0-§1: ddof 1, eps, tau 1e-6)",
@@ -106,6 +178,8 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "overlong": "None: truncated completions are trained on as they are (TRL default)",
     "controller": "None: fixed clip and temperature",
     "sampler": "uniform: every prompt of the pool equally likely (GRPO, TRL and verl default)",
+    "minibatches": _S_SAME_AS_GRPO,
+    "ppo_epochs": _S_SAME_AS_GRPO,
 }
 
 
@@ -131,7 +205,7 @@ PRESETS: dict[str, Preset] = {
         _p(
             "grpo",
             "GRPO: group mean/std advantage, PPO clip 0.2, per-sequence token mean",
-            {},
+            _GRPO_SCHEDULE,
         ),
         _p(
             "dr_grpo",
@@ -151,11 +225,13 @@ PRESETS: dict[str, Preset] = {
                 "aggregation": f"{_S_DAPO}: token-level policy-gradient loss",
                 "dynamic_sampling": f"{_S_DAPO}: drop groups whose rewards are all equal, resample",
                 "overlong": f"{_S_DAPO}: soft overlong punishment (0, then linear to -1 at L_max)",
+                **_DAPO_SCHEDULE,
             },
             surrogate_params=_DAPO_CLIP,
             aggregation="token_mean",
             dynamic_sampling=True,
             overlong="soft",
+            minibatches=16,
         ),
         _p(
             "cispo",
@@ -164,10 +240,12 @@ PRESETS: dict[str, Preset] = {
                 "surrogate": _S_CISPO,
                 "surrogate_params": _S_CISPO_CLIP,
                 "aggregation": "CISPO (MiniMax-M1): token mean",
+                **_CISPO_SCHEDULE,
             },
             surrogate="cispo",
             surrogate_params=_CISPO_CLIP,
             aggregation="token_mean",
+            minibatches=16,
         ),
         _p(
             "gspo",
@@ -176,9 +254,12 @@ PRESETS: dict[str, Preset] = {
                 "surrogate": "GSPO (Zheng et al. 2025): length-normalised sequence ratio",
                 "surrogate_params": "GSPO paper: eps_low 3e-4, eps_high 4e-4",
                 "aggregation": "GSPO: sequence-level objective = mean over sequences",
+                "minibatches": _S_GSPO_MB,
+                "ppo_epochs": _S_ONE_EPOCH,
             },
             surrogate="gspo",
             surrogate_params=_GSPO_CLIP,
+            minibatches=4,
         ),
         _p(
             "rloo",
@@ -203,9 +284,10 @@ PRESETS: dict[str, Preset] = {
         _p(
             "f_grpo",
             "F-GRPO: GRPO with the focal weight (1 - mu)^0.5, token mean",
-            {"focal_gamma": _S_FOCAL, "aggregation": "F-GRPO paper: token mean"},
+            {"focal_gamma": _S_FOCAL, "aggregation": "F-GRPO paper: token mean", **_FOCAL_SCHEDULE},
             focal_gamma=0.5,
             aggregation="token_mean",
+            minibatches=4,
         ),
         _p(
             "f_dapo",
@@ -216,12 +298,14 @@ PRESETS: dict[str, Preset] = {
                 "aggregation": "F-GRPO paper / DAPO: token mean",
                 "dynamic_sampling": f"{_S_DAPO}, as the F-DAPO base",
                 "overlong": f"{_S_DAPO}, as the F-DAPO base",
+                **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
             surrogate_params=_DAPO_CLIP,
             aggregation="token_mean",
             dynamic_sampling=True,
             overlong="soft",
+            minibatches=4,
         ),
         _p(
             "f_cispo",
@@ -231,11 +315,13 @@ PRESETS: dict[str, Preset] = {
                 "surrogate": _S_CISPO,
                 "surrogate_params": _S_CISPO_CLIP,
                 "aggregation": "F-GRPO paper / CISPO: token mean",
+                **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
             surrogate="cispo",
             surrogate_params=_CISPO_CLIP,
             aggregation="token_mean",
+            minibatches=4,
         ),
         _p(
             "avspo",
@@ -243,6 +329,8 @@ PRESETS: dict[str, Preset] = {
             {
                 "virtual": "ACR / AVSPO paper; the symmetric values are ours (ALGORITHMS.md §2)",
                 "aggregation": _S_TOKEN_MEAN,
+                "minibatches": _S_AVSPO_SCHEDULE,
+                "ppo_epochs": _S_AVSPO_SCHEDULE,
             },
             virtual="symmetric",
             aggregation="token_mean",
@@ -324,11 +412,14 @@ PRESETS: dict[str, Preset] = {
                 "kl": "AGPO code: k1 (log pi - log pi_ref), token mean",
                 "beta": "AGPO README / config: agpo_beta_ref_kl 0.03",
                 "controller": "AGPO (wandugu/paper_agpo): adaptive temperature + adaptive clip",
+                "minibatches": _S_AGPO_MB,
+                "ppo_epochs": _S_AGPO_EPOCHS,
             },
             controller="agpo",
             aggregation="seq_mean_token_mean",
             kl="k1",
             beta=0.03,
+            ppo_epochs=4,
         ),
     ]
 }

@@ -248,31 +248,104 @@ def test_bad_parameters():
         agpo.AdaptiveTemperature().update(math.nan)
 
 
-def test_agpo_facade_one_step_by_hand():
+def test_agpo_facade_batch_mean_variant_by_hand():
     # P = 2 probe groups, G = 2. group 0: rewards [1, 0], answers "1", "2" -> σ̂ = √.5 = .70711,
     # E = ln 2 = .69315, U = 1.40026; group 1: [1, 1], answers "3", "3" -> σ̂ 0, E 0, U = 0.
     # temperature: prompt 0 is the first call (c = 0, τ = 1, EMA = 1.40026); prompt 1:
-    # c = (0 - 1.40026)/1.40026 = -1 -> τ = .85. Batch τ = mean = .925
-    ctl = agpo.AGPO(base_temperature=1.0)
+    # c = (0 - 1.40026)/1.40026 = -1 -> τ = .85. Batch-mean variant: τ = mean = .925 for both
+    ctl = agpo.AGPO(base_temperature=1.0, per_prompt=False)
     rewards = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    tau, m = ctl.temperature_from_probe(rewards, ["#### 1", "#### 2", "#### 3", "#### 3"])
-    assert tau == pytest.approx(0.925, abs=1e-6)
+    taus, m = ctl.temperature_from_probe(rewards, ["#### 1", "#### 2", "#### 3", "#### 3"])
+    torch.testing.assert_close(taus, torch.tensor([0.925, 0.925]))
     assert m["agpo/temperature_min"] == pytest.approx(0.85, abs=1e-6)
     # clip: H = [2, 2]; prompt 0: H_ref = H -> h ≈ 1: ε0 = .2·(1 + .0693147)/(1 + .70711)
     # = .125276; prompt 1: h = 2/2 = 1, ε1 = .2/(1 + 0) = .2 -> mean .162638
-    clip = ctl.clip_params(torch.tensor([2.0, 2.0]))
+    clip = ctl.clip_params(torch.tensor([2.0, 2.0]), 2)
     e0 = 0.2 * (1 + 0.1 * math.log(2)) / (1 + math.sqrt(0.5))
     assert clip["eps_low"] == clip["eps_high"] == pytest.approx((e0 + 0.2) / 2, abs=1e-6)
     # drift: old - new = .5 on every token -> D = .1·.5 = .05
     out = ctl.observe_update(torch.zeros(4, 3), torch.full((4, 3), -0.5), torch.ones(4, 3), 2)
-    assert out == {"agpo/step_drift": 0.5, "agpo/drift_ema": pytest.approx(0.05)}
+    assert out["agpo/step_drift"] == 0.5 and out["agpo/drift_ema"] == pytest.approx(0.05)
+    assert out["agpo/eps_min"] == pytest.approx(e0, abs=1e-6)
+    assert out["agpo/eps_max"] == pytest.approx(0.2, abs=1e-6)
     state = ctl.state_dict()
     again = agpo.AGPO()
     again.load_state_dict(state)
     assert again.state_dict() == state
-    per = agpo.AGPO(per_prompt=True)
-    per.temperature_from_probe(rewards, ["#### 1", "#### 2", "#### 3", "#### 3"])
-    eps = per.clip_params(2.0, group_size=2)["eps_low"]
-    assert eps.shape == (4,) and float(eps[0]) == pytest.approx(e0, abs=1e-6)
     with pytest.raises(ValueError, match="temperature_from_probe"):
-        agpo.AGPO().clip_params(1.0)
+        agpo.AGPO().clip_params(1.0, 2)
+
+
+def test_agpo_per_prompt_temperature_and_epsilon_by_hand():
+    # The AGPO code's default: each prompt at its own τ_t, clipped with its own ε.
+    # P = 3, G = 4 (probe rewards, answers):
+    #   p0 [1,0,0,0] "1","2","2","2": σ̂ = .5 (ddof 1), E = -(.25 ln .25 + .75 ln .75) = .562335
+    #   p1 [1,1,0,0] "1","1","2","2": σ̂ = √(1/3) = .577350, E = ln 2 = .693147
+    #   p2 [1,1,1,1] "5" ×4:          σ̂ = 0, E = 0
+    # U = σ̂ + E (w = 1, 1, 0): U0 = 1.062335, U1 = 1.270497, U2 = 0.
+    # τ (λ .15, α .1): p0 first call -> c 0, τ 1, EMA = U0;
+    #   p1: c = (U1 - U0)/(U0 + 1e-8), τ = 1 + .15c, EMA = .1·U1 + .9·U0;
+    #   p2: c = (0 - EMA)/(EMA + 1e-8) ≈ -1 -> τ = .85.
+    e0 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    s1, e1 = math.sqrt(1 / 3), math.log(2)
+    u0, u1 = 0.5 + e0, s1 + e1
+    ema1 = 0.1 * u1 + 0.9 * u0
+    tau1 = 1 + 0.15 * (u1 - u0) / (u0 + 1e-8)
+    tau2 = 1 + 0.15 * (0 - ema1) / (ema1 + 1e-8)
+    rewards = torch.tensor([[1.0, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    texts = ["1", "2", "2", "2", "1", "1", "2", "2", "5", "5", "5", "5"]
+    ctl = agpo.AGPO()
+    taus, m = ctl.temperature_from_probe(rewards, [f"#### {t}" for t in texts])
+    torch.testing.assert_close(taus, torch.tensor([1.0, tau1, tau2]))
+    assert round(tau1, 6) == 1.029392 and round(tau2, 6) == 0.85
+    assert m["agpo/temperature"] == pytest.approx((1.0 + tau1 + tau2) / 3, abs=1e-6)
+    # ε with H = [2, 3, 1] (token-mean entropy before the update), D = 0, ζ = 0:
+    #   p0: H_ref <- H = 2, h = 2/(2 + 1e-8) ≈ 1: ε = .2·(1 + .1 E0)/(1 + .5)
+    #   p1: h = 3/2 = 1.5: ε = .2·1.5·(1 + .1 E1)/(1 + σ̂1); H_ref <- .01·3 + .99·2 = 2.01
+    #   p2: h = 1/2.01 = .4975 -> clipped to .5: ε = .2·.5 = .1
+    eps = ctl.clip_params(torch.tensor([2.0, 3.0, 1.0]), 4)
+    want = torch.tensor(
+        [0.2 * (1 + 0.1 * e0) / 1.5, 0.3 * (1 + 0.1 * e1) / (1 + s1), 0.1]
+    ).repeat_interleave(4)  # prompt p's ε on its G = 4 rows
+    torch.testing.assert_close(eps["eps_low"], want)
+    torch.testing.assert_close(eps["eps_high"], want)
+    assert ctl.clip.entropy_ref == pytest.approx(0.01 * 1 + 0.99 * 2.01)
+    # the per-row ε clips each prompt's rows with its own bound: ρ = 1.3, A = 1 on every row
+    from grouprl import losses
+
+    logp = torch.full((12, 1), math.log(1.3))
+    per_token, _ = losses.ppo_clip(logp, torch.zeros(12, 1), torch.ones(12), torch.ones(12, 1),
+                                   **eps)  # fmt: skip
+    # -min(1.3, clip(1.3, 1 ± ε)) = -(1 + ε) where 1 + ε < 1.3, else -1.3
+    torch.testing.assert_close(per_token[:, 0], -torch.clamp(1 + want, max=1.3))
+
+
+def test_agpo_conventions_follow_the_code():
+    # skewness over the Bessel std (trainer.py:391-397): [1, 0, 0, 0] -> .75·√3 = 1.299038
+    # (the textbook G1 is 2.0); MAD with torch.median's lower middle value (trainer.py:344):
+    # [0, 0, 1, 1] -> median 0, |r| = [0, 0, 1, 1], lower median 0 -> MAD 0 (textbook .7413).
+    rewards = torch.tensor([[1.0, 0, 0, 0], [0, 0, 1, 1]])
+    texts = ["#### 1"] * 8
+    code = agpo.AGPO(dispersion_mode="mad")
+    code.temperature_from_probe(rewards, texts)
+    assert float(code.last_stats.skewness[0]) == pytest.approx(0.75 * math.sqrt(3))
+    assert float(code.last_stats.dispersion[1]) == 0.0
+    textbook = agpo.AGPO(dispersion_mode="mad", median="mean_of_middle", skew_moment_ddof=0)
+    textbook.temperature_from_probe(rewards, texts)
+    assert float(textbook.last_stats.skewness[0]) == pytest.approx(2.0)
+    assert float(textbook.last_stats.dispersion[1]) == pytest.approx(0.7413)
+    assert agpo.AGPO().logprob_temperature == 1.0 and agpo.AGPO().per_prompt
+
+
+def test_agpo_facade_bad_arguments():
+    with pytest.raises(ValueError, match=r"logprob_temperature=1\.0"):
+        agpo.AGPO(logprob_temperature=None)
+    agpo.AGPO(logprob_temperature=None, per_prompt=False)  # dividing by the batch's one τ: fine
+    with pytest.raises(ValueError, match="median"):
+        agpo.AGPO(median="upper")
+    with pytest.raises(ValueError, match="valid dispersions"):
+        agpo.AGPO(dispersion_mode="var")
+    ctl = agpo.AGPO()
+    ctl.temperature_from_probe(torch.tensor([[1.0, 0.0]]), ["a", "b"])
+    with pytest.raises(ValueError, match="policy_entropy must be"):
+        ctl.clip_params(torch.ones(3), 2)

@@ -308,3 +308,53 @@ def test_bfloat16_logp_is_computed_in_float32():
     per_token, _ = losses.ppo_clip(logp.requires_grad_(), old, torch.ones(1), torch.ones(1, 1))
     assert per_token.dtype == torch.float32
     assert float(per_token.detach()) == pytest.approx(-math.exp(0.01), abs=1e-6)
+
+
+# ----------------------------------------------------------------------------- update schedule
+
+
+def _policy_logp(w: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """[N, 1] log-probs of ``tokens`` under a linear softmax policy ``x @ w`` (V = w.shape[1])."""
+    return torch.log_softmax(x @ w, dim=-1).gather(-1, tokens[:, None])
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "cispo", "gspo"])
+def test_clip_acts_only_after_an_optimizer_step(name):
+    # One generation batch of 8 sequences, split into 2 minibatches. The first minibatch is
+    # taken at the behaviour policy: ρ = 1 exactly, no clip. After one SGD step the second
+    # minibatch sees ρ != 1, and with a large step some ratios leave the clip range.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, generator=gen, dtype=torch.float64)
+    w = torch.randn(4, 6, generator=gen, dtype=torch.float64).requires_grad_()
+    tokens = torch.randint(0, 6, (8,), generator=gen)
+    adv = torch.tensor([1.0, -1.0] * 4, dtype=torch.float64)
+    mask = torch.ones(8, 1, dtype=torch.float64)
+    old = _policy_logp(w, x, tokens).detach()  # behaviour log-probs at sampling time
+    params = {"ppo_clip": {}, "cispo": {"eps_low": 0.2, "eps_high": 0.2}, "gspo": {}}[name]
+    first, second = slice(0, 4), slice(4, 8)
+    per_token, stats = losses.surrogate(
+        name, _policy_logp(w, x[first], tokens[first]), old[first], adv[first], mask[first],
+        **params,
+    )  # fmt: skip
+    assert stats["ratio_min"] == stats["ratio_max"] == 1.0
+    assert stats["clip_frac_region"] == 0.0
+    per_token.sum().backward()
+    with torch.no_grad():
+        w -= 5.0 * w.grad  # a large step, so that the ratios leave [1 - eps, 1 + eps]
+    _, stats = losses.surrogate(
+        name, _policy_logp(w, x[second], tokens[second]), old[second], adv[second],
+        mask[second], **params,
+    )  # fmt: skip
+    assert stats["ratio_max"] > 1.0 or stats["ratio_min"] < 1.0
+    assert stats["clip_frac_region"] > 0.0
+
+
+def test_on_policy_warning_names_the_schedule():
+    for name in ("ppo_clip", "cispo", "gspo"):
+        text = losses.on_policy_warning(name, 1, 1)
+        assert text is not None and repr(name) in text and "ratio 1" in text
+        assert "optim.minibatches=1, optim.ppo_epochs=1" in text
+        assert losses.on_policy_warning(name, 2, 1) is None
+        assert losses.on_policy_warning(name, 1, 4) is None
+    assert losses.on_policy_warning("reinforce", 1, 1) is None
+    assert {"ppo_clip", "cispo", "gspo"} == losses.CLIPPED

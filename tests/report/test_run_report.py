@@ -163,3 +163,31 @@ def test_replay_health_matches_live_feed():
     assert len(warnings_) == 1 and warnings_[0].startswith("[acr_stall] step 49")
     # an evaluation-only step-0 row changes nothing
     assert replay_health([{"step": 0.0, "eval/pass@1": 0.1}, *rows]) == warnings_
+
+
+def test_clip_fraction_panel(tmp_path):
+    # three steps, the clip acted in two (region > 0): the panel and the count are shown
+    rows = [
+        {"step": s, "policy/clip_frac_low": lo, "policy/clip_frac_high": hi,
+         "policy/clip_frac_region": lo + hi, "policy/ratio_min": 0.9, "policy/ratio_max": 1.2}
+        for s, lo, hi in ((1, 0.0, 0.0), (2, 0.01, 0.02), (3, 0.0, 0.05))
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    _write(run, rows)
+    page = write_run_report(run).read_text()
+    assert "Policy update: clipping" in page and 'alt="clip fractions"' in page
+    # mean region fraction (0 + 0.03 + 0.05) / 3 = 0.02667, max 0.05
+    assert "The clip acted in 2 of 3 logged steps (mean region fraction 0.02667, max 0.05)" in page
+    assert "on-policy" not in page
+
+
+def test_clip_fraction_panel_says_why_all_zero(tmp_path):
+    rows = [{"step": s, "policy/clip_frac_region": 0.0} for s in range(1, 5)]
+    run = tmp_path / "run"
+    _write(run, rows)
+    page = write_run_report(run).read_text()
+    assert "The clip acted in 0 of 4 logged steps" in page
+    assert "Every step was on-policy (ratio 1)" in page
+    # a run that logged no clip fraction has no such section
+    _write(run, [{"step": 1, "reward/mean": 0.5}])
+    assert "Policy update: clipping" not in write_run_report(run).read_text()

@@ -175,3 +175,90 @@ def test_compaction_changes_nothing_but_speed(char_model):
         compact_below=1.0,
     )
     assert torch.allclose(out.old_logp, recompute_logp(model, out, 1.0), atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- per-prompt τ
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_per_row_temperature_equals_separate_per_prompt_sampling(top_p):
+    # Two prompts × G = 3 rows, at τ = 0.5 and 1.7. One batched draw with per-row temperatures
+    # must give the tokens and log-probs of drawing prompt 0's rows at 0.5, then prompt 1's at
+    # 1.7, from the same generator stream: torch.multinomial consumes the stream row by row,
+    # so the batched call is exactly the two calls in sequence.
+    logits = torch.randn(6, 40, generator=torch.Generator().manual_seed(3))
+    taus = torch.tensor([0.5, 0.5, 0.5, 1.7, 1.7, 1.7])
+    batched = sample_tokens(logits, Sampling(1.0, top_p, 1), torch.Generator().manual_seed(4), taus)
+    gen = torch.Generator().manual_seed(4)
+    a = sample_tokens(logits[:3], Sampling(0.5, top_p, 1), gen)
+    b = sample_tokens(logits[3:], Sampling(1.7, top_p, 1), gen)
+    assert torch.equal(batched[0], torch.cat([a[0], b[0]]))
+    assert torch.equal(batched[1], torch.cat([a[1], b[1]]))
+    # and the log-probs are those of each row's own sampling distribution
+    expected = torch.log_softmax(logits / taus[:, None], -1).gather(-1, batched[0][:, None])
+    torch.testing.assert_close(batched[1], expected[:, 0], atol=0, rtol=0)
+
+
+def test_per_row_temperature_frequencies():
+    # logits (0, 1): P(token 1) = sigmoid(1/τ) = 0.8808 at τ = 0.5 and 0.6225 at τ = 2
+    logits = torch.tensor([0.0, 1.0]).expand(40_000, 2)
+    taus = torch.tensor([0.5, 2.0]).repeat_interleave(20_000)
+    tok, _ = sample_tokens(logits, Sampling(), torch.Generator().manual_seed(0), taus)
+    for half, p1 in ((tok[:20_000], 0.880797), (tok[20_000:], 0.622459)):
+        se = (p1 * (1 - p1) / 20_000) ** 0.5
+        assert abs(half.float().mean().item() - p1) < 4 * se
+
+
+def test_logprob_temperature_one_records_raw_logit_logp():
+    # AGPO's convention: draw at τ = 0.6, record log_softmax(logits) (T = 1) at the drawn token.
+    logits = torch.randn(8, 30, generator=torch.Generator().manual_seed(5))
+    hot = sample_tokens(logits, Sampling(0.6), torch.Generator().manual_seed(6))
+    raw = sample_tokens(
+        logits, Sampling(0.6, logprob_temperature=1.0), torch.Generator().manual_seed(6)
+    )
+    assert torch.equal(hot[0], raw[0])  # the same draws: only the recorded log-prob changes
+    expected = torch.log_softmax(logits, -1).gather(-1, raw[0][:, None])[:, 0]
+    torch.testing.assert_close(raw[1], expected, atol=0, rtol=0)
+    assert not torch.allclose(hot[1], raw[1])
+    # greedy decoding records at logprob_temperature too
+    tok, lp = sample_tokens(logits, Sampling(0.0, logprob_temperature=2.0), None)
+    expected = torch.log_softmax(logits / 2.0, -1).gather(-1, tok[:, None])[:, 0]
+    assert torch.equal(tok, logits.argmax(-1)) and torch.allclose(lp, expected)
+
+
+def test_generate_per_prompt_temperatures(char_model):
+    model, tok, _ = char_model
+    taus = [0.6, 1.4, 1.0]
+    out = generate(model, tok, PROMPTS, 3, Sampling(1.0, 1.0, 12), torch.Generator().manual_seed(2),
+                   temperatures=taus)  # fmt: skip
+    # each group's behaviour log-probs are those of its own temperature
+    for p, tau in enumerate(taus):
+        rows = slice(3 * p, 3 * p + 3)
+        expected = recompute_logp(model, out, tau)[rows]
+        assert torch.allclose(out.old_logp[rows], expected, atol=1e-5, rtol=0)
+    # AGPO: sampled at τ_p, recorded at T = 1 -> the trainer's T = 1 forward gives ratio 1
+    raw = generate(model, tok, PROMPTS, 3, Sampling(1.0, 1.0, 12, logprob_temperature=1.0),
+                   torch.Generator().manual_seed(2), temperatures=taus)  # fmt: skip
+    assert torch.equal(raw.completion_ids, out.completion_ids)  # same draws as above
+    ratio = torch.exp(recompute_logp(model, raw, 1.0) - raw.old_logp)[raw.completion_mask.bool()]
+    assert (ratio - 1).abs().max() < 1e-4
+    # and not 1 had the trainer divided by the sampling temperature of the hot group
+    hot = recompute_logp(model, raw, 1.4)[3:6][raw.completion_mask[3:6].bool()]
+    assert (hot - raw.old_logp[3:6][raw.completion_mask[3:6].bool()]).abs().max() > 1e-2
+    # equal per-prompt temperatures are the scalar temperature, bit for bit
+    same = generate(model, tok, PROMPTS, 3, Sampling(0.8, 0.9, 12), torch.Generator().manual_seed(9),
+                    temperatures=[0.8, 0.8, 0.8])  # fmt: skip
+    ref = generate(model, tok, PROMPTS, 3, Sampling(0.8, 0.9, 12), torch.Generator().manual_seed(9))
+    assert torch.equal(same.completion_ids, ref.completion_ids)
+    assert torch.equal(same.old_logp, ref.old_logp)
+
+
+def test_per_prompt_temperature_bad_input(char_model):
+    model, tok, _ = char_model
+    with pytest.raises(ValueError, match="one value per prompt"):
+        generate(model, tok, PROMPTS, 2, temperatures=[1.0, 1.0])
+    with pytest.raises(ValueError, match="finite and > 0"):
+        generate(model, tok, PROMPTS, 2, temperatures=[1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="logprob_temperature"):
+        Sampling(logprob_temperature=0.0)
+    assert Sampling.of({"logprob_temperature": 1.0}).logprob_temperature == 1.0

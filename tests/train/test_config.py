@@ -100,3 +100,53 @@ def test_reasoning_gym_names_and_model_paths_are_accepted(tmp_path):
     # ... and a folder is a pretrained model.
     folder = C.load_config(None, [f"model.name={tmp_path}"])
     assert folder.model.name == str(tmp_path) and folder.optim.lr == 2e-6
+
+
+# ----------------------------------------------------------------------------- update schedule
+
+
+def test_schedule_is_the_presets_unless_optim_sets_it():
+    # null (the default) takes the preset's sources' schedule (ALGORITHMS.md §3)
+    for preset, want in (("grpo", (1, 1)), ("dapo", (16, 1)), ("gspo", (4, 1)), ("agpo", (1, 4))):
+        cfg = C.load_config(None, [f"algorithm.preset={preset}"])
+        s = cfg.schedule()
+        assert (s.minibatches, s.ppo_epochs) == want and s.note is None
+        assert dict(s.source) == {"minibatches": "preset", "ppo_epochs": "preset"}
+    # optim.* set explicitly wins, each field on its own
+    s = C.load_config(None, ["algorithm.preset=dapo", "optim.minibatches=4"]).schedule()
+    assert (s.minibatches, s.ppo_epochs, s.source["minibatches"]) == (4, 1, "optim")
+    s = C.load_config(None, ["algorithm.preset=agpo", "optim.ppo_epochs=1"]).schedule()
+    assert (s.minibatches, s.ppo_epochs, s.optimizer_steps) == (1, 1, 1)
+    # an algorithm override changes the preset itself
+    s = C.load_config(None, ["algorithm.preset=grpo", "algorithm.minibatches=8"]).schedule()
+    assert s.minibatches == 8 and s.source["minibatches"] == "preset"
+    # null in YAML / --set is the default
+    cfg = C.load_config(None, ["optim.minibatches=null", "optim.ppo_epochs=null"])
+    assert cfg.optim.minibatches is None and cfg.optim.ppo_epochs is None
+    assert C.from_dict(cfg.to_dict()) == cfg
+
+
+def test_preset_minibatches_that_do_not_divide_the_prompts_take_the_largest_divisor():
+    # DAPO's 16 at 8 prompts -> 8 (8 | 8); at 12 prompts -> 12 (largest divisor of 12 <= 16);
+    # GSPO's 4 at 6 prompts -> 3 (divisors of 6: 1, 2, 3, 6); at 32 prompts -> 4 unchanged
+    for preset, prompts, want in (
+        ("dapo", 8, 8),
+        ("dapo", 12, 12),
+        ("gspo", 6, 3),
+        ("gspo", 32, 4),
+    ):
+        cfg = C.load_config(
+            None, [f"algorithm.preset={preset}", f"sampling.prompts_per_step={prompts}"]
+        )
+        s = cfg.schedule()
+        assert s.minibatches == want
+        assert (s.note is None) == (want == cfg.algorithm.resolve().minibatches)
+    note = C.load_config(None, ["algorithm.preset=gspo", "sampling.prompts_per_step=6"])
+    assert "takes 3" in note.schedule().note and "optim.minibatches" in note.schedule().note
+    # a count set in optim must divide the prompts: a clear error, not an adaptation
+    with pytest.raises(C.ConfigError, match=r"optim\.minibatches=4 does not divide"):
+        C.load_config(None, ["sampling.prompts_per_step=6", "optim.minibatches=4"])
+    with pytest.raises(C.ConfigError, match=r"optim\.ppo_epochs must be >= 1 \(or null"):
+        C.load_config(None, ["optim.ppo_epochs=0"])
+    with pytest.raises(C.ConfigError, match=r"optim\.minibatches must be int"):
+        C.load_config(None, ["optim.minibatches=two"])

@@ -18,18 +18,23 @@ and drives two controllers that carry state across steps (EMAs) and checkpoint w
   ε_max) with h = clip(H/H_ref, 0.5, 1.5) and D an EMA of the post-update drift
   (:func:`step_drift`).
 
-A trainer step, per batch of P prompts (prompt-major, as everywhere)::
+A trainer step, per batch of P prompts (prompt-major, as everywhere; :class:`AGPO` wraps it)::
 
     stats = agpo.probe_stats(probe_rewards, probe_texts)          # [P] each
     taus = temp.update_batch(temp.uncertainty(stats))             # [P] per-prompt τ_t
-    ... sample the training groups at taus (or at taus.mean() if the sampler takes one τ)
+    ... sample prompt p's training group at taus[p]; log-probs at T = 1 (the raw logits)
     H = agpo.group_token_mean(entropy, mask, G)                   # [P], before the update
     eps = clip.update_batch(stats, H)                             # [P] -> ppo_clip eps_low/high
-    ... optimizer step(s) ...
+    ... optimizer steps (the code: 4 epochs, one step each) ...
     clip.observe_drift(agpo.step_drift(old_logp, new_logp, mask, G))
 
 The AGPO code walks the prompts one by one and updates the EMAs after each; ``update_batch``
 keeps that order (the EMA is a recurrence over P scalars, not a hot path).
+
+Conventions against the code (``src/llamafactory/train/agpo/trainer.py``): the functions
+below default to the textbook statistics and take the code's as options; :class:`AGPO`
+defaults to the code's (``median="lower"``: ``torch.median``, the lower middle value;
+``skew_moment_ddof=1``: the cubed deviations over the Bessel std).
 """
 
 from __future__ import annotations
@@ -491,74 +496,127 @@ class AdaptiveClip:
 
 
 class AGPO:
-    """Both AGPO controllers behind one object, for a trainer that samples at one τ per batch.
+    """Both AGPO controllers behind one object, run as the AGPO code runs them (ALGORITHMS.md §4).
 
     Per step (P prompts, G completions each, prompt-major)::
 
-        tau, m = agpo.temperature_from_probe(probe_rewards, probe_texts)   # probe at tau_base
-        ... sample the training groups at tau ...
-        H = agpo_mod.group_token_mean(entropy, mask, G)   # [P] policy entropy, before update
-        clip = agpo.clip_params(H)                         # {"eps_low": ε, "eps_high": ε}
-        ... update with ppo_clip(**clip) ...
-        m2 = agpo.observe_update(old_logp, new_logp, mask, G)               # drift -> D
+        taus, m = agpo.temperature_from_probe(probe_rewards, probe_texts)  # [P], probe at τ_base
+        ... sample prompt p's training group at taus[p]  (rollout.hf.generate(temperatures=taus)),
+            behaviour log-probs at agpo.logprob_temperature (Sampling.logprob_temperature)
+        H = group_token_mean(entropy, mask, G)      # [P] at logprob_temperature, before update
+        clip = agpo.clip_params(H, G)               # {"eps_low": [P·G], "eps_high": [P·G]}
+        ... minibatches × ppo_epochs steps of ppo_clip(**clip), ε sliced to each minibatch's rows;
+            training log-probs, KL and entropy at logprob_temperature
+        m2 = agpo.observe_update(old_logp, new_logp, mask, G)   # drift -> D, and ε stats
 
-    The controllers run per prompt, in order, exactly as the AGPO code (their EMAs advance once
-    per prompt). [OURS] batch reduction: the AGPO code samples and clips each prompt with its
-    own τ_t and ε; a batched sampler takes one temperature, so :meth:`temperature_from_probe`
-    returns the mean of the P per-prompt τ_t, and :meth:`clip_params` the mean ε
-    (``per_prompt=True`` returns the per-sample ε ``[P·G]`` instead; ``ppo_clip`` accepts it).
+    The code's choices, each a parameter:
+
+    - ``per_prompt=True``: each prompt's training group is sampled at its own τ_t and clipped
+      with its own ε (``src/llamafactory/train/agpo/trainer.py:634-722``: the loop over
+      prompts computes ``tau_t``, samples ``_generate_group(prompt, tau_t)`` and stores
+      ``eps_adapt`` per rollout; ``_agpo_loss_from_rollout`` clips with it, :774-777).
+      ``False`` is the batch-mean variant [OURS]: every prompt at the mean τ_t, one ε = the
+      mean ε (the controllers still advance once per prompt, in order).
+    - ``logprob_temperature=1.0``: log-probs, KL and entropy from the raw logits while the
+      tokens are drawn at τ_t (``_sequence_logprobs``, trainer.py:304, ``log_softmax(logits)``
+      with no division; the reference log-probs at :327 likewise). None divides by the
+      sampling temperature (TRL / verl); it needs ``per_prompt=False`` (one τ per batch).
+    - ``median="lower"``: the MAD of ``dispersion_mode="mad"`` takes ``torch.median``, the
+      lower middle value for even G (trainer.py:344-345); ``"mean_of_middle"`` is the
+      statistical median.
+    - ``skew_moment_ddof=1``: the skewness divides by the Bessel std (trainer.py:391-397), so
+      it is G1·((n−1)/n)^{3/2}; 0 gives the textbook G1 (:func:`skewness`).
+    - ``dispersion_mode="std"`` (``agpo_use_robust_dispersion`` default), Bessel std.
     """
 
     def __init__(
         self,
         *,
         base_temperature: float = 1.0,
-        per_prompt: bool = False,
+        per_prompt: bool = True,
+        logprob_temperature: float | None = 1.0,
         dispersion_mode: str = "std",
+        median: str = "lower",
+        skew_moment_ddof: int = 1,
         temperature_params: dict[str, float] | None = None,
         clip_params: dict[str, float] | None = None,
     ) -> None:
+        if logprob_temperature is None and per_prompt:
+            raise ValueError(
+                "AGPO(per_prompt=True) samples every prompt at its own temperature, so the "
+                "log-probs need one fixed temperature: keep logprob_temperature=1.0 (the AGPO "
+                "code's raw logits) or use per_prompt=False to divide by the batch's mean τ"
+            )
+        if logprob_temperature is not None and not logprob_temperature > 0:
+            raise ValueError(f"logprob_temperature must be > 0 or None, got {logprob_temperature}")
+        if median not in ("mean_of_middle", "lower"):
+            raise ValueError(f"median must be 'mean_of_middle' or 'lower', got {median!r}")
+        if dispersion_mode not in DISPERSIONS:
+            raise ValueError(
+                f"unknown dispersion {dispersion_mode!r}; valid dispersions: "
+                f"{', '.join(DISPERSIONS)}"
+            )
         tp = {"tau_base": base_temperature, **(temperature_params or {})}
         tp.setdefault("tau_min", min(0.5, tp["tau_base"]))
         tp.setdefault("tau_max", max(1.5, tp["tau_base"]))
         self.temperature = AdaptiveTemperature(**tp)
         self.clip = AdaptiveClip(**(clip_params or {}))
         self.per_prompt = per_prompt
+        self.logprob_temperature = logprob_temperature
         self.dispersion_mode = dispersion_mode
+        self.median = median
+        self.skew_moment_ddof = skew_moment_ddof
         self.base_temperature = self.temperature.tau_base
         self.last_stats: ProbeStats | None = None
+        self.last_eps: torch.Tensor | None = None
 
     def temperature_from_probe(
         self, rewards: torch.Tensor, texts: Sequence[str]
-    ) -> tuple[float, dict[str, float]]:
-        """τ for the training groups from the probe's ``[P, G]`` rewards and P·G texts."""
-        stats = probe_stats(rewards, texts, dispersion_mode=self.dispersion_mode)
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """``[P]`` sampling temperatures of the training groups from the probe, and metrics.
+
+        ``rewards``: the probe's ``[P, G]`` rewards (sampled at τ_base, never trained on);
+        ``texts``: its P·G completions, prompt-major. The temperature controller advances
+        once per prompt, in order (the AGPO code's loop). Per-prompt mode returns each
+        prompt's τ_t; the batch-mean mode returns their mean, repeated P times.
+        """
+        stats = probe_stats(
+            rewards,
+            texts,
+            dispersion_mode=self.dispersion_mode,
+            median=self.median,
+            skew_params={"moment_ddof": self.skew_moment_ddof},
+        )
         self.last_stats = stats
         taus = self.temperature.update_batch(self.temperature.uncertainty(stats))  # [P]
-        tau = float(taus.mean())
         metrics = {f"agpo/{k}": v for k, v in stats.as_dict().items()}
         metrics.update(
             {
-                "agpo/temperature": tau,
+                "agpo/temperature": float(taus.mean()),
                 "agpo/temperature_min": float(taus.min()),
                 "agpo/temperature_max": float(taus.max()),
                 "agpo/uncertainty_ema": self.temperature.ema,
             }
         )
-        return tau, metrics
+        if not self.per_prompt:
+            taus = taus.mean().expand(taus.shape[0]).clone()
+        return taus, metrics
 
     def clip_params(
-        self, policy_entropy: torch.Tensor | float, group_size: int | None = None
-    ) -> dict[str, Any]:
-        """``{"eps_low": ε, "eps_high": ε}`` from the last probe and the policy entropy.
+        self, policy_entropy: torch.Tensor | float, group_size: int
+    ) -> dict[str, float | torch.Tensor]:
+        """``{"eps_low": ε, "eps_high": ε}`` for ``ppo_clip`` from the last probe and H.
 
-        ``policy_entropy``: ``[P]`` token-mean entropy of each training group before the update
-        (:func:`group_token_mean`), or one float for the batch. Needs
-        :meth:`temperature_from_probe` first. With ``per_prompt=True`` the values are ``[P·G]``
-        tensors (``group_size`` required).
+        ``policy_entropy``: ``[P]`` token-mean entropy of each training group before the
+        update, at ``logprob_temperature`` (:func:`group_token_mean`), or one float for every
+        group. Per-prompt mode: ``[P·G]`` tensors, prompt p's ε on its G rows (slice them with
+        the minibatch's rows); batch-mean mode: the mean ε as a float. Needs
+        :meth:`temperature_from_probe` on this step first.
         """
         if self.last_stats is None:
             raise ValueError("AGPO.clip_params needs temperature_from_probe() on this step first")
+        if int(group_size) != group_size or group_size < 1:
+            raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
         p = self.last_stats.dispersion.shape[0]
         h = torch.as_tensor(policy_entropy, dtype=torch.float32).reshape(-1)
         if h.numel() == 1:
@@ -566,10 +624,9 @@ class AGPO:
         if h.shape != (p,):
             raise ValueError(f"policy_entropy must be a float or [P]={p}, got {tuple(h.shape)}")
         eps = self.clip.update_batch(self.last_stats, h)  # [P]
+        self.last_eps = eps
         if self.per_prompt:
-            if group_size is None:
-                raise ValueError("per_prompt=True needs group_size to expand ε to [P*G]")
-            e = eps.repeat_interleave(group_size)
+            e = eps.repeat_interleave(int(group_size))  # [P·G]
             return {"eps_low": e, "eps_high": e}
         value = float(eps.mean())
         return {"eps_low": value, "eps_high": value}
@@ -581,9 +638,23 @@ class AGPO:
         mask: torch.Tensor,
         group_size: int,
     ) -> dict[str, float]:
-        """Fold the update's drift (:func:`step_drift`, new log-probs after the step) into D."""
+        """Fold the step's drift into D (after the last optimizer step); the step's AGPO metrics.
+
+        ``new_logp``: the policy's log-probs after the update at ``logprob_temperature``
+        (AGPO code ``_estimate_step_kl``, trainer.py:796-815, run once after all epochs).
+        """
         drift = step_drift(old_logp, new_logp, mask, group_size)
-        return {"agpo/step_drift": drift, "agpo/drift_ema": self.clip.observe_drift(drift)}
+        out = {"agpo/step_drift": drift, "agpo/drift_ema": self.clip.observe_drift(drift)}
+        if self.last_eps is not None:
+            out.update(
+                {
+                    "agpo/eps_mean": float(self.last_eps.mean()),
+                    "agpo/eps_min": float(self.last_eps.min()),
+                    "agpo/eps_max": float(self.last_eps.max()),
+                    "agpo/entropy_ref": self.clip.entropy_ref,
+                }
+            )
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"temperature": self.temperature.state_dict(), "clip": self.clip.state_dict()}

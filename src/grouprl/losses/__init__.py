@@ -27,10 +27,20 @@ from grouprl.losses.aggregation import (
 )
 from grouprl.losses.kl import KL_ESTIMATORS, k1, k2, k3, kl, token_entropy
 from grouprl.losses.objective import Objective, objective
-from grouprl.losses.surrogates import SURROGATES, cispo, gspo, ppo_clip, reinforce, surrogate
+from grouprl.losses.surrogates import (
+    CLIPPED,
+    SURROGATES,
+    cispo,
+    gspo,
+    on_policy_warning,
+    ppo_clip,
+    reinforce,
+    surrogate,
+)
 
 __all__ = [
     "AGGREGATIONS",
+    "CLIPPED",
     "KL_ESTIMATORS",
     "SURROGATES",
     "Objective",
@@ -43,6 +53,7 @@ __all__ = [
     "k3",
     "kl",
     "objective",
+    "on_policy_warning",
     "ppo_clip",
     "reinforce",
     "seq_mean_token_mean",

@@ -33,10 +33,12 @@ import torch
 from grouprl.types import to_floats
 
 __all__ = [
+    "CLIPPED",
     "SURROGATES",
     "check_inputs",
     "cispo",
     "gspo",
+    "on_policy_warning",
     "ppo_clip",
     "reinforce",
     "surrogate",
@@ -324,6 +326,31 @@ SURROGATES: dict[str, SurrogateFn] = {
     "reinforce": reinforce,
 }
 """Surrogate name -> function ``(logp, old_logp, adv, mask, **params) -> (per_token, stats)``."""
+
+
+CLIPPED: frozenset[str] = frozenset({"ppo_clip", "cispo", "gspo"})
+"""Surrogates whose clip (or clipped weight) depends on ρ = π/π_old: it can only act once the
+policy has moved, i.e. from the second optimizer step on the same generation batch."""
+
+
+def on_policy_warning(name: str, minibatches: int, ppo_epochs: int) -> str | None:
+    """A warning when a clip-based surrogate runs one optimizer step per generation batch.
+
+    With ``minibatches × ppo_epochs == 1`` the only optimizer step is taken at the behaviour
+    policy, so ρ ≡ 1 at every token (up to float noise), every clip fraction is 0 and
+    ``ppo_clip`` / ``cispo`` / ``gspo`` reduce to REINFORCE with the preset's advantages and
+    aggregation (ALGORITHMS.md §3 "Update schedule"). None when the schedule lets the clip act
+    or the surrogate has no clip.
+    """
+    if name not in CLIPPED or minibatches * ppo_epochs > 1:
+        return None
+    return (
+        f"surrogate {name!r} runs one optimizer step per generation batch (optim.minibatches="
+        f"{minibatches}, optim.ppo_epochs={ppo_epochs}): every step sees ratio 1, so its clip "
+        "never acts and the update is REINFORCE with these advantages. Set optim.minibatches or "
+        "optim.ppo_epochs above 1 for the clip to act (DAPO and CISPO take 16 minibatches, GSPO "
+        "4, AGPO 4 epochs)."
+    )
 
 
 def surrogate(

@@ -197,6 +197,50 @@ def _acr_stack(ax, rows):
         ax.stackplot(steps, *ys, labels=[k.split("/")[1] for k in parts], alpha=0.6)
 
 
+CLIP_KEYS = (
+    "policy/clip_frac_low",
+    "policy/clip_frac_high",
+    "policy/clip_frac_region",
+    "policy/clip_frac_dual",
+)
+"""The surrogates' clip fractions as the trainer logs them (means over the step's minibatches;
+``grouprl.losses.surrogates``: low = A < 0 and ρ < 1 − ε_low, high = A > 0 and ρ > 1 + ε_high,
+region = either, dual = verl's ``pg_clipfrac_lower``)."""
+
+
+def _clip_blocks(rows) -> list[str]:
+    """The clip-fraction panel and the ratio range, when the run logged them (ALGORITHMS.md §5).
+
+    A run whose clip fractions are all 0 gets a sentence saying why: with one optimizer step
+    per generation batch every step sees ρ = 1, so no clip can act (ALGORITHMS.md §3).
+    """
+    keys = [k for k in CLIP_KEYS if _has(rows, k)]
+    if not keys:
+        return []
+    panels = [Panel("clip fractions (mean over minibatches)", tuple(keys))]
+    ratio = tuple(k for k in ("policy/ratio_min", "policy/ratio_max") if _has(rows, k))
+    if ratio:
+        panels.append(Panel("importance ratio min / max (mean over minibatches)", ratio))
+    fig, ax = H.figure(len(panels), 1, width=4.8, height=3.2)
+    for a, panel in zip(ax.flat, panels):
+        _draw(a, rows, panel)
+    blocks = ["<h2>Policy update: clipping</h2>" + H.img(fig, "clip fractions")]
+    _, region = _series(rows, "policy/clip_frac_region")
+    if region:
+        acted = sum(v > 0 for v in region)
+        line = (
+            f"The clip acted in {acted} of {len(region)} logged steps "
+            f"(mean region fraction {sum(region) / len(region):.4g}, max {max(region):.4g})."
+        )
+        if acted == 0:
+            line += (
+                " Every step was on-policy (ratio 1): with one minibatch and one epoch per "
+                "generation batch no clip can act, and a clip-based surrogate is REINFORCE."
+            )
+        blocks.append(H.text(line, "warn" if acted == 0 else None))
+    return blocks
+
+
 def _config_value(config: Any, section: str, key: str) -> Any:
     """``config[section][key]`` (config.yaml's layout), or a flat ``config[section]``."""
     value = config.get(section) if isinstance(config, dict) else None
@@ -243,6 +287,7 @@ def run_blocks(rows: list[dict[str, float]], config: Any = None) -> list[str]:
         blocks.append(H.img(fig, "training curves"))
     if left_out:
         blocks.append(H.text("Not drawn: " + "; ".join(left_out) + ".", "sub"))
+    blocks += _clip_blocks(rows)
     warnings = replay_health(rows)
     blocks.append("<h2>Health warnings</h2>")
     if warnings:

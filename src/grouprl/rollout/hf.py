@@ -14,16 +14,21 @@ forward would (when all prompts have the same length no mask is passed at all).
 
 Behaviour log-probabilities (``Rollouts.old_logp``), [OURS] convention:
 
-    old_logp[n, t] = log_softmax(logits[n, t] / temperature)[token[n, t]]
+    old_logp[n, t] = log_softmax(logits[n, t] / T_lp)[token[n, t]]
 
-computed **after** temperature and **before** top-p truncation (top-p only decides which
-tokens may be drawn; the probabilities are not renormalised over the nucleus). The
-trainer must compute its training log-probs the same way (divide the logits by the same
-temperature, full-vocabulary log-softmax, position ids from the attention mask) for the
-ratio ``exp(logp - old_logp)`` to be exactly 1 on the first PPO epoch. This matches TRL's
-GRPOTrainer, which divides logits by the sampling temperature and ignores top-p in its
-log-probs. With ``temperature == 0`` decoding is greedy and ``old_logp`` is taken at
-temperature 1.
+computed **before** top-p truncation (top-p only decides which tokens may be drawn; the
+probabilities are not renormalised over the nucleus), with ``T_lp`` =
+``Sampling.logprob_temperature``: by default the sampling temperature (TRL's GRPOTrainer
+and verl divide the logits by it), or 1.0, the raw logits, as AGPO's code takes its
+log-probs, KL and entropy while sampling at τ_t (ALGORITHMS.md §4). The trainer must
+compute its training log-probs the same way (divide the logits by the same ``T_lp``,
+full-vocabulary log-softmax, position ids from the attention mask) for the ratio
+``exp(logp - old_logp)`` to be exactly 1 at the first optimizer step. With
+``temperature == 0`` decoding is greedy and ``old_logp`` is taken at ``T_lp`` (1 unless set).
+
+Per-prompt temperatures: ``generate(..., temperatures=[P])`` samples each prompt's group at
+its own temperature (AGPO's τ_t per prompt, ``trainer.py:667``); every row draws from
+``softmax(logits / τ_row)`` in one batched call.
 """
 
 from __future__ import annotations
@@ -44,15 +49,26 @@ class Sampling:
 
     Defaults: temperature 1.0 and top-p 1.0, the on-policy setting of DeepSeekMath's GRPO
     and DAPO; [OURS] max_new_tokens 64 (the maze needs at most 25 tokens with EOS).
+    ``logprob_temperature``: the temperature of the recorded behaviour log-probs; None (the
+    default) = the sampling temperature (TRL, verl), 1.0 = the raw logits (AGPO's code,
+    ``src/llamafactory/train/agpo/trainer.py:304``: ``log_softmax(logits)`` with no division,
+    used for the old log-probs at :683 and the new ones at :765).
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 64
+    logprob_temperature: float | None = None
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        lt = self.logprob_temperature
+        if lt is not None and not (isinstance(lt, (int, float)) and lt > 0 and lt < float("inf")):
+            raise ValueError(
+                f"logprob_temperature must be a positive number (1.0 = raw logits) or None "
+                f"(= the sampling temperature), got {lt!r}"
+            )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
@@ -73,25 +89,54 @@ class Sampling:
             temperature=float(sampling.temperature),
             top_p=float(getattr(sampling, "top_p", 1.0)),
             max_new_tokens=int(sampling.max_new_tokens),
+            logprob_temperature=getattr(sampling, "logprob_temperature", None),
         )
 
 
+def _row_temperatures(temperature: torch.Tensor, n: int) -> torch.Tensor:
+    """``[N, 1]`` float per-row temperatures, checked: one per row, finite and > 0."""
+    if temperature.shape != (n,):
+        raise ValueError(
+            f"per-row temperatures must be [N]={n} (one per sequence), got "
+            f"{tuple(temperature.shape)}"
+        )
+    if not bool(((temperature > 0) & torch.isfinite(temperature)).all()):
+        raise ValueError(
+            "per-row temperatures must be finite and > 0 (greedy decoding takes "
+            "Sampling(temperature=0) for the whole batch)"
+        )
+    return temperature.float()[:, None]  # [N, 1]
+
+
 def sample_tokens(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    temperature: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row and return ``(tokens [N], behaviour log-probs [N])``.
 
-    ``logits`` ``[N, V]``. Log-probs are ``log_softmax(logits / T)`` at the drawn token,
-    before top-p (module docstring). Top-p keeps the smallest set of most probable tokens
-    whose mass reaches ``top_p`` (the first token is always kept), as HF's
-    ``TopPLogitsWarper``; the draw is ``torch.multinomial`` with ``generator``.
+    ``logits`` ``[N, V]``; ``temperature``: optional ``[N]`` per-row sampling temperatures
+    (> 0) that replace ``sampling.temperature`` (AGPO's per-prompt τ_t, repeated over the
+    group). Row n is drawn from ``softmax(logits[n] / τ_n)``, truncated by top-p (the
+    smallest set of most probable tokens whose mass reaches ``top_p``, the first token always
+    kept, as HF's ``TopPLogitsWarper``), with ``torch.multinomial`` and ``generator``. The
+    returned log-probs are ``log_softmax(logits / T_lp)`` at the drawn token, before top-p,
+    with ``T_lp = sampling.logprob_temperature`` or, when None, the row's sampling
+    temperature (module docstring).
     """
     logits = logits.float()
-    if sampling.temperature == 0.0:
+    lp_t = sampling.logprob_temperature
+    if temperature is None and sampling.temperature == 0.0:
         tokens = logits.argmax(dim=-1)  # [N]
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits / (lp_t or 1.0), dim=-1)
         return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
-    logp = torch.log_softmax(logits / sampling.temperature, dim=-1)  # [N, V]
+    t = (
+        sampling.temperature
+        if temperature is None
+        else _row_temperatures(temperature.to(logits.device), logits.shape[0])
+    )  # float or [N, 1]
+    logp = torch.log_softmax(logits / t, dim=-1)  # [N, V] the sampling distribution
     probs = logp.exp()
     if sampling.top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
@@ -102,6 +147,8 @@ def sample_tokens(
         tokens = torch.multinomial(probs.cpu(), 1, generator=generator).to(probs.device)
     else:
         tokens = torch.multinomial(probs, 1, generator=generator)  # [N, 1]
+    if lp_t is not None and (temperature is not None or lp_t != sampling.temperature):
+        logp = torch.log_softmax(logits / lp_t, dim=-1)  # e.g. AGPO: the raw logits (T = 1)
     return tokens.squeeze(-1), logp.gather(-1, tokens).squeeze(-1)
 
 
@@ -142,6 +189,7 @@ def generate(
     sampling: Any = None,
     generator: torch.Generator | None = None,
     *,
+    temperatures: torch.Tensor | list[float] | None = None,
     compact_below: float = 0.75,
 ) -> Rollouts:
     """Sample ``group_size`` completions per prompt with a shared prompt KV cache; prompt-major Rollouts.
@@ -151,6 +199,12 @@ def generate(
     ``finish_reason`` is ``"stop"`` (EOS emitted) or ``"length"`` (hit max_new_tokens).
     ``texts`` are decoded without special tokens. Deterministic given ``generator``
     (and the same model, dtype and thread count).
+
+    ``temperatures``: ``[P]`` per-prompt sampling temperatures (> 0) that replace
+    ``sampling.temperature``: prompt p's group is drawn at ``temperatures[p]`` (AGPO samples
+    each prompt's training group at its own τ_t, ``src/llamafactory/train/agpo/trainer.py:
+    658-667``). ``old_logp`` is then taken at ``sampling.logprob_temperature`` when it is
+    set, else at each row's own temperature.
 
     ``compact_below``: [OURS] when the rows still running fall to this fraction of the
     model batch, the stopped rows are dropped from the batch and its KV cache
@@ -164,7 +218,18 @@ def generate(
         raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
     if not 0.0 <= compact_below <= 1.0:
         raise ValueError(f"compact_below must be in [0, 1], got {compact_below}")
+    row_t = None
+    if temperatures is not None:
+        per_prompt = torch.as_tensor(temperatures, dtype=torch.float32, device="cpu").reshape(-1)
+        if per_prompt.shape != (len(prompts),):
+            raise ValueError(
+                f"temperatures must hold one value per prompt ({len(prompts)}), got "
+                f"{tuple(per_prompt.shape)}"
+            )
+        n_rows = len(prompts) * group_size
+        row_t = _row_temperatures(per_prompt.repeat_interleave(group_size), n_rows)[:, 0]  # [N]
     device = next(model.parameters()).device
+    row_t = None if row_t is None else row_t.to(device)
     eos = torch.tensor(_eos_ids(model, tokenizer), device=device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else int(eos[0])
     prompt_ids, prompt_mask = _encode(tokenizer, prompts, pad_id, device)  # [P, Tp]
@@ -195,7 +260,9 @@ def generate(
     rows = torch.arange(n, device=device)  # [A] original row of each row in the model batch
     used = 0
     for step in range(t_max):
-        tok, logp = sample_tokens(logits, sampling, generator)  # [A], [A]
+        tok, logp = sample_tokens(
+            logits, sampling, generator, None if row_t is None else row_t[rows]
+        )  # [A], [A]
         live = ~done[rows]  # [A] rows not stopped yet (stopped ones await compaction)
         idx = rows[live]
         completion_ids[idx, step] = tok[live]

@@ -63,7 +63,7 @@ class Batch:
     rewards: torch.Tensor  # [P, G] NaN = unscorable
     example_ids: tuple[str, ...]  # [P]
     group_size: int
-    temperature: float
+    temperature: float  # of old_logp and of every log-prob the step computes on this batch
 
     @property
     def size(self) -> int:
@@ -99,19 +99,31 @@ def sample_groups(
     run: Run,
     examples: list[Example],
     group_size: int,
-    temperature: float,
+    temperature: float | torch.Tensor,
     gen: torch.Generator,
     timer: Any = None,
+    logprob_temperature: float | None = None,
 ) -> tuple[Rollouts, torch.Tensor, dict[str, float]]:
-    """``group_size`` completions per example and their rewards ``[P, G]`` (and counters)."""
+    """``group_size`` completions per example and their rewards ``[P, G]`` (and counters).
+
+    ``temperature``: one float, or ``[P]`` per example (AGPO's τ_t); ``logprob_temperature``:
+    the temperature of the behaviour log-probs (None = the sampling one, ``hf.Sampling``).
+    """
     timer = timer or _NoTimer()
     s = run.cfg.sampling
+    per_prompt = isinstance(temperature, torch.Tensor)
     with timer("generate"):
         prompts = [run.task.render(ex, run.tokenizer) for ex in examples]
         sampling = hf.Sampling(
-            temperature=temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens
+            temperature=float(temperature.mean()) if per_prompt else temperature,
+            top_p=s.top_p,
+            max_new_tokens=s.max_new_tokens,
+            logprob_temperature=logprob_temperature,
         )
-        roll = hf.generate(run.model, run.tokenizer, prompts, group_size, sampling, gen)
+        roll = hf.generate(
+            run.model, run.tokenizer, prompts, group_size, sampling, gen,
+            temperatures=temperature if per_prompt else None,
+        )  # fmt: skip
     with timer("score"):
         refs = [ex.reference for ex in examples for _ in range(group_size)]
         rewards, metrics = score(run, roll.texts, refs)
@@ -185,7 +197,10 @@ def _pad(t: torch.Tensor, width: int, left: bool, value: float = 0) -> torch.Ten
 
 
 def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
-    """The kept groups of every round as one prompt-major :class:`Batch` (padded to one width)."""
+    """The kept groups of every round as one prompt-major :class:`Batch` (padded to one width).
+
+    ``temperature``: the log-prob temperature of the rollouts' ``old_logp``.
+    """
     g = rounds[0].rollouts.group_size
     wp = max(r.rollouts.prompt_ids.shape[1] for r in rounds)
     wc = max(r.rollouts.completion_ids.shape[1] for r in rounds)

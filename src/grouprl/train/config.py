@@ -31,6 +31,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "SamplingConfig",
+    "Schedule",
     "TaskConfig",
     "load_config",
 ]
@@ -158,9 +159,14 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Global-norm clip (verl and TRL default 1.0); <= 0 disables clipping."""
-    ppo_epochs: int = 1
-    minibatches: int = 1
-    """Optimizer steps per epoch; 1 = fully on-policy (ratio 1 at the first step)."""
+    ppo_epochs: int | None = None
+    """Passes over each generation batch; None = the preset's (``Preset.ppo_epochs``: AGPO's
+    code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
+    minibatches: int | None = None
+    """Optimizer steps per epoch, each on whole groups; None = the preset's
+    (``Preset.minibatches``: DAPO and CISPO 16, GSPO and the F-* presets 4, the others 1). One minibatch and one
+    epoch is fully on-policy: every step sees ratio 1 and no clip acts. A value set here
+    must divide ``sampling.prompts_per_step``."""
     micro_batch_size: int = 0
     """Sequences per forward/backward (a multiple of the group size); 0 or more than the
     minibatch = the whole minibatch at once. The last micro-batch may be smaller: the step's
@@ -207,6 +213,27 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """The update schedule a run applies: ``minibatches × ppo_epochs`` optimizer steps per
+    generation batch, where each value came from (``"optim"`` or ``"preset"``), and a note
+    when the preset's minibatch count had to be lowered to fit ``prompts_per_step``."""
+
+    minibatches: int
+    ppo_epochs: int
+    source: MappingProxyType
+    note: str | None = None
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per generation batch."""
+        return self.minibatches * self.ppo_epochs
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Every stage's configuration; ``validate()`` checks the cross-field constraints."""
 
@@ -232,6 +259,37 @@ class RunConfig:
             }
             for f in fields(self)
         }
+
+    def schedule(self, preset: Any = None) -> Schedule:
+        """The update schedule: ``optim.minibatches`` / ``optim.ppo_epochs`` when set, else
+        the preset's (its sources' schedule, ALGORITHMS.md §3 "Update schedule").
+
+        ``preset``: the resolved ``Preset`` (default: ``algorithm.resolve()``). [OURS] A
+        preset's minibatch count that does not divide ``sampling.prompts_per_step`` (DAPO's
+        16 at 8 prompts) becomes the largest divisor of ``prompts_per_step`` below it, and
+        ``note`` says so; a count set in ``optim.minibatches`` must divide it (validate()).
+        """
+        p = preset if preset is not None else self.algorithm.resolve()
+        o, n_prompts = self.optim, self.sampling.prompts_per_step
+        epochs = o.ppo_epochs if o.ppo_epochs is not None else p.ppo_epochs
+        note = None
+        if o.minibatches is not None:
+            minibatches = o.minibatches
+        else:
+            minibatches = _largest_divisor(n_prompts, p.minibatches)
+            if minibatches != p.minibatches:
+                note = (
+                    f"preset {p.name!r} takes {p.minibatches} minibatches per generation batch "
+                    f"({p.sources.get('minibatches', 'its sources')}); sampling.prompts_per_step="
+                    f"{n_prompts} splits into whole groups only by its divisors, so the run takes "
+                    f"{minibatches}. Set optim.minibatches to choose, or prompts_per_step to a "
+                    f"multiple of {p.minibatches}."
+                )
+        source = {
+            "minibatches": "optim" if o.minibatches is not None else "preset",
+            "ppo_epochs": "optim" if o.ppo_epochs is not None else "preset",
+        }
+        return Schedule(minibatches, epochs, frozen(source), note)
 
     def validate(self, *, check_names: bool = True) -> RunConfig:
         """Raise ``ConfigError`` on a configuration that cannot work; returns ``self``."""
@@ -268,8 +326,9 @@ def _check_ranges(cfg: RunConfig) -> None:
         "run.keep_last": cfg.run.keep_last,
     }
     for name, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{name} must be >= 1, got {value}")
+        if value is not None and value < 1:
+            unset = " (or null: the preset's)" if name in _SCHEDULE_FIELDS else ""
+            raise ConfigError(f"{name} must be >= 1{unset}, got {value}")
     if s.group_size < 2:
         raise ConfigError(
             f"sampling.group_size must be >= 2 (group-relative baselines need two samples), "
@@ -308,9 +367,30 @@ def _check_model_runtime(m: ModelConfig) -> None:
         raise ConfigError(f"model.device must be auto, cpu, cuda or cuda:N, got {m.device!r}")
 
 
+_SCHEDULE_FIELDS = ("optim.ppo_epochs", "optim.minibatches")
+
+
+def _resolved_preset(cfg: RunConfig) -> Any:
+    """The preset with its overrides, or None when it cannot be resolved (``_check_names`` or
+    ``setup`` reports an unknown preset or override)."""
+    try:
+        return cfg.algorithm.resolve()
+    except (ValueError, TypeError):
+        return None
+
+
 def _check_batch(cfg: RunConfig) -> None:
-    """Minibatches hold whole groups and micro-batches split minibatches exactly."""
-    n, g, m = cfg.batch_size, cfg.sampling.group_size, cfg.optim.minibatches
+    """Minibatches hold whole groups and micro-batches split minibatches exactly; the preset's
+    controller fits its filters."""
+    preset = _resolved_preset(cfg)
+    if preset is not None and preset.controller == "agpo" and preset.dynamic_sampling:
+        raise ConfigError(
+            "the agpo controller sets each prompt's temperature and ε from its probe group, "
+            "while dynamic sampling replaces collapsed groups with prompts drawn later: set "
+            "algorithm.dynamic_sampling=false (the AGPO code has no dynamic sampling)"
+        )
+    m = cfg.optim.minibatches or (cfg.schedule(preset).minibatches if preset else 1)
+    n, g = cfg.batch_size, cfg.sampling.group_size
     if cfg.sampling.prompts_per_step % m:
         raise ConfigError(
             f"optim.minibatches={m} does not divide sampling.prompts_per_step="
@@ -339,9 +419,13 @@ def _check_names(cfg: RunConfig) -> None:
         raise ConfigError(
             f"unknown algorithm override(s) {unknown}; valid: {', '.join(sorted(fields_))}"
         )
+    try:
+        resolved = cfg.algorithm.resolve()
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"algorithm overrides: {err}") from None
     from grouprl import sampling
 
-    sampler = cfg.algorithm.resolve().sampler
+    sampler = resolved.sampler
     if sampler not in sampling.SAMPLERS:
         raise ConfigError(
             f"unknown prompt sampler algorithm.sampler={sampler!r}; valid: "
@@ -407,6 +491,10 @@ def _numbers(x: Any) -> Any:
 def _coerce(f: Any, value: Any, section: str) -> Any:
     """Check a value against the field's annotation; ints are accepted for floats."""
     ann = str(f.type)
+    if ann.endswith(" | None"):
+        if value is None:
+            return None
+        ann = ann[: -len(" | None")]
     ok = {
         "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
         "int": lambda v: isinstance(v, int) and not isinstance(v, bool),

@@ -2,8 +2,10 @@
 
 A controller may act at three points of a step (:func:`grouprl.train.loop.train_step`):
 
-1. ``temperature(run, examples, timer)``: the sampling temperature of this step's groups
-   (default: ``sampling.temperature``);
+1. ``temperature(run, examples, timer)``: the sampling temperature of this step's groups,
+   one float or one per prompt ``[P]`` (default: ``sampling.temperature``); the log-probs
+   of the step (behaviour, training, reference, entropy) are taken at
+   ``logprob_temperature`` when the controller sets it, else at that sampling temperature;
 2. ``clip_params(run, batch, params)``: the surrogate's parameters for this step's update
    (default: the preset's, unchanged);
 3. ``after_update(run, batch)``: observe the policy after the update (default: nothing).
@@ -33,11 +35,15 @@ class Controller:
     """The protocol, with no-op defaults: a step runs as configured."""
 
     name: str = "none"
+    logprob_temperature: float | None = None
+    """The temperature of every log-prob of the step; None = the sampling temperature (TRL,
+    verl: ratio 1 on-policy). AGPO's code takes them from the raw logits (1.0)."""
 
     def temperature(
         self, run: Run, examples: list[Example], timer: Any
-    ) -> tuple[float, dict[str, float]]:
-        """This step's sampling temperature and metrics (default: the configured one)."""
+    ) -> tuple[float | torch.Tensor, dict[str, float]]:
+        """This step's sampling temperature, a float or ``[P]`` per prompt, and metrics
+        (default: the configured one)."""
         return run.cfg.sampling.temperature, {}
 
     def clip_params(
@@ -67,9 +73,12 @@ class AGPOController(Controller):
     Wraps :class:`grouprl.control.agpo.AGPO` (the controllers' math and state):
 
     1. a probe group of G completions per prompt at τ_base, never trained on, gives the
-       probe statistics and τ_t (``AGPO.temperature_from_probe``);
-    2. ε from the probe statistics and the policy's token-mean entropy on the training
-       groups before the update (``AGPO.clip_params``);
+       probe statistics and each prompt's τ_t (``AGPO.temperature_from_probe``); prompt p's
+       training group is sampled at τ_t[p], and every log-prob of the step (behaviour,
+       training, reference, entropy) is taken from the raw logits, T = 1
+       (``AGPO.logprob_temperature``, the AGPO code's convention);
+    2. each prompt's ε from its probe statistics and the policy's token-mean entropy on its
+       training group before the update (``AGPO.clip_params``: ``[P·G]`` bounds);
     3. the update's drift, from the policy's log-probs after the update
        (``AGPO.observe_update``), feeds the next step's ε.
 
@@ -83,14 +92,16 @@ class AGPOController(Controller):
         from grouprl.control.agpo import AGPO
 
         self.agpo = AGPO(base_temperature=base_temperature)
+        self.logprob_temperature = self.agpo.logprob_temperature
 
     def temperature(
         self, run: Run, examples: list[Example], timer: Any
-    ) -> tuple[float, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, float]]:
         g, tau_base = run.cfg.sampling.group_size, run.cfg.sampling.temperature
         probe, probe_rewards, _ = sample_groups(run, examples, g, tau_base, run.gen, timer)
         with torch.device("cpu"):
-            return self.agpo.temperature_from_probe(probe_rewards.cpu(), probe.texts)
+            taus, metrics = self.agpo.temperature_from_probe(probe_rewards.cpu(), probe.texts)
+        return taus, metrics  # [P] on the CPU
 
     def clip_params(
         self, run: Run, batch: Batch, params: dict[str, Any]

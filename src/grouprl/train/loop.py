@@ -73,6 +73,13 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
         wandb=cfg.run.wandb,
         progress=cfg.run.progress,
     )
+    schedule = cfg.schedule(run.preset)  # the preset's update schedule unless optim sets it
+    for note in (
+        schedule.note,
+        losses.on_policy_warning(run.preset.surrogate, schedule.minibatches, schedule.ppo_epochs),
+    ):
+        if note:
+            run.print(f"schedule: {note}")
     metrics: dict[str, float] = {}
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
@@ -150,7 +157,7 @@ def train_step(run: Run) -> dict[str, float]:
         metrics = {**rollout_metrics, **clip_metrics, **log.metrics(), **after_metrics}
         metrics["optim/skipped_total"] = float(run.nonfinite_total)
         metrics["optim/lr"] = run.optimizer.param_groups[0]["lr"]
-        metrics.update({f"clip/{k}": float(v) for k, v in clip.items()})
+        metrics.update({f"clip/{k}": _mean(v) for k, v in clip.items()})
         metrics.update(diagnostics.step_metrics(rewards, adv, reward_range=run.task.reward_range))
         metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
         if ref_logp is not None:  # KL of the behaviour policy to the reference, per sequence
@@ -167,6 +174,11 @@ def train_step(run: Run) -> dict[str, float]:
     return metrics
 
 
+def _mean(x: float | torch.Tensor) -> float:
+    """A logged number: a float, or the mean of a per-prompt / per-sequence tensor."""
+    return float(x.float().mean()) if isinstance(x, torch.Tensor) else float(x)
+
+
 # ---- stages 1-2: the batch -------------------------------------------------------------------
 
 
@@ -175,11 +187,12 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
 
     Each round: draw prompts (``run.prompts``: a fresh stream, or a pool and IS-GRPO's
     sampler, which then observes every generated group's σ), sample G completions each (the
-    controller sets the temperature
-    on the first round), score them, apply DAPO's soft overlong penalty, keep the groups
-    the dynamic sampler accepts. ``acr/sampled_rate`` counts every generated group: with
-    dynamic sampling ``acr/rate`` is measured after the collapsed groups were dropped, so the
-    rollouts they wasted show only there.
+    controller sets the temperature on the first round, one or one per prompt, and the
+    log-prob temperature), score them, apply DAPO's soft overlong penalty, keep the groups the
+    dynamic sampler accepts.
+    ``acr/sampled_rate`` counts every generated group: with dynamic sampling ``acr/rate`` is
+    measured after the collapsed groups were dropped, so the rollouts they wasted show only
+    there.
     """
     cfg, preset = run.cfg, run.preset
     p, g, s = cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.sampling
@@ -189,7 +202,8 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         else None
     )
     metrics: dict[str, float] = {}
-    temperature = s.temperature
+    temperature: float | torch.Tensor = s.temperature
+    logprob_t = run.controller.logprob_temperature  # None: the sampling temperature
     rounds: list[Round] = []
     unscorable = collapsed = drawn = 0.0
     while not rounds or (sampler is not None and not sampler.done):
@@ -198,7 +212,9 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if not rounds:
             temperature, controller_metrics = run.controller.temperature(run, examples, timer)
             metrics.update(controller_metrics)
-        roll, rewards, counters = sample_groups(run, examples, g, temperature, run.gen, timer)
+        roll, rewards, counters = sample_groups(
+            run, examples, g, temperature, run.gen, timer, logprob_temperature=logprob_t
+        )
         if preset.overlong == "soft":  # DAPO §3.4: 0, then linear down to -1 at L_max
             lengths = roll.completion_mask.sum(-1).view_as(rewards)  # [n, G]
             cache = s.overlong_cache or max(1, s.max_new_tokens // 5)
@@ -212,7 +228,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)
         rounds.append(Round(examples, roll, rewards, kept))
     pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
-    batch = join_rounds(rounds, pad_id, temperature)
+    batch = join_rounds(rounds, pad_id, temperature if logprob_t is None else logprob_t)
     if preset.overlong == "mask":  # DAPO's overlong filtering: truncated tokens leave the loss
         batch = replace(batch, mask=filters.mask_truncated(batch.mask, batch.truncated))
     if sampler is not None:
@@ -225,7 +241,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
             "acr/sampled_rate": collapsed / drawn,
             "length/mean": float(lengths.mean()),
             "length/truncated_frac": float(batch.truncated.float().mean()),
-            "sampling/temperature": float(temperature),
+            "sampling/temperature": _mean(temperature),
         }
     )
     return batch, metrics
@@ -260,6 +276,7 @@ class UpdateLog:
         out["loss/total"] = out.get("loss/pg", 0.0) + out.get("loss/kl", 0.0)
         if self.taken:
             out["optim/grad_norm"] = self.grad_norm / n
+        out["optim/steps"] = float(self.taken)  # optimizer steps taken on this batch
         out["optim/skipped_steps"] = float(self.skipped)
         out["optim/empty_steps"] = float(self.empty)
         out.update(self.balance)  # measured once per step, not averaged
@@ -277,20 +294,22 @@ def update_policy(
     clip: dict[str, Any],
     timer: Timer,
 ) -> UpdateLog:
-    """``optim.ppo_epochs`` × ``optim.minibatches`` AdamW steps over whole groups.
+    """``ppo_epochs`` × ``minibatches`` AdamW steps over whole groups (``cfg.schedule``: the
+    preset's sources' schedule unless ``optim.ppo_epochs`` / ``optim.minibatches`` are set).
 
     Groups are shuffled each epoch with a generator seeded by (seed, step). The R/KL balance
     is measured on the first micro-batch of the step every ``eval.balance_every`` steps when
     β > 0.
     """
     cfg, g = run.cfg, batch.group_size
+    schedule = cfg.schedule(run.preset)
     every = cfg.eval.balance_every
     balance = run.preset.beta > 0 and every > 0 and run.step % every == 0
     shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + run.step)
     log = UpdateLog()
-    for _ in range(cfg.optim.ppo_epochs):
+    for _ in range(schedule.ppo_epochs):
         order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")  # [P]
-        for groups in order.chunk(cfg.optim.minibatches):
+        for groups in order.chunk(schedule.minibatches):
             rows = group_rows(groups.sort().values.to(run.device), g)  # [n] sorted rows
             optimizer_step(
                 run, batch, rows, adv=adv, keep=keep, kl_weight=kl_weight, ref_logp=ref_logp,
@@ -342,9 +361,11 @@ def optimizer_step(
             finite = False
             break
         with timer("backward"):
+            # per-sequence bounds [N] (AGPO's per-prompt ε) follow the micro-batch's rows
+            params = {k: v[m] if isinstance(v, torch.Tensor) else v for k, v in clip.items()}
             obj = losses.objective(
                 lp.logp, batch.old_logp[m], adv[m], batch.mask[m], surrogate=p.surrogate,
-                surrogate_params=clip, aggregation=p.aggregation, totals=totals, keep=keep[m],
+                surrogate_params=params, aggregation=p.aggregation, totals=totals, keep=keep[m],
                 ref_logp=None if ref_logp is None else ref_logp[m], kl=p.kl, beta=p.beta,
                 kl_weight=kl_weight[m], entropy=lp.entropy,
             )  # fmt: skip
