@@ -56,6 +56,7 @@ EXPECTED = {
     "f_dapo": ("grpo", 0.5, None, None, "ppo_clip", DAPO, TM, True, "soft", None, "k3", 0.0),
     "f_cispo": ("grpo", 0.5, None, None, "cispo", CISPO, TM, False, None, None, "k3", 0.0),
     "avspo": ("grpo", 0.0, None, "symmetric", "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    "avspo_code": ("grpo", 0.0, None, "code", "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
     "maxnorm_rloo": (
         "maxnorm_rloo",
         0.0,
@@ -204,6 +205,11 @@ def test_with_and_unknown():
         presets.get("ppo")
     assert presets.get("f_grpo").advantage_kwargs() == {"focal_gamma": 0.5}
     assert presets.get("maxnorm_rloo").advantage_kwargs() == {"delta_res": 1e-2}
+    # the authors' AVSPO: the code rule on each group as its own generation batch
+    assert presets.get("avspo_code").advantage_kwargs() == {
+        "virtual": "code",
+        "virtual_batch_groups": 1,
+    }
 
 
 # The update schedule of each preset, transcribed from the ALGORITHMS.md §3 "Update schedule"

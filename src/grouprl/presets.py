@@ -46,6 +46,7 @@ class Preset:
     focal_gamma: float = 0.0
     delta_res: float | None = None
     virtual: str | None = None
+    virtual_batch_groups: int | None = None
     # -- loss half (ALGORITHMS.md §3)
     surrogate: str = "ppo_clip"
     surrogate_params: MappingProxyType = field(
@@ -87,6 +88,8 @@ class Preset:
             kwargs["delta_res"] = self.delta_res
         if self.virtual is not None:
             kwargs["virtual"] = self.virtual
+        if self.virtual_batch_groups is not None:
+            kwargs["virtual_batch_groups"] = self.virtual_batch_groups
         return kwargs
 
     def with_(self, **changes: Any) -> Preset:
@@ -169,6 +172,7 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "focal_gamma": "0: no focal weight (the base method of F-GRPO)",
     "delta_res": "None: no resolution protocol",
     "virtual": "None: no virtual samples",
+    "virtual_batch_groups": "None: the code rule, when used, looks at the whole batch",
     "surrogate": "PPO clipped surrogate (Schulman et al. 2017), as GRPO uses",
     "surrogate_params": _S_GRPO_CLIP,
     "aggregation": "seq-mean-token-mean: GRPO (DeepSeekMath; TRL loss_type='grpo')",
@@ -333,6 +337,27 @@ PRESETS: dict[str, Preset] = {
                 "ppo_epochs": _S_AVSPO_SCHEDULE,
             },
             virtual="symmetric",
+            aggregation="token_mean",
+        ),
+        _p(
+            "avspo_code",
+            "AVSPO as its authors' code runs it: one group per generation batch",
+            {
+                "virtual": (
+                    "ACR authors' code: trl_scope/trainer/grpo_trainer.py:1515-1536, one "
+                    "virtual reward of the opposite value when a whole generation batch is "
+                    "all 0 (or all 1)"
+                ),
+                "virtual_batch_groups": (
+                    "1: train_grpo.sh runs 4 processes × per-device batch 1 completion with "
+                    "num_generations 4, so one generation batch holds one group"
+                ),
+                "aggregation": _S_TOKEN_MEAN + " [OURS] as avspo",
+                "minibatches": _S_AVSPO_SCHEDULE,
+                "ppo_epochs": _S_AVSPO_SCHEDULE,
+            },
+            virtual="code",
+            virtual_batch_groups=1,
             aggregation="token_mean",
         ),
         _p(
