@@ -124,6 +124,65 @@ def test_verl_use_external_modules_registers_in_a_fresh_process():
     assert lines[1] == str(sorted(f"grouprl_{n}" for n in losses.SURROGATES))
 
 
+# --------------------------------------------------------------------------- TRL next to verl
+def test_trl_probe_asks_for_the_value_head_class(monkeypatch):
+    # importing grouprl.integrations.verl (above) replaced verl's probe in every module holding it
+    import verl.models.transformers.monkey_patch as mp
+    import verl.utils.import_utils as iu
+    import verl.utils.model as vm
+
+    assert mp.is_trl_available is iu.is_trl_available is vm.is_trl_available
+    assert iu.is_trl_available._grouprl_probe and gv.fix_trl_probe() is False  # idempotent
+    fake = type(sys)("trl.experimental.ppo")
+    monkeypatch.setitem(sys.modules, "trl.experimental.ppo", fake)
+    assert gv.trl_value_head_available() is False  # the module without the class
+    fake.AutoModelForCausalLMWithValueHead = object
+    assert gv.trl_value_head_available() is True  # a TRL that has it (verl's own pin, 0.27)
+
+
+PATCH_A_MODEL = (
+    "import sys, warnings; warnings.filterwarnings('ignore'); sys.path.insert(0, {here!r})\n"
+    "import verl\n"
+    "from tiny_lm import tiny_model\n"
+    "from verl.models.transformers.monkey_patch import apply_monkey_patch\n"
+    "apply_monkey_patch(model=tiny_model(), use_remove_padding=False)\n"
+    "print('PATCHED')\n"
+)
+
+
+@pytest.mark.slow
+def test_verl_builds_its_model_patch_next_to_trl_1x():
+    """verl's ``apply_monkey_patch`` (what building the FSDP actor runs) with TRL 1.x installed:
+    without grouprl it fails on ``from trl import AutoModelForCausalLMWithValueHead``; with
+    grouprl loaded (the ``verl.plugins`` entry point, or VERL_USE_EXTERNAL_MODULES) it runs."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pytest.importorskip("trl")
+    if gv.trl_value_head_available():
+        pytest.skip("the installed TRL still has AutoModelForCausalLMWithValueHead: no conflict")
+    from importlib.metadata import entry_points
+
+    assert "grouprl" in {ep.name for ep in entry_points(group="verl.plugins")}
+    code = PATCH_A_MODEL.format(here=str(os.path.dirname(__file__)))
+    base = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
+
+    def run(**env):
+        cmd = [sys.executable, "-c", code]
+        return subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True)
+
+    plain = run(VERL_USE_EXTERNAL_PLUGINS="none")
+    assert plain.returncode != 0 and "AutoModelForCausalLMWithValueHead" in plain.stderr
+    for env in (
+        {},  # the entry point, as `pip install grouprl` next to verl gives it
+        {
+            "VERL_USE_EXTERNAL_PLUGINS": "none",
+            "VERL_USE_EXTERNAL_MODULES": "grouprl.integrations.verl",
+        },
+    ):
+        res = run(**env)
+        assert res.returncode == 0 and "PATCHED" in res.stdout, res.stderr[-2000:]
+
+
 # --------------------------------------------------------------------------- the layout
 def test_group_layout_hand_case():
     # uids b a b c a b -> groups {b: rows 0 2 5, a: rows 1 4, c: row 3}; columns = rank within

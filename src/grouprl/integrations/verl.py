@@ -26,6 +26,11 @@ verl's input is flat: ``token_level_rewards [N, T]`` and ``index [N]`` (the prom
 non-contiguous groups, NaN padding), and the advantages come back per token, times the
 response mask, exactly as verl's own outcome estimators return them.
 
+Next to TRL 1.x (``grouprl[peers]`` installs both), verl 0.9 cannot build its actor: its
+model patch imports TRL's ``AutoModelForCausalLMWithValueHead``, which TRL 1.x removed.
+Importing this module applies :func:`fix_trl_probe`, so verl only reaches for that class when
+the installed TRL has it.
+
 Limits: verl's estimator API returns advantages only, so ``Advantages.keep`` zeroes a
 skipped group's reward branch but cannot remove it from verl's KL loss, and
 ``Advantages.kl_weight`` (``grpo_beta_comp``) is not applied to verl's KL term.
@@ -36,6 +41,7 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -550,13 +556,15 @@ def trl_value_head_available() -> bool:
     patches its ``state_dict``; ``utils/model.py`` builds critics with it), looked up in
     ``trl.experimental.ppo`` and then ``trl``. TRL 1.x has neither (its PPO trainer is gone).
     """
-    try:
-        from trl.experimental.ppo import AutoModelForCausalLMWithValueHead
-    except ImportError:
+    with warnings.catch_warnings():  # TRL warns on any import from trl.experimental
+        warnings.simplefilter("ignore")
         try:
-            from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
+            from trl.experimental.ppo import AutoModelForCausalLMWithValueHead
         except ImportError:
-            return False
+            try:
+                from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
+            except ImportError:
+                return False
     return True
 
 
