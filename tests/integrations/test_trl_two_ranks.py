@@ -10,13 +10,13 @@ With 6 completions per rank and G = 4, group 1 (global rows 4-7) is split 2 + 2 
 import json
 import math
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from procs import run_bounded
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -52,7 +52,7 @@ def runs(tmp_path_factory):
     }
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += [f"--nproc_per_node={RANKS}", str(SCRIPT), str(out)]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    res = run_bounded(cmd, env=env, timeout=TIMEOUT_S)
     assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
     return out
 

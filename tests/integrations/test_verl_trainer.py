@@ -20,7 +20,6 @@ import math
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import warnings
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import run_bounded
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -50,7 +50,7 @@ if verl.__version__ != VERL_VERSION:
 
 HERE = Path(__file__).parent
 STEPS, PROMPTS, N = 3, 4, 4
-TIMEOUT_S = 300
+TIMEOUT_S = 360  # a bound, not a budget: ~80 s on an idle 2-core machine
 WORDS = "abcdefghijklmnop"
 
 OVERRIDES = [
@@ -149,9 +149,7 @@ def run(tmp_path_factory):
         f"trainer.default_local_dir={folder / 'checkpoints'}",
     ]
     try:
-        res = subprocess.run(
-            cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-        )
+        res = run_bounded(cmd, cwd=folder, env=env, timeout=TIMEOUT_S)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     (folder / "main_ppo.log").write_text(res.stdout + res.stderr)
