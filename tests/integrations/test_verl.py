@@ -141,20 +141,28 @@ def test_trl_probe_asks_for_the_value_head_class(monkeypatch):
 
 
 PATCH_A_MODEL = (
-    "import sys, warnings; warnings.filterwarnings('ignore'); sys.path.insert(0, {here!r})\n"
-    "import verl\n"
+    "import importlib.util, sys, warnings; warnings.filterwarnings('ignore')\n"
+    "sys.path.insert(0, {here!r})\n"
+    "import verl  # its verl.plugins entry point loads grouprl.integrations.verl\n"
+    "import verl.models.transformers.monkey_patch as mp\n"
     "from tiny_lm import tiny_model\n"
-    "from verl.models.transformers.monkey_patch import apply_monkey_patch\n"
-    "apply_monkey_patch(model=tiny_model(), use_remove_padding=False)\n"
+    "mp.apply_monkey_patch(model=tiny_model(), use_remove_padding=False)\n"
     "print('PATCHED')\n"
+    "# verl's own probe (verl/utils/import_utils.py is_trl_available): a package named trl exists\n"
+    "mp.is_trl_available = lambda: importlib.util.find_spec('trl') is not None\n"
+    "try:\n"
+    "    mp.apply_monkey_patch(model=tiny_model(), use_remove_padding=False)\n"
+    "except ImportError as err:\n"
+    "    print('WITHOUT GROUPRL:', err)\n"
 )
 
 
 @pytest.mark.slow
 def test_verl_builds_its_model_patch_next_to_trl_1x():
-    """verl's ``apply_monkey_patch`` (what building the FSDP actor runs) with TRL 1.x installed:
-    without grouprl it fails on ``from trl import AutoModelForCausalLMWithValueHead``; with
-    grouprl loaded (the ``verl.plugins`` entry point, or VERL_USE_EXTERNAL_MODULES) it runs."""
+    """verl's ``apply_monkey_patch`` (what building the FSDP actor runs) with TRL 1.x installed,
+    in a fresh process where ``import verl`` loaded grouprl through the entry point, as
+    ``pip install grouprl`` next to verl gives it: it runs; with verl's own probe put back it
+    fails on ``from trl import AutoModelForCausalLMWithValueHead``."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pytest.importorskip("trl")
@@ -164,23 +172,12 @@ def test_verl_builds_its_model_patch_next_to_trl_1x():
 
     assert "grouprl" in {ep.name for ep in entry_points(group="verl.plugins")}
     code = PATCH_A_MODEL.format(here=str(os.path.dirname(__file__)))
-    base = {k: v for k, v in os.environ.items() if k != "VERL_USE_EXTERNAL_MODULES"}
-
-    def run(**env):
-        cmd = [sys.executable, "-c", code]
-        return subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True)
-
-    plain = run(VERL_USE_EXTERNAL_PLUGINS="none")
-    assert plain.returncode != 0 and "AutoModelForCausalLMWithValueHead" in plain.stderr
-    for env in (
-        {},  # the entry point, as `pip install grouprl` next to verl gives it
-        {
-            "VERL_USE_EXTERNAL_PLUGINS": "none",
-            "VERL_USE_EXTERNAL_MODULES": "grouprl.integrations.verl",
-        },
-    ):
-        res = run(**env)
-        assert res.returncode == 0 and "PATCHED" in res.stdout, res.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "PATCHED" in res.stdout
+    want = "WITHOUT GROUPRL: cannot import name 'AutoModelForCausalLMWithValueHead'"
+    assert want in res.stdout
 
 
 # --------------------------------------------------------------------------- the layout
