@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Install the peer frameworks grouprl integrates with (TRL, verl) into ./.venv, so that the
-# parity tests in tests/integrations and the adapter benchmark run instead of skipping.
+# parity tests and the end-to-end runs in tests/integrations and the adapter benchmark run
+# instead of skipping.
 #
 # - TRL is installed normally (its dependencies are light: datasets, pandas, pyarrow...).
 # - verl is installed WITHOUT its dependencies (no vllm, sglang, flash-attn, megatron, wandb):
-#   only the few pure-Python packages its algorithm code and `compute_advantage` import are
-#   added. `import verl` imports `ray` unconditionally (verl/protocol.py), so Ray core is
-#   installed (not ray[default]); no cluster is ever started.
+#   only the pure-Python packages its algorithm code, `compute_advantage` and its own trainer
+#   (`python -m verl.trainer.main_ppo`, run on CPU by tests/integrations/test_verl_trainer.py)
+#   import are added. `import verl` imports `ray` unconditionally (verl/protocol.py): Ray core
+#   is installed (not ray[default]: the end-to-end test starts a local cluster without the
+#   dashboard). verl's reward loop imports aiohttp, which verl does not declare.
+# - TRL 1.16 and verl 0.9.1 share this environment: verl's model patch would import TRL's
+#   removed AutoModelForCausalLMWithValueHead; grouprl.integrations.verl (loaded by verl
+#   through the verl.plugins entry point) makes verl see that TRL lacks it (fix_trl_probe).
 # - torch and transformers are frozen at whatever is installed (a constraint file), so this
 #   never pulls a CUDA torch or moves transformers past verl's cap (<5.11).
 # Safe to run again: it exits at once when everything already imports at the tested versions.
@@ -19,11 +25,12 @@ PY=.venv/bin/python
 TRL_SPEC=${GROUPRL_TRL_SPEC:-trl==1.16.0}
 VERL_SPEC=${GROUPRL_VERL_SPEC:-verl==0.9.1}
 # What `import verl.trainer.ppo.core_algos`, `verl.workers.config` and
-# `verl.trainer.ppo.ray_trainer.compute_advantage` need beyond TRL's own dependencies.
+# `verl.trainer.ppo.ray_trainer.compute_advantage` and verl's trainer need beyond TRL's own
+# dependencies.
 VERL_RUNTIME=(
   "ray==2.60.0" "tensordict>=0.8,!=0.9.0,<=0.10.0" "omegaconf>=2.3" "hydra-core>=1.3"
   "codetiming>=1.4" "torchdata>=0.11" "cachetools>=5" "fastapi>=0.110" "uvicorn>=0.29" "dill"
-  "pillow" "peft>=0.15"
+  "pillow" "peft>=0.15" "aiohttp>=3.9"
 )
 
 check() {
@@ -43,6 +50,12 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: F401
 import verl.trainer.ppo.core_algos  # noqa: F401
 from verl.trainer.ppo.ray_trainer import compute_advantage  # noqa: F401
 from verl.workers.config import ActorConfig  # noqa: F401
+# what verl's own trainer imports on top (the end-to-end test runs it)
+import aiohttp  # noqa: F401
+import verl.experimental.agent_loop  # noqa: F401
+import verl.experimental.reward_loop  # noqa: F401
+import verl.trainer.main_ppo  # noqa: F401
+import verl.workers.engine_workers  # noqa: F401
 EOF
 }
 

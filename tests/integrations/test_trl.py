@@ -18,15 +18,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     pytest.importorskip("trl")
-from datasets import Dataset  # noqa: E402
-from tokenizers import Tokenizer, models, pre_tokenizers  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
+from tiny_lm import tiny_model, tiny_tokenizer  # noqa: E402
+from trl_doubles import RecordingReward, config, dataset, run  # noqa: E402
 
 from grouprl import advantages, presets  # noqa: E402
 from grouprl.integrations import trl as gt  # noqa: E402
 
-WORDS = list("abcdefghijklmnop")
 TRL_KEYS = (
     "loss",
     "reward",
@@ -41,107 +38,6 @@ OUR_KEYS = (
     "grouprl/scale/inv_p95",
     "grouprl/tailmiss/risk",
 )
-
-
-def tiny_tokenizer():
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{w: i + 3 for i, w in enumerate(WORDS)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
-    )
-
-
-def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=len(WORDS) + 3,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
-    return LlamaForCausalLM(cfg)
-
-
-class RecordingReward:
-    """Reward = share of 'a'/'b' tokens in the completion; every call's outputs are kept."""
-
-    __name__ = "ab_share"
-
-    def __init__(self, nan_every=0):
-        self.calls = []
-        self.nan_every = nan_every
-
-    def __call__(self, prompts, completions, **kwargs):
-        out = []
-        for i, c in enumerate(completions):
-            toks = c.split()
-            r = sum(t in ("a", "b") for t in toks) / max(len(toks), 1)
-            out.append(None if self.nan_every and i % self.nan_every == 1 else r)
-        self.calls.append(out)
-        return out
-
-
-class Recording(gt.GroupRLGRPOTrainer):
-    """Keeps what the advantage step produced and what the loss consumed."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.produced, self.consumed, self.kl_weights = [], [], []
-
-    def _generate_and_score_completions(self, inputs):
-        output = super()._generate_and_score_completions(inputs)
-        grid, out = self.grouprl_last
-        self.produced.append((grid.clone(), output["advantages"].detach().clone(), out))
-        return output
-
-    def _compute_loss(self, model, inputs):
-        self.consumed.append(inputs["advantages"].detach().clone())
-        if "grouprl_kl_weight" in inputs:
-            self.kl_weights.append(inputs["grouprl_kl_weight"].clone())
-        return super()._compute_loss(model, inputs)
-
-
-def config(tmp_path, **kw):
-    base = dict(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=4,
-        max_steps=3,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=0,
-        learning_rate=1e-2,
-    )
-    return GRPOConfig(**{**base, **kw})
-
-
-def dataset():
-    return Dataset.from_dict({"prompt": ["a b", "c d", "e f", "g h"] * 6})
-
-
-def run(tmp_path, reward=None, trainer_cls=Recording, model=None, **kw):
-    targs = kw.pop("args", None) or config(tmp_path)
-    reward = reward or RecordingReward()
-    trainer = trainer_cls(
-        model=model or tiny_model(),
-        reward_funcs=reward,
-        args=targs,
-        train_dataset=dataset(),
-        processing_class=tiny_tokenizer(),
-        **kw,
-    )
-    trainer.train()
-    return trainer, reward
 
 
 @pytest.mark.slow

@@ -124,6 +124,62 @@ def test_verl_use_external_modules_registers_in_a_fresh_process():
     assert lines[1] == str(sorted(f"grouprl_{n}" for n in losses.SURROGATES))
 
 
+# --------------------------------------------------------------------------- TRL next to verl
+def test_trl_probe_asks_for_the_value_head_class(monkeypatch):
+    # importing grouprl.integrations.verl (above) replaced verl's probe in every module holding it
+    import verl.models.transformers.monkey_patch as mp
+    import verl.utils.import_utils as iu
+    import verl.utils.model as vm
+
+    assert mp.is_trl_available is iu.is_trl_available is vm.is_trl_available
+    assert iu.is_trl_available._grouprl_probe and gv.fix_trl_probe() is False  # idempotent
+    fake = type(sys)("trl.experimental.ppo")
+    monkeypatch.setitem(sys.modules, "trl.experimental.ppo", fake)
+    assert gv.trl_value_head_available() is False  # the module without the class
+    fake.AutoModelForCausalLMWithValueHead = object
+    assert gv.trl_value_head_available() is True  # a TRL that has it (verl's own pin, 0.27)
+
+
+PATCH_A_MODEL = (
+    "import importlib.util, sys, warnings; warnings.filterwarnings('ignore')\n"
+    "sys.path.insert(0, {here!r})\n"
+    "import verl  # its verl.plugins entry point loads grouprl.integrations.verl\n"
+    "import verl.models.transformers.monkey_patch as mp\n"
+    "from tiny_lm import tiny_model\n"
+    "mp.apply_monkey_patch(model=tiny_model(), use_remove_padding=False)\n"
+    "print('PATCHED')\n"
+    "# verl's own probe (verl/utils/import_utils.py is_trl_available): a package named trl exists\n"
+    "mp.is_trl_available = lambda: importlib.util.find_spec('trl') is not None\n"
+    "try:\n"
+    "    mp.apply_monkey_patch(model=tiny_model(), use_remove_padding=False)\n"
+    "except ImportError as err:\n"
+    "    print('WITHOUT GROUPRL:', err)\n"
+)
+
+
+@pytest.mark.slow
+def test_verl_builds_its_model_patch_next_to_trl_1x():
+    """verl's ``apply_monkey_patch`` (what building the FSDP actor runs) with TRL 1.x installed,
+    in a fresh process where ``import verl`` loaded grouprl through the entry point, as
+    ``pip install grouprl`` next to verl gives it: it runs; with verl's own probe put back it
+    fails on ``from trl import AutoModelForCausalLMWithValueHead``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pytest.importorskip("trl")
+    if gv.trl_value_head_available():
+        pytest.skip("the installed TRL still has AutoModelForCausalLMWithValueHead: no conflict")
+    from importlib.metadata import entry_points
+
+    assert "grouprl" in {ep.name for ep in entry_points(group="verl.plugins")}
+    code = PATCH_A_MODEL.format(here=str(os.path.dirname(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_USE_EXTERNAL")}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "PATCHED" in res.stdout
+    want = "WITHOUT GROUPRL: cannot import name 'AutoModelForCausalLMWithValueHead'"
+    assert want in res.stdout
+
+
 # --------------------------------------------------------------------------- the layout
 def test_group_layout_hand_case():
     # uids b a b c a b -> groups {b: rows 0 2 5, a: rows 1 4, c: row 3}; columns = rank within

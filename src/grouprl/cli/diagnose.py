@@ -1,4 +1,5 @@
-"""``grouprl diagnose PATH``: training-health report for a JSONL of reward groups or a run folder."""
+"""``grouprl diagnose PATH``: training-health report for a JSONL of reward groups, a run folder,
+or the rollout logs of TRL (``log_completions=True``) and verl (``trainer.rollout_data_dir``)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ _STEP_COLS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "path", type=Path, help="groups JSONL ({prompt_id, rewards, step}) or a run folder"
+        "path",
+        type=Path,
+        help="groups JSONL ({prompt_id, rewards, step}), a run folder, TRL's output_dir / "
+        "completions_<step>.parquet, or verl's rollout_data_dir",
     )
     parser.add_argument(
         "--out",
@@ -54,6 +58,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="step rows printed (first and last half; the report has all)",
     )
     parser.add_argument("--no-report", action="store_true", help="print only")
+    parser.add_argument(
+        "--reward-columns",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="TRL logs: the reward-function columns (default: the numeric ones between "
+        "'completion' and 'advantage')",
+    )
+    parser.add_argument(
+        "--reward-weights",
+        nargs="+",
+        type=float,
+        default=None,
+        metavar="W",
+        help="TRL logs: GRPOConfig.reward_weights, one per reward column (default 1 each)",
+    )
 
 
 def _fmt(v) -> str:
@@ -78,12 +98,18 @@ def _table(console, title, rows, cols=None):
 
 def _resolve(path: Path):
     """(groups file or None, run folder or None) for PATH."""
+    from grouprl.diagnostics.external import detect
+
+    if path.is_dir() and not (path / "rewards.jsonl").is_file() and detect(path):
+        return path, None  # a TRL / verl log folder
     if path.is_dir():
         groups = path / "rewards.jsonl"
         metrics = path / "metrics.jsonl"
         if not groups.is_file() and not metrics.is_file():
             raise ValueError(
-                f"{path} is a folder without rewards.jsonl or metrics.jsonl: not a grouprl run folder"
+                f"{path} is not a grouprl run folder (rewards.jsonl, metrics.jsonl), a TRL "
+                "completions log (completions_<step>.parquet) or a verl rollout_data_dir "
+                "(<step>.jsonl)"
             )
         return (groups if groups.is_file() and groups.stat().st_size > 0 else None), path
     if not path.exists():
@@ -92,6 +118,8 @@ def _resolve(path: Path):
 
 
 def _print_diagnosis(console, d, gf, max_rows) -> None:
+    for note in getattr(gf, "notes", ()):  # how a TRL / verl log was read
+        console.print(note, style="dim", markup=False)
     rows = d.steps
     if len(rows) > max_rows:
         half = max(1, max_rows // 2)
@@ -126,6 +154,17 @@ def _print_diagnosis(console, d, gf, max_rows) -> None:
         console.print(f"advised G = {d.advice.recommended}: {d.advice.reason}", markup=False)
 
 
+def _load(path: Path, args: argparse.Namespace, load_groups):
+    """Our groups JSONL, or a TRL / verl log through :mod:`grouprl.diagnostics.external`."""
+    from grouprl.diagnostics import external
+
+    if external.detect(path) is None:
+        return load_groups(path)
+    return external.load(
+        path, reward_columns=args.reward_columns, reward_weights=args.reward_weights
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -143,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         groups_path, run_dir = _resolve(args.path)
         gf = d = None
         if groups_path is not None:
-            gf = load_groups(groups_path)
+            gf = _load(groups_path, args, load_groups)
             d = diagnose_groups(
                 gf, reward_range=tuple(args.reward_range), tau=args.tau, rho=args.rho
             )

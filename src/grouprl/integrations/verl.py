@@ -26,6 +26,11 @@ verl's input is flat: ``token_level_rewards [N, T]`` and ``index [N]`` (the prom
 non-contiguous groups, NaN padding), and the advantages come back per token, times the
 response mask, exactly as verl's own outcome estimators return them.
 
+Next to TRL 1.x (``grouprl[peers]`` installs both), verl 0.9 cannot build its actor: its
+model patch imports TRL's ``AutoModelForCausalLMWithValueHead``, which TRL 1.x removed.
+Importing this module applies :func:`fix_trl_probe`, so verl only reaches for that class when
+the installed TRL has it.
+
 Limits: verl's estimator API returns advantages only, so ``Advantages.keep`` zeroes a
 skipped group's reward branch but cannot remove it from verl's KL loss, and
 ``Advantages.kl_weight`` (``grpo_beta_comp``) is not applied to verl's KL term.
@@ -33,7 +38,10 @@ skipped group's reward branch but cannot remove it from verl's KL loss, and
 
 from __future__ import annotations
 
+import functools
 import logging
+import sys
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +68,10 @@ __all__ = [
     "OPTION_KEYS",
     "PREFIX",
     "SINGLETON_RULES",
+    "TRL_PROBE_MODULES",
     "GroupLayout",
     "estimator_names",
+    "fix_trl_probe",
     "group_layout",
     "last_result",
     "load_trigger_state_dict",
@@ -69,6 +79,7 @@ __all__ = [
     "make_policy_loss",
     "register",
     "trigger_state_dict",
+    "trl_value_head_available",
 ]
 
 log = logging.getLogger(__name__)
@@ -529,5 +540,62 @@ def register() -> list[str]:
     return names
 
 
+# --------------------------------------------------------------------------- TRL next to verl
+TRL_PROBE_MODULES = (
+    "verl.utils.import_utils",
+    "verl.models.transformers.monkey_patch",
+    "verl.utils.model",
+)
+"""Modules that hold verl's ``is_trl_available`` (the two users import it by name)."""
+
+
+def trl_value_head_available() -> bool:
+    """True when TRL is installed *and* still has ``AutoModelForCausalLMWithValueHead``.
+
+    The only thing verl 0.9 takes from TRL is that class (``models/transformers/monkey_patch.py``
+    patches its ``state_dict``; ``utils/model.py`` builds critics with it), looked up in
+    ``trl.experimental.ppo`` and then ``trl``. TRL 1.x has neither (its PPO trainer is gone).
+    """
+    with warnings.catch_warnings():  # TRL warns on any import from trl.experimental
+        warnings.simplefilter("ignore")
+        try:
+            from trl.experimental.ppo import AutoModelForCausalLMWithValueHead
+        except ImportError:
+            try:
+                from trl import AutoModelForCausalLMWithValueHead  # noqa: F401
+            except ImportError:
+                return False
+    return True
+
+
+def fix_trl_probe() -> bool:
+    """Make verl ask "does TRL have the value-head class?" instead of "is TRL installed?".
+
+    verl 0.9's ``apply_monkey_patch`` (run when the FSDP actor is built, on GPUs as on CPUs)
+    does ``if is_trl_available(): from trl import AutoModelForCausalLMWithValueHead``, where
+    ``is_trl_available`` only checks that a package named ``trl`` exists. With TRL 1.x in the
+    same environment (``grouprl[peers]`` installs both) that import fails and verl cannot build
+    its actor. Replacing the probe by :func:`trl_value_head_available` changes verl's answer
+    only in that case, where verl would otherwise stop; with a TRL that has the class (e.g.
+    verl's own pin, TRL 0.27) nothing changes. Idempotent; returns True when it replaced the
+    probe in this call. Applied when this module is imported, i.e. in every verl process
+    through the ``verl.plugins`` entry point or ``VERL_USE_EXTERNAL_MODULES`` [OURS].
+    """
+    try:
+        import verl.utils.import_utils as import_utils
+    except ImportError:  # pragma: no cover - verl without utils.import_utils
+        return False
+    if getattr(import_utils.is_trl_available, "_grouprl_probe", False):
+        return False
+    probe = functools.cache(trl_value_head_available)
+    probe._grouprl_probe = True  # type: ignore[attr-defined]
+    for name in TRL_PROBE_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "is_trl_available"):
+            module.is_trl_available = probe
+    return True
+
+
 REGISTERED: list[str] = register()
 """Every name this import registered in verl."""
+fix_trl_probe()

@@ -1,0 +1,389 @@
+"""Reward groups from the rollout logs TRL and verl already write, for ``grouprl diagnose``.
+
+Pure loading: each reader returns the structure :func:`grouprl.diagnostics.diagnose.load_groups`
+returns (``batches[step] = (prompt_ids, rewards [P, G])``, NaN-padded), so the diagnosis, the
+ACR split, the scale tails, the tail-miss advice and the report are the ones of our own runs.
+Groups are rebuilt from ``(step, prompt)``: the samples of one step that share a prompt form
+its group (first-seen order). Both trainers log a prompt's G samples under the same text; two
+identical prompts in one batch therefore count as one group of 2G, and a note says so.
+
+- **TRL** (``GRPOTrainer`` with ``log_completions=True``, TRL 1.x; format read in TRL 1.16,
+  ``trl/trainer/grpo_trainer.py`` ``GRPOTrainer.log``): at each logging step,
+  ``<output_dir>/completions/completions_<step:05d>.parquet`` with the columns ``step``,
+  ``prompt``, ``completion``, one column per reward function (named after it), the
+  ``log_extra`` columns, ``advantage``. The rows are the latest generation batch (a deque of
+  ``generation_batch_size``). The reward is combined as TRL combines it for
+  ``multi_objective_aggregation="sum_then_normalize"`` (``_generate_and_score_completions``):
+  ``Σ_k w_k r_k`` with ``nansum``, NaN where every reward function returned None; the weights
+  are ``GRPOConfig.reward_weights`` (default 1 each), which the files do not hold: pass them.
+- **verl** (``trainer.rollout_data_dir``, verl 0.9; ``RayPPOTrainer._write_generations`` in
+  ``verl/trainer/ppo/ray_trainer.py``): one ``<global_step>.jsonl`` a step, one line a sample
+  with ``input`` (the decoded prompt), ``output``, ``gts``, ``score``, ``step`` and the reward
+  manager's extra infos. ``score`` is ``token_level_scores.sum(-1)``: the reward the trainer
+  combined, as its estimators see it (before a KL-in-reward penalty).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grouprl.diagnostics.diagnose import MAX_ERRORS_KEPT, GroupFile
+
+__all__ = [
+    "SOURCES",
+    "ExternalGroups",
+    "detect",
+    "load",
+    "load_trl",
+    "load_verl",
+]
+
+TRL_FILE = re.compile(r"^completions_(\d+)\.parquet$")
+"""TRL's ``completions_<step:05d>.parquet``."""
+VERL_FILE = re.compile(r"^(\d+)\.jsonl$")
+"""verl's ``<global_step>.jsonl``."""
+TRL_FIXED_COLUMNS = ("step", "prompt", "completion", "advantage")
+"""Columns of TRL's table that are not reward-function columns."""
+VERL_KEYS = ("input", "output", "score")
+"""Keys every line of verl's dump has (with ``gts`` and ``step``)."""
+
+
+@dataclass
+class ExternalGroups(GroupFile):
+    """:class:`~grouprl.diagnostics.diagnose.GroupFile` of an external log, with its source
+    (``"trl"`` / ``"verl"``) and notes on how it was read (columns, weights, skipped files)."""
+
+    source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Sample:
+    step: int
+    prompt: str
+    reward: float
+
+
+class _Collector:
+    """Accumulates samples and malformed rows; builds the NaN-padded ``[P, G]`` batches."""
+
+    def __init__(self) -> None:
+        self.steps: dict[int, dict[str, list[float]]] = {}
+        self.errors: list[tuple[int, str]] = []
+        self.n_errors = 0
+        self.n_rows = 0
+
+    def add(self, sample: _Sample) -> None:
+        self.n_rows += 1
+        self.steps.setdefault(sample.step, {}).setdefault(sample.prompt, []).append(sample.reward)
+
+    def error(self, row: int, message: str) -> None:
+        self.n_rows += 1
+        self.n_errors += 1
+        if len(self.errors) < MAX_ERRORS_KEPT:
+            self.errors.append((row, message))
+
+    def build(self, path: Path, source: str, notes: list[str]) -> ExternalGroups:
+        if not self.steps:
+            raise ValueError(
+                f"{path}: no scorable sample in the {source} log ({self.n_errors} malformed rows)"
+            )
+        batches = {}
+        ragged = 0
+        for step in sorted(self.steps):
+            groups = self.steps[step]
+            sizes = {len(r) for r in groups.values()}
+            ragged += len(sizes) > 1
+            rewards = torch.full((len(groups), max(sizes)), math.nan, dtype=torch.float64)
+            for i, values in enumerate(groups.values()):  # parsing, not a hot path
+                rewards[i, : len(values)] = torch.tensor(values, dtype=torch.float64)
+            batches[step] = (list(groups), rewards)
+        if ragged:
+            notes.append(
+                f"{ragged} step(s) have groups of different sizes (NaN-padded): a prompt that "
+                "appears twice in one batch counts as one group"
+            )
+        return ExternalGroups(
+            path, batches, self.errors, self.n_errors, self.n_rows, source=source, notes=notes
+        )
+
+
+def _prompt_key(prompt: Any) -> str:
+    """A prompt as a group key: the text, or the conversation as sorted JSON."""
+    if isinstance(prompt, str):
+        return prompt
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _as_reward(value: Any) -> float:
+    """A logged reward as a float; None -> NaN; anything else is an error."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"reward {value!r} is not a number")
+    if math.isinf(value):
+        raise ValueError("infinite reward")
+    return float(value)
+
+
+# --------------------------------------------------------------------------- detection
+def _numbered(folder: Path, pattern: re.Pattern) -> list[Path]:
+    files = [p for p in folder.iterdir() if p.is_file() and pattern.match(p.name)]
+    return sorted(files, key=lambda p: int(pattern.match(p.name).group(1)))
+
+
+def _trl_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        return []
+    sub = path / "completions"
+    return _numbered(sub if sub.is_dir() else path, TRL_FILE)
+
+
+def _looks_like_verl_line(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    obj = json.loads(line)
+                    return (
+                        isinstance(obj, dict)
+                        and "rewards" not in obj
+                        and all(k in obj for k in VERL_KEYS)
+                    )
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return False
+
+
+def detect(path: str | Path) -> str | None:
+    """``"trl"``, ``"verl"`` or None: which trainer's log ``path`` is (a file or a folder).
+
+    TRL: a ``.parquet`` file, or a folder holding ``completions_<n>.parquet`` (itself or in
+    ``completions/``: TRL's ``output_dir``). verl: a folder of ``<n>.jsonl`` files, or one such
+    file whose first line has verl's keys (and no ``"rewards"``, which marks grouprl's format).
+    """
+    path = Path(path)
+    if path.is_file():
+        if path.suffix == ".parquet":
+            return "trl"
+        if VERL_FILE.match(path.name) and _looks_like_verl_line(path):
+            return "verl"
+        return None
+    if not path.is_dir():
+        return None
+    if _trl_files(path):
+        return "trl"
+    files = _numbered(path, VERL_FILE)
+    if files and _looks_like_verl_line(files[0]):
+        return "verl"
+    return None
+
+
+# --------------------------------------------------------------------------- TRL
+def _read_parquet(path: Path) -> tuple[list[str], list[dict[str, Any]]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(
+            f"{path}: reading TRL's completions needs pyarrow (installed with TRL): "
+            "pip install pyarrow"
+        ) from None
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises its own error types for a bad file
+        raise ValueError(f"{path}: not a readable parquet file ({err})") from None
+    return list(table.column_names), table.to_pylist()
+
+
+def _trl_reward_columns(names: Sequence[str], rows: list[dict], path: Path) -> list[str]:
+    """TRL's reward-function columns: the numeric columns between ``completion`` and
+    ``advantage`` (TRL writes the reward columns, then the ``log_extra`` ones, there)."""
+    missing = [c for c in TRL_FIXED_COLUMNS if c not in names]
+    if missing:
+        raise ValueError(
+            f"{path}: missing TRL column(s) {', '.join(missing)}; expected the table "
+            "GRPOTrainer writes with log_completions=True (step, prompt, completion, <reward "
+            "functions>, advantage)"
+        )
+    between = names[names.index("completion") + 1 : names.index("advantage")]
+
+    def numeric(col: str) -> bool:
+        values = [r[col] for r in rows if r[col] is not None]
+        return bool(values) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+        )
+
+    cols = [c for c in between if numeric(c)]
+    if not cols:
+        raise ValueError(
+            f"{path}: no numeric reward column between 'completion' and 'advantage'; name "
+            "them with --reward-columns"
+        )
+    return cols
+
+
+def _trl_batch(
+    path: Path, names: list[str], rows: list[dict], cols: list[str], weights: list[float]
+) -> Iterator[_Sample | tuple[int, str]]:
+    unknown = [c for c in cols if c not in names]
+    if unknown:
+        raise ValueError(f"{path.name}: no reward column {', '.join(unknown)} (has {names})")
+    for no, row in enumerate(rows, 1):
+        try:
+            values = [_as_reward(row[c]) for c in cols]
+            step = row["step"]
+            if isinstance(step, bool) or not isinstance(step, int):
+                raise ValueError(f"step {step!r} is not an integer")
+        except ValueError as err:
+            yield no, f"{path.name} row {no}: {err}"
+            continue
+        scored = [(w, v) for w, v in zip(weights, values) if not math.isnan(v)]
+        # TRL: weighted nansum; a row where every reward function returned None is NaN
+        reward = sum(w * v for w, v in scored) if scored else math.nan
+        yield _Sample(step, _prompt_key(row["prompt"]), reward)
+
+
+def _batch_signature(rows: list[dict], cols: list[str]) -> str:
+    return json.dumps(
+        [(r["prompt"], r["completion"], [r.get(c) for c in cols]) for r in rows],
+        sort_keys=True,
+        default=str,
+    )
+
+
+def load_trl(
+    path: str | Path,
+    reward_columns: Sequence[str] | None = None,
+    reward_weights: Sequence[float] | None = None,
+) -> ExternalGroups:
+    """Groups from TRL's ``completions_<step>.parquet`` files (a file, ``completions/`` or
+    TRL's ``output_dir``).
+
+    ``reward_columns``: the reward-function columns (default: the numeric columns between
+    ``completion`` and ``advantage``); ``reward_weights``: ``GRPOConfig.reward_weights`` in the
+    same order (default 1 each). A file whose rows repeat the previous file's (TRL logs its
+    latest generation batch at every logging step, so a batch trained on for several steps is
+    logged several times) is skipped, with a note.
+    """
+    path = Path(path)
+    files = _trl_files(path)
+    if not files:
+        raise ValueError(f"{path}: no completions_<step>.parquet (TRL log_completions=True)")
+    out, notes = _Collector(), []
+    cols: list[str] | None = list(reward_columns) if reward_columns else None
+    weights: list[float] = []
+    previous = None
+    for f in files:
+        names, rows = _read_parquet(f)
+        if not rows:
+            notes.append(f"{f.name}: empty, skipped")
+            continue
+        if cols is None:
+            cols = _trl_reward_columns(names, rows, f)
+        if not weights:
+            weights = [1.0] * len(cols) if reward_weights is None else list(reward_weights)
+            if len(weights) != len(cols):
+                raise ValueError(
+                    f"{len(weights)} reward weight(s) for {len(cols)} reward column(s) "
+                    f"({', '.join(cols)}): give one weight per column"
+                )
+            notes.append(
+                "TRL reward = "
+                + " + ".join(f"{w:g}·{c}" for w, c in zip(weights, cols))
+                + " (nansum; NaN where every function returned None)"
+            )
+        signature = _batch_signature(rows, cols)
+        if signature == previous:
+            notes.append(f"{f.name} repeats the previous file's generation batch: skipped")
+            continue
+        previous = signature
+        for item in _trl_batch(f, names, rows, cols, weights):
+            if isinstance(item, _Sample):
+                out.add(item)
+            else:
+                out.error(*item)
+    return out.build(path, "trl", notes)
+
+
+# --------------------------------------------------------------------------- verl
+def _verl_lines(files: Iterable[Path], score_key: str) -> Iterator[_Sample | tuple[int, str]]:
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"{f}: cannot read ({err})") from None
+        for no, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    raise ValueError("not a JSON object")
+                missing = [k for k in ("input", "step", score_key) if k not in obj]
+                if missing:
+                    raise ValueError(f"no {', '.join(missing)}")
+                step = obj["step"]
+                if isinstance(step, bool) or not isinstance(step, int):
+                    raise ValueError(f"step {step!r} is not an integer")
+                yield _Sample(step, _prompt_key(obj["input"]), _as_reward(obj[score_key]))
+            except ValueError as err:
+                yield no, f"{f.name} line {no}: {err}"
+
+
+def load_verl(path: str | Path, score_key: str = "score") -> ExternalGroups:
+    """Groups from verl's ``rollout_data_dir`` (a folder of ``<step>.jsonl``, or one file).
+
+    ``score_key``: the field holding the reward (default verl's ``score``; a reward manager's
+    extra info, e.g. ``acc``, can be read instead).
+    """
+    path = Path(path)
+    files = [path] if path.is_file() else _numbered(path, VERL_FILE) if path.is_dir() else []
+    if not files:
+        raise ValueError(f"{path}: no <step>.jsonl files (verl trainer.rollout_data_dir)")
+    out = _Collector()
+    for item in _verl_lines(files, score_key):
+        if isinstance(item, _Sample):
+            out.add(item)
+        else:
+            out.error(*item)
+    notes = [f"verl reward = '{score_key}' of each line ({len(files)} file(s))"]
+    return out.build(path, "verl", notes)
+
+
+SOURCES = {"trl": load_trl, "verl": load_verl}
+"""Source name -> reader."""
+
+
+def load(
+    path: str | Path,
+    source: str | None = None,
+    *,
+    reward_columns: Sequence[str] | None = None,
+    reward_weights: Sequence[float] | None = None,
+) -> ExternalGroups:
+    """Read ``path`` with the reader of ``source`` (default: :func:`detect`); the reward
+    columns and weights are TRL's (given for a verl log, they are an error)."""
+    source = source or detect(path)
+    if source not in SOURCES:
+        raise ValueError(
+            f"{path}: not a TRL completions log (completions_<step>.parquet) or a verl "
+            "rollout_data_dir (<step>.jsonl)"
+        )
+    if source == "trl":
+        return load_trl(path, reward_columns, reward_weights)
+    if reward_columns is not None or reward_weights is not None:
+        raise ValueError(
+            f"--reward-columns / --reward-weights apply to TRL logs; {path} is a {source} log "
+            "(its 'score' is already the combined reward)"
+        )
+    return SOURCES[source](path)
