@@ -5,6 +5,8 @@
     grouprl train --model smollm2 --task basic_arithmetic --preset f_grpo
     grouprl train --config configs/maze.yaml --set optim.lr=1e-4 --set eval.every=25
     grouprl train --out runs/fgrpo --resume          # continue from the latest good checkpoint
+    grouprl train --data rows.jsonl --reward my_rewards.py:correct \
+                  --reward my_rewards.py:format_reward --reward-weights 1,0.1 --model smollm2
 
 Precedence: defaults < model profile (tiny / pretrained) < --config YAML < flags < --set.
 """
@@ -12,10 +14,12 @@ Precedence: defaults < model profile (tiny / pretrained) < --config YAML < flags
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from typing import Any
 
-__all__ = ["add_arguments", "overrides_from_args", "run"]
+__all__ = ["add_arguments", "build_task", "data_overrides", "overrides_from_args", "run"]
 
 
 _FLAGS: dict[str, str] = {
@@ -60,6 +64,79 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", action="store_true", help="continue from the latest good checkpoint in --out"
     )
     parser.add_argument("--no-progress", action="store_true", help="plain log lines, no bar")
+    add_data_arguments(parser)
+
+
+# ---- your own data and reward functions (grouprl.tasks.dataset) ----------------------------
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--data``, ``--eval-data``, ``--reward``, ``--reward-weights``: the dataset task."""
+    group = parser.add_argument_group(
+        "your own data",
+        "a dataset with a 'prompt' column (text or chat messages) and TRL-style reward "
+        "functions f(prompts, completions, **columns) -> list[float | None]",
+    )
+    group.add_argument(
+        "--data", help="a .jsonl / .json / .parquet / .csv file or a save_to_disk folder"
+    )
+    group.add_argument(
+        "--eval-data", help="held-out rows (default: a fixed 10%% of --data; see docs/tasks.md)"
+    )
+    group.add_argument(
+        "--reward",
+        action="append",
+        default=[],
+        metavar="FILE.py:FUNCTION",
+        help="a reward function (repeatable; also MODULE:FUNCTION)",
+    )
+    group.add_argument(
+        "--reward-weights",
+        metavar="W1,W2,...",
+        help="one weight per --reward, in order (TRL's reward_weights; default all 1)",
+    )
+
+
+def data_overrides(args: argparse.Namespace) -> list[str]:
+    """The ``task.*`` overrides of the data flags; the warm start is off (nothing to imitate).
+
+    Raises ConfigError when the flags do not go together.
+    """
+    from grouprl.train.config import ConfigError
+
+    data, rewards = getattr(args, "data", None), getattr(args, "reward", None) or []
+    weights, held = getattr(args, "reward_weights", None), getattr(args, "eval_data", None)
+    if data is None:
+        if rewards or weights or held:
+            raise ConfigError("--reward, --reward-weights and --eval-data need --data")
+        return []
+    if getattr(args, "task", None) is not None:
+        raise ConfigError(f"--data makes the task 'dataset'; drop --task {args.task}")
+    if not rewards:
+        raise ConfigError("--data needs at least one --reward FILE.py:FUNCTION")
+    out = ["task.name=dataset", f"task.params.data={json.dumps(data)}"]
+    out.append(f"task.params.rewards={json.dumps(rewards)}")
+    if weights is not None:
+        try:
+            values = [float(w) for w in weights.replace(" ", "").split(",") if w]
+        except ValueError as err:
+            raise ConfigError(
+                f"--reward-weights must be numbers like 1,0.1; got {weights!r}"
+            ) from err
+        out.append(f"task.params.reward_weights={json.dumps(values)}")
+    if held is not None:
+        out.append(f"task.params.eval_data={json.dumps(held)}")
+    # [OURS] a tiny model's warm start needs a demonstration column; --set turns it back on
+    return [*out, "model.warm_start=false"]
+
+
+def build_task(cfg: Any) -> Any:
+    """The dataset task of ``cfg`` (data read, reward functions loaded and tried), or None."""
+    if cfg.task.name != "dataset":
+        return None
+    from grouprl import tasks
+
+    return tasks.get("dataset", **dict(cfg.task.params))
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[str]:
@@ -73,7 +150,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         out.append("run.resume=true")
     if args.no_progress:
         out.append("run.progress=false")
-    return out + list(args.overrides)
+    return out + data_overrides(args) + list(args.overrides)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,7 +161,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, overrides_from_args(args))
+        task = build_task(cfg)  # the dataset task fails here, before any model loads
     except (ConfigError, FileNotFoundError) as err:
+        print(f"grouprl train: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # [userdata] data or reward functions (grouprl.tasks.dataset)
         print(f"grouprl train: {err}", file=sys.stderr)
         return 2
     from grouprl.train.loop import TrainingError, train
@@ -96,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     try:
-        result = train(cfg)
+        result = train(cfg) if task is None else train(cfg, task=task)
     except (TrainingError, UnscorableError) as err:
         print(f"grouprl train: stopped: {err}", file=sys.stderr)
         return 1

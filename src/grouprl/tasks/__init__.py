@@ -5,6 +5,7 @@
     task = tasks.get("basic_arithmetic")                      # any reasoning-gym dataset name
     task = tasks.get("count_bits", max_n=16)                  # ... with its config fields
     task = tasks.get("math", path="problems.jsonl")           # math-verify on question/answer
+    task = tasks.get("dataset", data="rows.jsonl", rewards=["my_rewards.py:correct"])
     ex = task.examples("train", n=8, seed=0)
     text = task.render(ex[0], tokenizer)                      # chat template when there is one
     reward = task.verify(completion_text, ex[0].reference)    # float in reward_range, or NaN
@@ -26,11 +27,19 @@ from grouprl.tasks.reasoning_gym import ReasoningGymTask
 __all__ = ["SPLITS", "TASKS", "Example", "Task", "get", "names"]
 
 
+def _dataset(**config: Any) -> Task:
+    """``DatasetTask(**config)``, imported on use (it pulls in torch for the reward math)."""
+    from grouprl.tasks.dataset import DatasetTask
+
+    return DatasetTask(**config)
+
+
 TASKS: dict[str, Callable[..., Task]] = {
     "maze": MazeTask,
     "reasoning_gym": ReasoningGymTask,
     "math": MathTask,
     "humaneval": HumanEvalTask,
+    "dataset": _dataset,
 }
 """Task name -> factory. Any reasoning-gym dataset name (e.g. ``basic_arithmetic``) is also
 accepted by :func:`get`, which passes it as ``ReasoningGymTask(dataset=name, **config)``."""

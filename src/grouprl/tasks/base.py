@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SPLITS", "Example", "Task", "chat_render", "split_rng"]
+__all__ = ["SPLITS", "Example", "Task", "chat_render", "held_out", "row_order", "split_rng"]
 
 SPLITS: tuple[str, ...] = ("train", "eval", "test")
 """Valid split names; each is its own deterministic stream of examples."""
@@ -54,6 +54,29 @@ def split_rng(task: str, split: str, seed: int) -> random.Random:
         raise ValueError(f"unknown split {split!r}; choose one of: {', '.join(SPLITS)}")
     digest = hashlib.sha256(f"{task}/{split}/{int(seed)}".encode()).digest()
     return random.Random(int.from_bytes(digest[:8], "little"))
+
+
+def held_out(index: int, key: str, fraction: float) -> bool:
+    """Whether row ``index`` (with text ``key``) is in the held-out ``fraction`` of a file.
+
+    [OURS] The first 4 bytes of SHA-256 of ``"index/key"`` as a number in [0, 1): a fixed
+    choice that does not depend on the run, the seed or the order rows are read in.
+    """
+    digest = hashlib.sha256(f"{index}/{key}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") / 2**32 < fraction
+
+
+def row_order(task: str, split: str, seed: int, size: int, n: int) -> list[int]:
+    """``n`` row indices of a ``size``-row split: seeded shuffles of all rows, one after another.
+
+    A call never repeats a row before it has used them all; different seeds (steps) give
+    different shuffles (:func:`split_rng` of ``(task, split, seed)``).
+    """
+    rng = split_rng(task, split, seed)
+    order: list[int] = []
+    while len(order) < check_n(n):
+        order.extend(rng.sample(range(size), size))
+    return order[:n]
 
 
 def chat_render(prompt: str, tokenizer: Any, system: str | None = None) -> str:

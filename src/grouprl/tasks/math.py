@@ -11,13 +11,12 @@ counted), never a silent 0; a completion without a parseable answer is wrong (0)
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import threading
 from pathlib import Path
 from typing import Any
 
-from grouprl.tasks.base import Example, Task, chat_render, check_n, split_rng
+from grouprl.tasks.base import Example, Task, chat_render, held_out, row_order
 
 __all__ = ["MathTask", "load_rows", "math_verify_reward"]
 
@@ -99,11 +98,6 @@ def load_rows(source: str, *, hf_split: str = "train") -> list[dict[str, Any]]:
         ) from err
 
 
-def _in_eval(index: int, question: str, fraction: float) -> bool:
-    digest = hashlib.sha256(f"{index}/{question}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") / 2**32 < fraction
-
-
 class MathTask(Task):
     """Math problems from JSONL / an HF dataset (question, answer columns), checked by math-verify."""
 
@@ -151,7 +145,7 @@ class MathTask(Task):
         if eval_path is not None:
             self._rows = {"train": rows, "eval": self._checked(load_rows(eval_path), eval_path)}
         else:
-            held = [_in_eval(i, r[question], eval_fraction) for i, r in enumerate(rows)]
+            held = [held_out(i, r[question], eval_fraction) for i, r in enumerate(rows)]
             self._rows = {
                 "train": [r for r, h in zip(rows, held) if not h],
                 "eval": [r for r, h in zip(rows, held) if h],
@@ -173,16 +167,14 @@ class MathTask(Task):
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` rows of the split in a seeded order (cycling through a fresh order when n > rows)."""
-        rng = split_rng("math", split, seed)
+        if split not in self._rows:
+            raise ValueError(f"unknown split {split!r}; choose one of: {', '.join(self._rows)}")
         rows = self._rows[split]
         if not rows:
             raise ValueError(f"the {split!r} split is empty; raise eval_fraction or pass eval_path")
-        order: list[int] = []
-        while len(order) < check_n(n):
-            order.extend(rng.sample(range(len(rows)), len(rows)))
         return [
             Example(f"math/{split}/{i}", rows[i][self.question], rows[i][self.answer])
-            for i in order[:n]
+            for i in row_order("math", split, seed, len(rows), n)
         ]
 
     def verify(self, completion: str, reference: Any) -> float:

@@ -16,6 +16,10 @@ batch and reused for every item in it, so the per-item cost is one pipe round tr
 (tens of microseconds), not a fork. With the ``fork`` start method ``verify_fn`` and the
 batch are inherited, so lambdas and closures work; where only ``spawn`` exists (Windows)
 they must be picklable.
+
+:func:`run_calls` is the machinery underneath: ``call(i)`` for ``i < n`` in the same
+workers under the same deadline, returning each value or the reason it failed. The
+batched reward functions of :mod:`grouprl.rewards` (one call per function per batch) use it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 __all__ = [
     "BatchScores",
     "UnscorableError",
+    "run_calls",
     "safe_verify",
     "score_batch",
 ]
@@ -58,6 +63,8 @@ class BatchScores:
     unscorable: int
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+    """More numbers for the log (e.g. ``reward/<function>/mean`` of batched reward functions)."""
 
     @property
     def unscorable_frac(self) -> float:
@@ -70,6 +77,7 @@ class BatchScores:
             "reward/unscorable_frac": self.unscorable_frac,
             "reward/unscorable": float(self.unscorable),
             "reward/verify_seconds": self.seconds,
+            **self.extra,
         }
 
 
@@ -109,14 +117,8 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _worker_main(
-    conn: Connection,
-    parent: int,
-    verify_fn: VerifyFn,
-    completions: Sequence[str],
-    references: Sequence[Any],
-) -> None:
-    """Score the indices the parent sends until it sends None (runs in the child)."""
+def _worker_main(conn: Connection, parent: int, call: Callable[[int], Any]) -> None:
+    """Run ``call(index)`` for the indices the parent sends until it sends None (in the child)."""
     # Ctrl-C reaches the whole foreground process group: leave it to the parent (which kills
     # the workers on its way out) and drop any SIGTERM handler inherited from the trainer.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -135,14 +137,24 @@ def _worker_main(
         if index is None:
             return
         try:
-            value: Any = verify_fn(completions[index], references[index])
+            value: Any = call(index)
             err = None
         except BaseException as exc:  # the verifier is untrusted: anything it raises is data
             value, err = math.nan, _describe(exc)
         try:
             conn.send((index, value, err))
         except Exception as exc:  # an unpicklable return value
-            conn.send((index, math.nan, f"verifier result could not be sent: {_describe(exc)}"))
+            conn.send((index, math.nan, f"its result could not be sent back: {_describe(exc)}"))
+
+
+class _VerifyItem:
+    """``verify_fn(completions[i], references[i])`` as a picklable call of ``i`` (for spawn)."""
+
+    def __init__(self, verify_fn: VerifyFn, completions: Sequence[str], references: Sequence[Any]):
+        self.verify_fn, self.completions, self.references = verify_fn, completions, references
+
+    def __call__(self, index: int) -> Any:
+        return self.verify_fn(self.completions[index], self.references[index])
 
 
 def _context() -> mp.context.BaseContext:
@@ -154,9 +166,9 @@ def _context() -> mp.context.BaseContext:
 class _Worker:
     """One verifier process and the item it is scoring."""
 
-    def __init__(self, ctx: mp.context.BaseContext, args: tuple) -> None:
+    def __init__(self, ctx: mp.context.BaseContext, call: Callable[[int], Any]) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), *args), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, os.getpid(), call), daemon=True)
         self.proc.start()
         child.close()
         self.index: int | None = None
@@ -227,10 +239,11 @@ def score_batch(
     n = len(completions)
     rewards = [math.nan] * n
     reasons: dict[int, str] = {}
-    if n:
-        _run_workers(
-            verify_fn, completions, references, timeout_s, workers, reward_range, rewards, reasons
-        )
+    outcomes = run_calls(_VerifyItem(verify_fn, completions, references), n, timeout_s, workers)
+    for i, (value, err) in enumerate(outcomes):
+        rewards[i], bad = (math.nan, err) if err else _check_value(value, reward_range)
+        if bad:
+            reasons[i] = bad
     unscorable = sum(1 for r in rewards if math.isnan(r))
     errors = [f"[{i}] {reasons[i]}" for i in sorted(reasons)[:max_errors]]
     scores = BatchScores(rewards, unscorable, errors, time.monotonic() - start)
@@ -243,21 +256,27 @@ def score_batch(
     return scores
 
 
-def _run_workers(
-    verify_fn: VerifyFn,
-    completions: Sequence[str],
-    references: Sequence[Any],
+def run_calls(
+    call: Callable[[int], Any],
+    n: int,
     timeout_s: float,
-    workers: int | None,
-    reward_range: tuple[float, float] | None,
-    rewards: list[float],
-    reasons: dict[int, str],
-) -> None:
-    """Farm indices out to worker processes, killing and replacing any that time out."""
+    workers: int | None = None,
+    label: str = "verifier",
+) -> list[tuple[Any, str | None]]:
+    """``call(i)`` for ``i < n`` in forked workers, each under ``timeout_s`` of wall time.
+
+    Returns ``(value, None)`` for a call that returned and ``(nan, reason)`` for one that
+    raised, hung past its deadline (its worker is killed and replaced) or killed its worker.
+    ``workers`` defaults to ``min(4, cpu_count)``; ``label`` names the callee in the
+    reasons (``"verifier timed out after 10 s"``). The values are not checked: that is the
+    caller's business (``score_batch`` wants a number in range, ``grouprl.rewards`` a list).
+    """
+    out: list[tuple[Any, str | None]] = [(math.nan, "not run")] * n
+    if not n:
+        return out
     ctx = _context()
-    n_workers = max(1, min(workers or min(4, os.cpu_count() or 1), len(completions)))
-    args = (verify_fn, completions, references)
-    pending = deque(range(len(completions)))
+    n_workers = max(1, min(workers or min(4, os.cpu_count() or 1), n))
+    pending = deque(range(n))
     idle: list[_Worker] = []
     busy: dict[Connection, _Worker] = {}
     spawned = 0
@@ -268,7 +287,7 @@ def _run_workers(
                 if idle:
                     worker = idle.pop()
                 else:
-                    worker, spawned = _Worker(ctx, args), spawned + 1
+                    worker, spawned = _Worker(ctx, call), spawned + 1
                 index = pending.popleft()
                 try:
                     worker.submit(index, timeout_s)
@@ -276,7 +295,7 @@ def _run_workers(
                     worker.kill()
                     spawned -= 1
                     if index in retried:
-                        reasons[index] = "verifier process died before it took the item"
+                        out[index] = (math.nan, f"{label} process died before it took the item")
                     else:
                         retried.add(index)
                         pending.appendleft(index)
@@ -291,14 +310,12 @@ def _run_workers(
                 except (EOFError, OSError):
                     worker.kill()
                     spawned -= 1
-                    reasons[worker.index] = (
-                        f"verifier process died (exit code {worker.proc.exitcode})"
+                    out[worker.index] = (
+                        math.nan,
+                        f"{label} process died (exit code {worker.proc.exitcode})",
                     )
                     continue
-                reward, bad = (math.nan, err) if err else _check_value(value, reward_range)
-                rewards[index] = reward
-                if bad:
-                    reasons[index] = bad
+                out[index] = (value, err)
                 idle.append(worker)
             now = time.monotonic()
             for conn, worker in list(busy.items()):
@@ -306,10 +323,11 @@ def _run_workers(
                     del busy[conn]
                     worker.kill()
                     spawned -= 1
-                    reasons[worker.index] = f"verifier timed out after {timeout_s:g} s"
+                    out[worker.index] = (math.nan, f"{label} timed out after {timeout_s:g} s")
     finally:
         for worker in idle + list(busy.values()):
             worker.stop()
+    return out
 
 
 def safe_verify(

@@ -126,12 +126,19 @@ def sample_groups(
         )  # fmt: skip
     with timer("score"):
         refs = [ex.reference for ex in examples for _ in range(group_size)]
-        rewards, metrics = score(run, roll.texts, refs)
+        ids = [r[m].tolist() for r, m in zip(roll.completion_ids, roll.completion_mask.bool())]
+        rewards, metrics = score(run, roll.texts, refs, ids)  # [userdata] token ids: TRL rewards
     return roll, rewards.view(len(examples), group_size), metrics
 
 
-def score(run: Run, texts: list[str], references: list[Any]) -> tuple[torch.Tensor, dict]:
+def score(
+    run: Run, texts: list[str], references: list[Any], completion_ids: list | None = None
+) -> tuple[torch.Tensor, dict]:
     """Rewards ``[N]`` of decoded completions (NaN = unscorable) and their counters.
+
+    A task with a batched reward path (``reward_batch``: the dataset task's TRL-style reward
+    functions, ``grouprl.rewards``) scores the whole batch with one call per function, under
+    the same timeout and unscorable limit, with the completions' token ids.
 
     ``sampling.verify_timeout_s > 0``: each call runs in a forked worker under that timeout
     (``grouprl.tasks.verify.score_batch``); 0: in this process, an exception is a NaN [OURS:
@@ -141,6 +148,13 @@ def score(run: Run, texts: list[str], references: list[Any]) -> tuple[torch.Tens
     from grouprl.tasks.verify import UnscorableError, score_batch
 
     s = run.cfg.sampling
+    if hasattr(run.task, "reward_batch"):  # [userdata] batched reward functions
+        out = run.task.reward_batch(
+            texts, references, completion_ids, step=run.step, max_steps=run.cfg.optim.steps,
+            timeout_s=s.verify_timeout_s, max_unscorable_frac=s.max_unscorable_frac,
+        )  # fmt: skip
+        _log_errors(run, out.unscorable, out.errors)
+        return torch.tensor(out.rewards, dtype=torch.float32, device=run.device), out.metrics()
     if s.verify_timeout_s > 0:
         out = score_batch(
             run.task.verify,

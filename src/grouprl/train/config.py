@@ -210,6 +210,11 @@ class CheckpointConfig:
     report: bool = True
     threads: int = 1
     """torch threads; one thread per process was faster than two on a loaded 2-core box."""
+    save_final: bool = True
+    """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
+    of a finished run (``grouprl.train.export``), loadable by transformers, TRL and vLLM."""
+    merge_lora: bool = False
+    """LoRA runs: also write the adapter merged into the base weights to ``<out>/final_merged/``."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +304,11 @@ class RunConfig:
             raise ConfigError(
                 "model.lora_rank > 0 needs peft, which is not installed: "
                 "pip install 'grouprl[lora]' or set model.lora_rank=0"
+            )
+        if self.run.merge_lora and self.model.lora_rank <= 0:
+            raise ConfigError(
+                "run.merge_lora=true needs a LoRA run (model.lora_rank > 0); a full fine-tune's "
+                "<out>/final/ already holds the whole model"
             )
         if check_names:
             _check_names(self)

@@ -94,6 +94,10 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
                 run.sinks.log(run.step, metrics)
                 if (ckpt_every and run.step % ckpt_every == 0) or run.step == cfg.optim.steps:
                     save_checkpoint(run)
+            if run.step >= cfg.optim.steps and cfg.run.save_final:  # [userdata] <out>/final/
+                from grouprl.train.export import save_run
+
+                save_run(run, say=run.print)
             if stop.signum is not None:
                 save_checkpoint(run)
                 run.print(
@@ -223,6 +227,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
             )
         run.prompts.observe(indices, rewards)  # IS-GRPO's sampler: σ of every generated group
         unscorable += counters["reward/unscorable_frac"]
+        metrics.update({k: v for k, v in counters.items() if k.count("/") > 1})  # [userdata]
         collapsed += diagnostics.acr(rewards) * n
         drawn += n
         kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)
