@@ -13,25 +13,25 @@ What it does, in order (each stage says what it did; nothing is downloaded):
    Unicode letters and symbols), so the embedding and the LM head have SmolLM2's shape
    and no weights need to travel. ``--tiny``: a 2-layer, width-64 model on printable ASCII.
 2. Trains it for ``--steps`` (5) grouprl steps (``grouprl.train.run``, preset ``grpo``) at
-   16 prompts × 8 completions × 128 new tokens in bf16 (float32 with ``--device cpu``), and
-   the same setting with TRL's ``GRPOTrainer`` (the equivalent loss: ``grouprl.integrations.
-   trl.trl_loss_settings``; one optimizer step per generation batch, lr 1e-6, β = 0), each
-   from the same initial weights, on the same prompts and reward.
+   16 prompts × 8 completions × 128 new tokens, and the same setting with TRL's
+   ``GRPOTrainer`` (the equivalent loss: ``grouprl.integrations.trl.trl_loss_settings``; one
+   optimizer step per generation batch, lr 1e-6, β = 0), each from the same initial
+   weights, on the same prompts and reward. Precision on a GPU is the same for both: fp32
+   master weights with bf16 autocast (grouprl ``model.dtype=float32, model.autocast=
+   bfloat16``; TRL ``bf16=True``); on a CPU, fp32. Attention: SDPA for both.
 3. Prints, per trainer: completion tokens per second of step time, the step's time split
-   (generate, score, log-probs + loss forward, backward, optimizer; TRL: generate, score,
-   the rest of ``_generate_and_score_completions``, ``compute_loss``, and backward +
-   optimizer as the remainder of the step), peak GPU memory (``torch.cuda.
-   max_memory_allocated``, reset before each trainer), and the ratios grouprl / TRL.
-   The first step of each warms up kernels and caches and is reported but not averaged.
-4. Runs the device-sensitive tests on the device: ``pytest -m device`` with
-   ``GROUPRL_TEST_DEVICE`` set, when the test suite registers a ``device`` marker
-   (``--tests "..."`` runs other pytest arguments instead; ``--skip-tests`` none).
+   (grouprl: generate, score, log-probs + loss forward, backward, optimizer, as its
+   ``time/*`` metrics; TRL: ``_generate``, ``_calculate_rewards``, the rest of
+   ``_generate_and_score_completions``, ``compute_loss``, and backward + optimizer as the
+   remainder of the step, each wrapped with a device synchronisation), peak GPU memory
+   (``torch.cuda.max_memory_allocated``, reset before each trainer), and the ratios
+   grouprl / TRL. The first step of each warms up kernels and caches: it is reported but
+   not averaged.
+4. Runs the device-sensitive tests (``tests/train/test_device.py`` and
+   ``tests/train/test_loop.py``: their runs use ``model.device=auto``, the first GPU torch
+   sees); ``--tests "..."`` runs other pytest arguments, ``--skip-tests`` none.
 
-The device: when ``grouprl.train.config.ModelConfig`` has a ``device`` field it is set (the
-trainer then places its tensors there); the model is also moved to the device and dtype
-here, so the script works whether or not that field exists. [Until the trainer places its
-own tensors on the model's device, step 2's grouprl half fails on cuda with a device
-mismatch; the script reports it and goes on with TRL and the tests.]
+If one trainer fails, the script reports the error and goes on with the other and the tests.
 
 **Carrying TRL to a GPU machine without network.** Such a machine has torch,
 transformers, accelerate and peft; TRL also needs ``datasets`` and its small dependencies.
@@ -128,6 +128,7 @@ def build(tiny: bool, seed: int = 0) -> tuple[Any, Any]:
         pad_token_id=tok.pad_token_id,
         **shape,
     )
+    config._attn_implementation = "sdpa"  # what grouprl's loader and TRL's default use
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
@@ -175,22 +176,12 @@ def _peak_gib(device: str) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
 
 
-def _has_device_field() -> bool:
-    from dataclasses import fields
-
-    from grouprl.train.config import ModelConfig
-
-    return "device" in {f.name for f in fields(ModelConfig)}
-
-
 def run_grouprl(model: Any, tok: Any, rows: list, args: argparse.Namespace, out: Path) -> dict:
     """``args.steps`` grouprl steps; per-step times, tokens/s, peak memory."""
     from grouprl.train import run
     from grouprl.train.sinks import read_jsonl
 
-    model_section: dict[str, Any] = {"dtype": args.dtype}
-    if _has_device_field():
-        model_section["device"] = args.device
+    model_section = {"device": args.device, "dtype": "float32", "autocast": args.autocast}
     _peak_reset(args.device)
     t0 = time.perf_counter()
     run(
@@ -290,7 +281,7 @@ def run_trl(model: Any, tok: Any, rows: list, args: argparse.Namespace, out: Pat
         logging_steps=1,
         report_to=[],
         use_cpu=not cuda,
-        bf16=args.dtype == "bfloat16",
+        bf16=args.autocast == "bfloat16",
         save_strategy="no",
         seed=0,
         dataloader_num_workers=0,
@@ -372,18 +363,16 @@ def summarise(result: dict) -> dict:
     }
 
 
+DEVICE_TESTS = "tests/train/test_device.py tests/train/test_loop.py"
+"""The tests that exercise the trainer's device placement (their runs use ``model.device=auto``)."""
+
+
 def run_tests(args: argparse.Namespace) -> dict:
-    """The device tests on ``args.device`` (``pytest -m device``), or ``--tests``."""
+    """The device tests (:data:`DEVICE_TESTS`, or ``--tests``) in a child pytest."""
     if args.skip_tests:
         return {"skipped": "--skip-tests"}
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    if args.tests:
-        argv = args.tests.split()
-    elif '"device:' in pyproject:
-        argv = ["-m", "device", "tests"]
-    else:
-        return {"skipped": "the test suite registers no 'device' marker yet (pyproject.toml)"}
-    env = {**os.environ, "GROUPRL_TEST_DEVICE": args.device}
+    argv = (args.tests or DEVICE_TESTS).split()
+    env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *argv]
     t0 = time.perf_counter()
@@ -394,7 +383,7 @@ def run_tests(args: argparse.Namespace) -> dict:
 
 
 def _print(report: dict) -> None:
-    print(f"\n== gpu_check on {report['device']} ({report['device_name']}), {report['dtype']}, "
+    print(f"\n== gpu_check on {report['device']} ({report['device_name']}), {report['precision']}, "
           f"{report['parameters'] / 1e6:.1f}M parameters, vocabulary {report['vocab']}")  # fmt: skip
     print(f"   {report['prompts']} prompts x {report['group']} x {report['tokens']} new tokens, "
           f"{report['steps']} steps (means over steps 2..{report['steps']})")  # fmt: skip
@@ -439,7 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--skip-tests", action="store_true")
-    parser.add_argument("--tests", help="pytest arguments instead of '-m device tests'")
+    parser.add_argument("--tests", help=f"pytest arguments (default: {DEVICE_TESTS})")
     parser.add_argument("--out", help="write the report as JSON here")
     args = parser.parse_args(argv)
 
@@ -448,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("gpu_check: no CUDA device visible to torch; use --device cpu --tiny on a CPU")
         return 2
-    args.dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
+    args.autocast = "bfloat16" if args.device.startswith("cuda") else "none"
     if args.threads:
         torch.set_num_threads(args.threads)
     args.threads = args.threads or torch.get_num_threads()
@@ -458,13 +447,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = prompts(args.prompts * max(args.steps, 4))
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
-        dtype = getattr(torch, args.dtype)
         for name, fn in (("grouprl", run_grouprl), ("trl", run_trl)):
             if name == "trl" and args.skip_trl:
                 results[name] = {"skipped": "--skip-trl"}
                 continue
             print(f"gpu_check: {args.steps} steps with {name}", flush=True)
-            policy = copy.deepcopy(model).to(device=args.device, dtype=dtype)
+            policy = copy.deepcopy(model).to(args.device)
             try:
                 results[name] = fn(policy, tok, rows, args, Path(tmp))
             except Exception as err:  # report and go on: the other half still measures
@@ -483,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "device": args.device,
         "device_name": _device_name(args.device),
-        "dtype": args.dtype,
+        "precision": "fp32 weights, bf16 autocast" if args.autocast != "none" else "fp32",
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab": len(tok),
         "prompts": args.prompts,

@@ -370,6 +370,10 @@ class Rewards:
         self.accepts = [named for named, _ in sigs]
         self.requires = [required for _, required in sigs]
 
+    def weight_tensor(self) -> torch.Tensor:
+        """The weights ``[K]`` as a float64 CPU tensor (for :func:`combine`)."""
+        return torch.tensor(self.weights, dtype=torch.float64, device="cpu")
+
     def check_columns(self, columns: Sequence[str]) -> None:
         """Every argument a function requires is passed: a reserved name or a column."""
         available = set(RESERVED) | set(columns)
@@ -398,8 +402,10 @@ class Rewards:
     def evaluate(self, batch: RewardBatch, state: Any, timeout_s: float) -> Outcome:
         """Every function on ``batch``: per-function values, failures and their reasons."""
         n, k = len(batch), len(self.funcs)
-        values = torch.full((n, k), math.nan, dtype=torch.float64)  # [N, K]
-        failed = torch.zeros((n, k), dtype=torch.bool)  # [N, K]
+        # the functions' lists become host tensors: bookkeeping on the CPU whatever the
+        # default device (the trainer moves the combined rewards to the policy's device)
+        values = torch.full((n, k), math.nan, dtype=torch.float64, device="cpu")  # [N, K]
+        failed = torch.zeros((n, k), dtype=torch.bool, device="cpu")  # [N, K]
         outcome = Outcome(values, failed)
         results = self._run(batch, state, [(i, None) for i in range(k)], timeout_s)
         retry = []
@@ -460,7 +466,7 @@ class Rewards:
         out = self.evaluate(batch, state, timeout_s) if n else None
         if out is None:
             return BatchScores([], 0, [], 0.0)
-        weights = torch.tensor(self.weights, dtype=torch.float64)  # [K]
+        weights = self.weight_tensor()  # [K]
         rewards = combine(out.values, out.failed, weights)  # [N]
         for i in torch.isnan(rewards).nonzero().flatten().tolist():
             out.reasons.setdefault(i, "every reward function returned None")

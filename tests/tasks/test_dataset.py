@@ -173,3 +173,20 @@ def test_verify_raises_on_failure_and_is_nan_when_nothing_applies():
     assert math.isnan(task.verify("ok", ref))
     with pytest.raises(RuntimeError, match="picky: RuntimeError: no"):
         task.verify("boom", ref)
+
+
+def test_scoring_makes_no_tensor_on_the_default_device():
+    # the trainer's device test trick: a tensor made on the default device lands on "meta"
+    # and fails when read; reward bookkeeping stays on the CPU whatever the default device
+    import torch
+
+    task = DatasetTask(ROWS, rewards=[exact, docs.reward_func], reward_weights=[1, 0.5])
+    ref = task.examples("train", 1, 0)[0].reference
+    torch.set_default_device("meta")
+    try:
+        out = task.reward_batch([ref["answer"], "no"], [ref, ref], [[1], [2]], timeout_s=0)
+        one = task.verify(ref["answer"], ref)
+    finally:
+        torch.set_default_device(None)
+    n = len(ref["answer"])
+    assert out.rewards == [1.0 + 0.5 * n, 1.0] and one == 1.0 + 0.5 * n

@@ -25,7 +25,7 @@ datasets = pytest.importorskip("datasets")
 
 ROOT = Path(__file__).resolve().parents[2]
 LETTERS = "abcd"
-ROWS = [{"prompt": f"Letter: {c}\nAnswer: ", "letter": c} for c in LETTERS for _ in range(4)]
+ROWS = [{"prompt": f"Repeat the letter: {c}", "letter": c} for c in LETTERS for _ in range(4)]
 REWARDS = """
 def correct(completions, letter, **kwargs):
     return [1.0 if c[:1] == want else 0.0 for c, want in zip(completions, letter)]
@@ -172,20 +172,27 @@ def test_command_line_flags_become_the_task_config(files):
 
 @pytest.mark.slow
 def test_grouprl_train_on_a_user_jsonl_raises_the_reward(files):
-    """End to end from the command line: a tiny char-level Llama from scratch learns to answer
-    with the letter it is shown (rewards: correct + 0.2 · is_letter). Measured on the loaded
-    2-core box: mean reward ~0.04 over the first 5 steps, ~0.5 over the last 8 of 40 (~20 s)."""
+    """End to end from the command line: a tiny char-level Llama from random init learns to
+    repeat the letter its prompt ends with (rewards: correct + 0.2 · is_letter).
+
+    Measured on our loaded 2-core box: reward 0.04 over the first 5 steps, 0.72 over the last
+    10 of 80; `correct` alone 0.02 -> 0.52, above the 0.25 of a policy that says one of the
+    four letters at random (it has learned to copy, not only the format); ~35 s.
+    """
     out = files / "run"
     cmd = [sys.executable, "-m", "grouprl", "train", "--data", "rows.jsonl",
            "--reward", "rewards.py:correct", "--reward", "rewards.py:is_letter",
            "--reward-weights", "1,0.2", "--model", "tiny:d=32,layers=2,heads=2,ctx=64",
-           "--steps", "40", "--prompts-per-step", "8", "--group-size", "8", "--out", str(out),
+           "--steps", "80", "--prompts-per-step", "8", "--group-size", "8", "--out", str(out),
            "--no-progress", "--set", "sampling.max_new_tokens=2", "--set", "optim.lr=0.01",
            "--set", "eval.every=0", "--set", "run.tensorboard=false"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    proc = subprocess.run(cmd, cwd=files, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=files, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    reward = [r["reward/mean"] for r in read_jsonl(out / "metrics.jsonl")]
-    first, last = sum(reward[:5]) / 5, sum(reward[-8:]) / 8
-    assert len(reward) == 40 and last > first + 0.2, (first, last)
+    rows = read_jsonl(out / "metrics.jsonl")
+    reward = [r["reward/mean"] for r in rows]
+    correct = [r["reward/correct/mean"] for r in rows]
+    first, last = sum(reward[:5]) / 5, sum(reward[-10:]) / 10
+    assert len(reward) == 80 and last > first + 0.3, (first, last)
+    assert sum(correct[-10:]) / 10 > 0.35, correct[-10:]  # chance among 4 letters: 0.25
     assert (out / "final" / "config.json").is_file() and "final policy" in proc.stdout

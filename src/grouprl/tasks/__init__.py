@@ -28,7 +28,10 @@ __all__ = ["SPLITS", "TASKS", "Example", "Task", "get", "names"]
 
 
 def _dataset(**config: Any) -> Task:
-    """``DatasetTask(**config)``, imported on use (it pulls in torch for the reward math)."""
+    """Your own data (a 'prompt' column) scored by TRL-style reward functions, weighted.
+
+    ``grouprl.tasks.dataset.DatasetTask(**config)``, imported on use (it pulls in torch).
+    """
     from grouprl.tasks.dataset import DatasetTask
 
     return DatasetTask(**config)

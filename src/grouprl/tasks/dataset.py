@@ -40,8 +40,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from grouprl.rewards import (
     EXCLUDED_COLUMNS,
     RewardBatch,
@@ -368,8 +366,7 @@ class DatasetTask(Task):
         out = self.rewards.evaluate(batch, trainer_state(0, 0), timeout_s=0)
         if out.failed.any():
             raise RuntimeError(out.reasons[0])
-        weights = torch.tensor(self.rewards.weights, dtype=torch.float64)  # [K]
-        return float(combine(out.values, out.failed, weights)[0])
+        return float(combine(out.values, out.failed, self.rewards.weight_tensor())[0])
 
     # ---- what the model sees ----------------------------------------------------------------
 
