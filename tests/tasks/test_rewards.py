@@ -225,6 +225,8 @@ def test_probe_catches_a_broken_function_before_training():
         Rewards([_short]).probe(_batch(["", ""]))
     with pytest.raises(ValueError, match="timed out"):
         Rewards([_hangs]).probe(_batch(["", ""]), timeout_s=0.5)
+    with pytest.raises(ValueError, match=r"'_raises_on_x' failed on a trial call.*ZeroDivision"):
+        Rewards([_raises_on_x]).probe(_batch(["x", "x"]), timeout_s=0)
     Rewards([docs.reward_func]).probe(_batch(["", ""]))  # a good one passes
 
 

@@ -92,13 +92,19 @@ def test_run_on_a_datasets_dataset(tmp_path):
 
 def test_run_with_a_model_object_and_a_parquet_file(tmp_path):
     datasets.Dataset.from_list(ROWS).to_parquet(str(tmp_path / "rows.parquet"))
+    (tmp_path / "base.yaml").write_text(
+        "optim: {steps: 5, lr: 0.5}\nsampling: {temperature: 0.9}\n"
+    )
     model, tok = models.load(TINY)
     result = run(model, str(tmp_path / "rows.parquet"), correct, tokenizer=tok,
-                 model_config={"lora_rank": 0},
+                 model_config={"lora_rank": 0}, config=str(tmp_path / "base.yaml"),
                  **{**QUICK, "run": {**QUICK["run"], "out": str(tmp_path / "run")}})  # fmt: skip
     assert result.step == 2
     cfg = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert cfg["task"]["params"]["data"] == str(tmp_path / "rows.parquet")
+    # the YAML first, the section arguments over it
+    assert (cfg["optim"]["steps"], cfg["optim"]["lr"]) == (2, 0.01)
+    assert cfg["sampling"]["temperature"] == 0.9 and cfg["model"]["name"] == "custom"
     with pytest.raises(ValueError, match="needs its tokenizer"):
         run(model, ROWS, correct, **QUICK)
 
