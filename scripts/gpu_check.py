@@ -212,7 +212,7 @@ def run_grouprl(model: Any, tok: Any, rows: list, args: argparse.Namespace, out:
     )
     _sync(args.device)
     wall = time.perf_counter() - t0
-    steps = read_jsonl(out / "grouprl" / "metrics.jsonl")
+    steps = [r for r in read_jsonl(out / "grouprl" / "metrics.jsonl") if r["step"] > 0]
     n = args.prompts * args.group
     per_step = [
         {
