@@ -240,3 +240,40 @@ def test_per_group_kl_weight_reaches_the_kl_branch(tmp_path):
     logs = [h for h in trainer.state.log_history if "loss" in h]
     assert all("kl" in h and "grouprl/loss/kl_loss" in h for h in logs)
     assert max(h["kl"] for h in logs) > 0  # the policy moved away from the reference
+
+
+def test_schedule_note_says_which_grpoconfig_runs_the_presets_schedule():
+    from types import SimpleNamespace
+
+    # TRL: minibatches = steps_per_generation / gradient_accumulation_steps, epochs =
+    # num_iterations; its defaults (steps_per_generation = accumulation, 1 iteration) are 1 x 1
+    default = SimpleNamespace(
+        gradient_accumulation_steps=2, steps_per_generation=2, num_iterations=1
+    )
+    assert gt.trl_schedule(default) == (1, 1)
+    assert gt.schedule_note(presets.get("grpo"), default) is None  # GRPO's own 1 x 1
+    note = gt.schedule_note(presets.get("dapo"), default)  # DAPO's sources: 16 x 1
+    assert "16 minibatch(es) x 1 epoch(s)" in note and "runs 1 x 1" in note
+    assert "steps_per_generation=32, num_iterations=1" in note
+    fixed = SimpleNamespace(
+        gradient_accumulation_steps=2, steps_per_generation=32, num_iterations=1
+    )
+    assert (
+        gt.trl_schedule(fixed) == (16, 1) and gt.schedule_note(presets.get("dapo"), fixed) is None
+    )
+    agpo = SimpleNamespace(gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=4)
+    assert gt.schedule_note(presets.get("agpo"), agpo) is None  # AGPO's 1 x 4
+
+
+def test_trainer_warns_when_its_schedule_is_not_the_presets(tmp_path, caplog):
+    common = dict(
+        model=tiny_model(),
+        reward_funcs=RecordingReward(),
+        args=config(tmp_path),
+        train_dataset=dataset(),
+        processing_class=tiny_tokenizer(),
+    )
+    with caplog.at_level("WARNING", logger="grouprl.integrations.trl"):
+        t = gt.GroupRLGRPOTrainer(preset="gspo", **common)
+    assert t.grouprl_schedule_note is not None and "4 minibatch(es)" in t.grouprl_schedule_note
+    assert t.grouprl_schedule_note in caplog.text

@@ -62,7 +62,9 @@ __all__ = [
     "GroupRLGRPOTrainer",
     "combine_rewards",
     "resolve_preset",
+    "schedule_note",
     "trl_loss_settings",
+    "trl_schedule",
 ]
 
 log = logging.getLogger(__name__)
@@ -119,6 +121,38 @@ def resolve_preset(
     if kw:
         changes["estimator_params"] = {**dict(base.estimator_params), **kw}
     return base.with_(**changes)
+
+
+def trl_schedule(args: Any) -> tuple[int, int]:
+    """(minibatches, epochs) per generation batch that a ``GRPOConfig`` runs.
+
+    TRL 1.16 generates one batch every ``steps_per_generation`` micro-steps and takes an
+    optimizer step every ``gradient_accumulation_steps`` of them, over ``num_iterations``
+    passes (``GRPOConfig``, ``grpo_trainer.py`` ``_prepare_inputs``): minibatches =
+    steps_per_generation / gradient_accumulation_steps, epochs = num_iterations.
+    """
+    accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+    per_gen = int(getattr(args, "steps_per_generation", None) or accum)
+    return max(1, per_gen // accum), int(getattr(args, "num_iterations", 1) or 1)
+
+
+def schedule_note(spec: Preset, args: Any) -> str | None:
+    """A warning when the GRPOConfig's update schedule is not the preset's sources' one.
+
+    The adapter does not change batch sizes itself (they decide memory and the data order):
+    the note says which ``GRPOConfig`` fields give the preset's schedule (ALGORITHMS.md §3).
+    """
+    have = trl_schedule(args)
+    want = (spec.minibatches, spec.ppo_epochs)
+    if have == want:
+        return None
+    accum = max(1, int(getattr(args, "gradient_accumulation_steps", 1) or 1))
+    return (
+        f"preset {spec.name!r}: its sources run {want[0]} minibatch(es) x {want[1]} epoch(s) "
+        f"per generation batch, this GRPOConfig runs {have[0]} x {have[1]}; for the preset's "
+        f"schedule set GRPOConfig(steps_per_generation={want[0] * accum}, "
+        f"num_iterations={want[1]}) (with gradient_accumulation_steps={accum})"
+    )
 
 
 def trl_loss_settings(preset: Preset) -> dict[str, Any] | None:
@@ -331,6 +365,9 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             )
         if self._grouprl_loss:
             self._check_grouprl_loss_args()
+        self.grouprl_schedule_note = schedule_note(spec, self.args) if preset is not None else None
+        if self.grouprl_schedule_note:
+            log.warning(self.grouprl_schedule_note)
         if self.grouprl_callback is not None:
             self.grouprl_callback.bind(self)
             self.add_callback(self.grouprl_callback)
