@@ -15,8 +15,6 @@ from hypothesis import strategies as st
 
 from grouprl.cli import main
 from grouprl.simulate import get, names, write_result
-from grouprl.simulate import low_variance as lv
-from grouprl.simulate.acr import METHODS, AcrConfig, method_advantages, run_method
 from grouprl.simulate.categorical import (
     CategoricalConfig,
     at_gain,
@@ -213,75 +211,6 @@ def test_tail_miss_monte_carlo_matches_the_closed_form(n):
         assert p == pytest.approx(0.0, abs=1e-15) and mc == 0.0  # one sample is never active
     else:
         assert abs(mc - p) <= 4 * math.sqrt(p * (1 - p) / groups)
-
-
-# ----------------------------------------------------------------------------- low-variance
-def test_low_variance_groups_are_what_they_claim():
-    rewards, kind = lv.make_groups(lv.QUICK, torch.Generator().manual_seed(0))
-    spread = rewards.amax(1) - rewards.amin(1)
-    assert (spread[kind == 1] < 1e-2).all()  # jitter: one resolution bin
-    assert (spread[kind == 2] >= 1e-2).all()  # gap: a credible gap
-    assert (spread[kind == 0] == 1.0).all()  # binary: mixed
-
-
-def test_low_variance_rows_against_independent_numbers():
-    r = lv.simulate(quick=True)
-    by = {row["method"]: row for row in r.rows}
-    rewards, _ = lv.make_groups(lv.QUICK, torch.Generator().manual_seed(0))
-    sigma = rewards.std(1)  # Bessel, as GRPO
-    low = sigma[(sigma < 1e-2) & (sigma >= 1e-6)]  # the paper's subset of updated groups
-    inv = 1.0 / (low + 1e-6)  # GRPO's scale is σ + eps
-    q = torch.quantile(inv, torch.tensor([0.95, 0.99], dtype=inv.dtype))
-    assert by["grpo"]["inv P95"] == pytest.approx(float(q[0]), rel=1e-9)
-    assert by["grpo"]["inv P99"] == pytest.approx(float(q[1]), rel=1e-9)
-    for name in ("rloo", "dr_grpo"):  # scale 1 by definition
-        assert by[name]["inv P95"] == by[name]["inv P99"] == 1.0
-    mx = by["maxnorm_rloo+delta_res"]  # s_q >= tau_res = 1e-2 and |u| <= s_q
-    assert mx["inv P99"] <= 100.0 + 1e-9 and mx["max |A|"] <= 1.0 + 1e-12
-    # jitter spread < delta_res is one bin (skipped); a gap >= delta_res is two bins (kept)
-    assert mx["jitter updated"] == 0.0 and mx["gap updated"] == 1.0
-    # R/KL per the MaxNorm caption uses the unweighted KL gradient: GRPO+β_q-comp has GRPO's
-    # advantages, so its R/KL is GRPO's; its kl_weight shows in κ = kl_weight·scale = 1.
-    assert by["grpo_beta_comp"]["R/KL"] == by["grpo"]["R/KL"]
-    assert by["grpo_beta_comp"]["KL calib κ (median)"] == pytest.approx(1.0, rel=1e-12)
-
-
-# ----------------------------------------------------------------------------- acr
-def test_code_mode_advantages_by_hand():
-    rewards = torch.tensor([[0.0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float64)
-    # One group per generation batch (the authors' script): an all-0 group gets a virtual 1:
-    # [0,0,0,0,1] has mean 0.2 and Bessel std √0.2, so A = −0.2/(√0.2 + 1e-6) ≈ −√0.2 for every
-    # real sample; an all-1 group mirrors it (+√0.2). The mixed group is plain GRPO: mean 1/4,
-    # std 1/2 -> (1.5, −0.5, −0.5, −0.5).
-    values, fired = method_advantages("avspo_code_g1", rewards, None)
-    a = 0.2 / (math.sqrt(0.2) + 1e-6)
-    assert values[0].tolist() == pytest.approx([-a] * 4, abs=1e-12)
-    assert values[1].tolist() == pytest.approx([a] * 4, abs=1e-12)
-    assert values[2].tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
-    assert fired == pytest.approx(2 / 3)
-    # The same three groups as one batch: not every reward of the batch is 0 (or 1), so the
-    # code mode does not fire and the collapsed groups get nothing.
-    values, fired = method_advantages("avspo_code", rewards, None)
-    assert values[:2].abs().max() == 0 and fired == 0.0
-
-
-def test_acr_runs_raw_acr_against_groups_without_gradient():
-    cfg = AcrConfig(prompts=64, batch=8, rounds=25)
-    runs = {}
-    for m in METHODS:
-        torch.manual_seed(5)
-        runs[m] = run_method(m, cfg, 5)
-    assert len({r["accuracy0"] for r in runs.values()}) == 1  # one initial pool for all
-    g = runs["grpo"]
-    assert g["wasted"] == g["acr"] and max(g["acr"]) > 0  # GRPO: no gradient iff collapsed
-    c1 = runs["avspo_code_g1"]  # binary rewards: every collapsed group is all-0 or all-1
-    assert c1["wasted"] == [0.0] * cfg.rounds and c1["virtual"] == c1["acr"]
-    c = runs["avspo_code"]  # fires only on a round whose whole batch is 0 (or 1)
-    for acr, wasted, fired in zip(c["acr"], c["wasted"], c["virtual"]):
-        assert (fired, wasted) in ((0.0, acr), (1.0, 0.0))
-    if sum(c["virtual"]) == 0:  # never fired: exactly GRPO's run
-        assert c["accuracy"] == g["accuracy"]
-    assert runs["dynamic_sampling"]["steps"] < g["steps"] == cfg.rounds
 
 
 # ----------------------------------------------------------------------------- registry, output

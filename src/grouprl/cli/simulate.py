@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="categorical: the paper's (1/N)Σ r̃ π(a) (prob, default) or the log-prob variant",
     )
+    parser.add_argument(
+        "--beta",
+        type=float,
+        default=None,
+        help="low-variance: the KL coefficient β (default: calibrated so that RLOO + Protocol's "
+        "mean KL is 0.017)",
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a claim does not hold")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
 
@@ -91,6 +98,12 @@ def run(args: argparse.Namespace) -> int:
             if args.name != "categorical":
                 raise SystemExit(f"--{flag.replace('_', '-')} applies to categorical only")
             overrides[key] = value
+    if args.beta is not None:
+        if args.name != "low-variance":
+            raise SystemExit(f"--beta applies to low-variance only, not {args.name}")
+        if args.beta < 0:
+            raise SystemExit(f"--beta must be >= 0, got {args.beta}")
+        overrides["beta"] = args.beta
     result = get(args.name)(quick=args.quick, seed=args.seed, **overrides)
     _print(result)
     paths = write_result(result, args.out)

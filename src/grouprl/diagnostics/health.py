@@ -35,8 +35,10 @@ STALL_ADVICE: dict[str, str] = {
 follows our own evidence (docs/diagnostics.md, "Health rules"): on the maze miniature
 (reproductions/maze, 12,800 rollouts × 5 seeds) avspo had the lowest pass@k of the seven
 presets at every k from 1 to 64 (pass@1 +0.015 over the SFT start, grpo +0.036), and dapo took
-27 optimizer steps to grpo's 100 for the same rollouts; in the ACR simulation (reproductions/acr) symmetric virtual
-samples cut wasted groups from 71 % to 3 % with a small accuracy gain (0.706 vs 0.686). A
+27 optimizer steps to grpo's 100 for the same rollouts; in the ACR simulation (reproductions/acr,
+GRPO's ACR calibrated to the ACR paper's 28-45 %) virtual samples cut the groups without
+gradient (36 % -> 27 % behind the adaptive trigger, -> 0 with the code rule at one group per
+batch) but not the raw ACR, for +0.2 to +0.5 points of pool accuracy. A
 larger G raises the chance that a group holds a correct sample, 1 − (1 − p)^G [OURS]."""
 
 
