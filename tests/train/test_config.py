@@ -97,7 +97,8 @@ def test_reasoning_gym_names_and_model_paths_are_accepted(tmp_path):
     tiny = C.load_config(None, ["model.name=tiny:d=32,layers=2"])
     assert tiny.model.name == "tiny:d=32,layers=2" and tiny.sampling.verify_timeout_s == 0.0
     assert tiny.optim.lr == C.OptimConfig.lr
-    # ... and a folder is a pretrained model.
+    # ... and a model folder (one with config.json, checked at load) is a pretrained model.
+    (tmp_path / "config.json").write_text("{}")
     folder = C.load_config(None, [f"model.name={tmp_path}"])
     assert folder.model.name == str(tmp_path) and folder.optim.lr == 2e-6
 

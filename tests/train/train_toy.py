@@ -71,3 +71,42 @@ def make(tmp_path, *extra: str, task: Task | None = None):
     task = task or ToyTask()
     model, tok = models.load(cfg.model.name, task=task, seed=cfg.run.seed)
     return cfg, {"model": model, "tokenizer": tok, "task": task}
+
+
+TINY_MAZE_ARGS = [
+    "--model",
+    "tiny:d=16,layers=1,heads=2,ctx=64",
+    "--set",
+    "model.warm_start=false",
+    "--prompts-per-step",
+    "2",
+    "--group-size",
+    "4",
+    "--set",
+    "sampling.max_new_tokens=8",
+    "--set",
+    "eval.every=0",
+    "--set",
+    "run.tensorboard=false",
+    "--set",
+    "run.report=false",
+    "--no-progress",
+]
+"""``grouprl train`` flags of a real run that is fast: tiny model, maze, no warm start."""
+
+
+def grouprl_command(*argv: str) -> list[str]:
+    """``python -m grouprl ARGV`` with this interpreter."""
+    import sys
+
+    return [sys.executable, "-m", "grouprl", *argv]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a child process that imports this checkout's grouprl, offline."""
+    import os
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{src}:{path}" if path else src}

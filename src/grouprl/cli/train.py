@@ -9,6 +9,12 @@
                   --reward my_rewards.py:format_reward --reward-weights 1,0.1 --model smollm2
 
 Precedence: defaults < model profile (tiny / pretrained) < --config YAML < flags < --set.
+
+Exit codes: 0 done; 1 the run stopped (diverged, broken verifier, full disk: the message
+says what to do); 2 the command cannot run as given (a bad or unreadable config, a model
+that cannot be found, a run folder in use by another run, a ``--resume`` that would change
+the experiment or replace a run without a checkpoint); 128 + N stopped by signal N after a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import json
 import os
 import sys
 from typing import Any
+
+import yaml
 
 __all__ = ["add_arguments", "build_task", "data_overrides", "overrides_from_args", "run"]
 
@@ -62,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="run folder (metrics.jsonl, checkpoints/, report.html)")
     parser.add_argument(
         "--resume", action="store_true", help="continue from the latest good checkpoint in --out"
+    )
+    parser.add_argument(
+        "--resume-anyway",
+        action="store_true",
+        help="--resume even when the configuration changes the experiment (model, task, "
+        "preset, group size, lr, seed...); the change is recorded in metrics.jsonl and the report",
     )
     parser.add_argument("--no-progress", action="store_true", help="plain log lines, no bar")
     add_data_arguments(parser)
@@ -146,8 +160,10 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         for dest, field in _FLAGS.items()
         if getattr(args, dest, None) is not None
     ]
-    if args.resume:
+    if args.resume or args.resume_anyway:
         out.append("run.resume=true")
+    if args.resume_anyway:
+        out.append("run.resume_anyway=true")
     if args.no_progress:
         out.append("run.progress=false")
     return out + data_overrides(args) + list(args.overrides)
@@ -156,33 +172,79 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Load and validate the config (before any model is loaded), then train."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
-    from grouprl.tasks.verify import UnscorableError
     from grouprl.train.config import ConfigError, load_config
 
     try:
         cfg = load_config(args.config, overrides_from_args(args))
         task = build_task(cfg)  # the dataset task fails here, before any model loads
-    except (ConfigError, FileNotFoundError) as err:
-        print(f"grouprl train: {err}", file=sys.stderr)
-        return 2
+    except (ConfigError, OSError, UnicodeDecodeError) as err:
+        return _fail(_config_message(args.config, err), 2)
+    except yaml.YAMLError as err:
+        return _fail(_yaml_message(args.config, err), 2)
     except ValueError as err:  # [userdata] data or reward functions (grouprl.tasks.dataset)
-        print(f"grouprl train: {err}", file=sys.stderr)
-        return 2
-    from grouprl.train.loop import TrainingError, train
-
+        return _fail(str(err), 2)
     print(
         f"grouprl train: {cfg.model.name} on {cfg.task.name} with {cfg.algorithm.preset}, "
         f"{cfg.optim.steps} steps of {cfg.sampling.prompts_per_step} x "
         f"{cfg.sampling.group_size}; run folder {cfg.run.out}",
         flush=True,
     )
+    return _train(cfg, task)
+
+
+def _train(cfg: Any, task: Any) -> int:
+    """``train(cfg)`` with every failure a user can meet turned into a message and a code."""
+    from grouprl.models import ModelError
+    from grouprl.tasks.verify import UnscorableError
+    from grouprl.train.diskfull import DiskFullError, is_disk_full
+    from grouprl.train.loop import TrainingError, train
+    from grouprl.train.resume import ResumeError
+    from grouprl.train.runlock import RunFolderBusy
+
     try:
         result = train(cfg) if task is None else train(cfg, task=task)
-    except (TrainingError, UnscorableError) as err:
-        print(f"grouprl train: stopped: {err}", file=sys.stderr)
-        return 1
+    except (TrainingError, UnscorableError, DiskFullError) as err:
+        return _fail(f"stopped: {err}", 1)
+    except (RunFolderBusy, ResumeError, ModelError) as err:
+        return _fail(str(err), 2)
+    except OSError as err:  # a full disk outside the run folder (caches, temp files)
+        if not is_disk_full(err):
+            raise
+        return _fail(
+            f"stopped: disk full ({err}). Free space, then rerun the same command with --resume.",
+            1,
+        )
     _summary(result)
     return 128 + result.stopped_by if result.stopped_by else 0
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"grouprl train: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _config_message(path: str | None, err: Exception) -> str:
+    if isinstance(err, FileNotFoundError):
+        return f"config file {path} not found; check the path (examples are in configs/)"
+    if isinstance(err, (OSError, UnicodeDecodeError)):
+        reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        return f"cannot read config file {path}: {reason}"
+    return str(err)
+
+
+def _yaml_message(path: str | None, err: yaml.YAMLError) -> str:
+    """``FILE, line L, column C: what; what to do`` on one line (YAML marks are 0-based)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and start is not mark:
+        context += f" that starts at line {start.line + 1}, column {start.column + 1}"
+    detail = f"{what} ({context})" if context else what
+    return (
+        f"{where}: not valid YAML: {detail}; fix the file (a config is a mapping of sections, "
+        "see configs/maze.yaml)"
+    )
 
 
 def _summary(result) -> None:

@@ -7,6 +7,12 @@ file). A checkpoint is first written to ``.tmp-step_00000042-PID``, every file f
 then the folder is renamed: a reader sees a whole checkpoint or none. ``latest_good``
 verifies the manifest and falls back to the previous checkpoint, saying why, when one
 was truncated or corrupted (e.g. a disk that filled up, a copy that was cut short).
+
+The manifest also records the run's configuration and the grouprl version that wrote it
+(``config``, ``grouprl``), so ``--resume`` can tell whether it continues the same
+experiment (``grouprl.train.resume``). A full disk during ``save`` removes the temporary
+folder and raises ``grouprl.train.diskfull.DiskFullError``; the earlier checkpoints are
+untouched (old ones are deleted only after the new one is complete).
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ import os
 import random
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from grouprl.train.diskfull import DiskFullError, is_disk_full
 
 __all__ = [
     "CheckpointError",
@@ -52,6 +60,9 @@ class Loaded:
     model: dict[str, torch.Tensor]
     optimizer: dict[str, Any]
     state: dict[str, Any]
+    manifest: dict[str, Any] = field(default_factory=dict)
+    """``manifest.json``: step, file checksums, and (since grouprl 0.1) ``config`` and
+    ``grouprl`` (the version that wrote it)."""
 
 
 def _sha256(path: Path) -> str:
@@ -65,6 +76,13 @@ def _sha256(path: Path) -> str:
 def _fsync_write(path: Path, obj: Any) -> None:
     with open(path, "wb") as f:
         torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_write_text(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
 
@@ -134,14 +152,58 @@ def save(
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
     keep_last: int = 2,
+    config: dict[str, Any] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically, then delete all but the newest ``keep_last``."""
+    """Write checkpoint ``step`` atomically, then delete all but the newest ``keep_last``.
+
+    ``config``: the run's configuration (``RunConfig.to_dict()``), recorded in the manifest
+    with the grouprl version. A full disk raises ``DiskFullError`` after removing the
+    temporary folder.
+    """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     final = ckpt_dir / f"{_PREFIX}{step:08d}"
     tmp = ckpt_dir / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    writing = [tmp]  # the file being written, for the message of a full disk
+    try:
+        tmp.mkdir()
+        _write_files(tmp, step, model, optimizer, state, config, writing)
+        if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
+            shutil.rmtree(final)
+        writing[0] = final
+        os.replace(tmp, final)
+        _fsync_dir(ckpt_dir)
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(err):
+            raise DiskFullError(
+                writing[0],
+                step=step,
+                ckpt_dir=ckpt_dir,
+                cleaned=f"The partial checkpoint {tmp.name} was removed; "
+                "the earlier checkpoints are intact.",
+                cause=err,
+            ) from err
+        raise
+    for old in list_checkpoints(ckpt_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_files(
+    tmp: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    config: dict[str, Any] | None,
+    writing: list[Path],
+) -> None:
+    """The checkpoint's files and manifest in ``tmp``, fsync'ed; ``writing[0]`` is set to
+    each file before it is written."""
+    from grouprl import __version__
+
     payload = {
         "model.pt": trainable_state(model),
         "optimizer.pt": optimizer.state_dict(),
@@ -149,20 +211,18 @@ def save(
     }
     manifest: dict[str, Any] = {"step": step, "format": 1, "files": {}}
     for name in _FILES:
+        writing[0] = tmp / name
         _fsync_write(tmp / name, payload[name])
         manifest["files"][name] = {
             "sha256": _sha256(tmp / name),
             "bytes": (tmp / name).stat().st_size,
         }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    manifest["grouprl"] = __version__
+    if config is not None:
+        manifest["config"] = config
+    writing[0] = tmp / "manifest.json"
+    _fsync_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
     _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. a signal right after a periodic save)
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(ckpt_dir)
-    for old in list_checkpoints(ckpt_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
@@ -176,6 +236,10 @@ def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
 
 def verify(path: str | Path) -> int:
     """Check a checkpoint's manifest, sizes and sha256; return its step or raise."""
+    return int(_verified_manifest(path)["step"])
+
+
+def _verified_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     manifest_path = path / "manifest.json"
     try:
@@ -195,15 +259,22 @@ def verify(path: str | Path) -> int:
             )
         if _sha256(file) != entry["sha256"]:
             raise CheckpointError(f"{path}: {name} is corrupt (sha256 does not match manifest)")
-    return int(manifest["step"])
+    return manifest
 
 
 def load(path: str | Path) -> Loaded:
     """Verify and load one checkpoint (raises ``CheckpointError`` if it is not intact)."""
     path = Path(path)
-    step = verify(path)
+    manifest = _verified_manifest(path)
     parts = {name: torch.load(path / name, weights_only=False) for name in _FILES}
-    return Loaded(path, step, parts["model.pt"], parts["optimizer.pt"], parts["state.pt"])
+    return Loaded(
+        path,
+        int(manifest["step"]),
+        parts["model.pt"],
+        parts["optimizer.pt"],
+        parts["state.pt"],
+        manifest,
+    )
 
 
 def latest_good(ckpt_dir: str | Path, *, log: Any = None) -> Loaded | None:

@@ -201,6 +201,10 @@ class CheckpointConfig:
     out: str = "runs/default"
     seed: int = 0
     resume: bool = False
+    """Continue from the latest good checkpoint in ``out`` (``grouprl.train.resume``)."""
+    resume_anyway: bool = False
+    """With ``resume``: continue even when the configuration changes the experiment; the
+    changed fields are recorded in metrics.jsonl and the report (``grouprl.train.resume``)."""
     every: int = 50
     """Checkpoint every this many steps (and at the end and on SIGINT/SIGTERM); 0 = only those."""
     keep_last: int = 2
@@ -461,6 +465,10 @@ def _check_model_name(name: str) -> None:
     registry = getattr(models, "MODELS", {})
     base = name.split(":", 1)[0]
     if base in registry or Path(name).expanduser().exists() or "/" in name:
+        try:
+            models.check_spec(name)  # a missing local path, a bad tiny option
+        except models.ModelError as err:
+            raise ConfigError(str(err)) from None
         return
     raise ConfigError(
         f"unknown model {name!r}; give one of: {', '.join(registry)}, a local folder or "

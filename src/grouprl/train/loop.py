@@ -36,6 +36,7 @@ from grouprl.train import filters
 from grouprl.train.batch import Batch, Round, evaluate, group_rows, join_rounds, sample_groups
 from grouprl.train.config import RunConfig
 from grouprl.train.logprobs import completion_logprobs
+from grouprl.train.runlock import RunLock
 from grouprl.train.sinks import Sinks
 from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
 
@@ -62,7 +63,16 @@ class RunResult:
 
 
 def train(cfg: RunConfig, **injected: Any) -> RunResult:
-    """Run (or resume) training with ``cfg``; ``injected`` may pass model/tokenizer/task."""
+    """Run (or resume) training with ``cfg``; ``injected`` may pass model/tokenizer/task.
+
+    The run folder is locked for the whole run (``train.runlock``): a second run on it
+    raises ``RunFolderBusy`` before anything is loaded or written.
+    """
+    with RunLock(cfg.run.out):  # [reliability] one run per folder
+        return _train(cfg, **injected)
+
+
+def _train(cfg: RunConfig, **injected: Any) -> RunResult:
     run = setup(cfg, **injected)
     run.sinks = Sinks(
         run.run_dir,
@@ -72,6 +82,7 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
         tensorboard=cfg.run.tensorboard,
         wandb=cfg.run.wandb,
         progress=cfg.run.progress,
+        note=run.resume_note,  # [reliability] --resume-anyway's change, in the first row
     )
     schedule = cfg.schedule(run.preset)  # the preset's update schedule unless optim sets it
     for note in (
@@ -104,8 +115,10 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
                     f"stopped by signal {stop.signum} after step {run.step}; "
                     f"resume with --resume --out {run.run_dir}"
                 )
-    finally:
-        run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
+    except BaseException:  # [reliability] no report after a failure (a full disk, ...)
+        run.sinks.close(report=False)
+        raise
+    run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
 
 

@@ -10,6 +10,12 @@
     report.html      ``grouprl.report.write_run_report`` (when importable)
 
 A resumed run first cuts both JSONL files after the resume step, so no step appears twice.
+
+Lines are appended with one ``write`` system call each (no user-space buffer), so a
+line is on its way to disk as soon as ``log`` returns; when the disk fills up mid-line,
+the file is cut back to its last whole line and ``DiskFullError`` says what to do
+(``grouprl.train.diskfull``). config.yaml is replaced atomically; a report.html that a
+full disk cut short is removed.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from typing import Any
 import yaml
 
 from grouprl._json import json_safe
+from grouprl.train.diskfull import DiskFullError, is_disk_full
 
-__all__ = ["Sinks", "read_jsonl", "truncate_jsonl"]
+__all__ = ["JsonlAppender", "Sinks", "read_jsonl", "truncate_jsonl"]
 
 _BAR_FIELDS = {"reward": "reward/mean", "ACR": "acr/rate", "KL": "kl/mean"}
 """Progress-bar label -> metric name."""
@@ -51,10 +58,62 @@ def truncate_jsonl(path: str | Path, last_step: int) -> int:
     if not path.exists():
         return 0
     rows = [r for r in read_jsonl(path) if int(r.get("step", -1)) <= last_step]
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    os.replace(tmp, path)
+    _replace_text(path, "".join(json.dumps(r) + "\n" for r in rows), step=last_step)
     return len(rows)
+
+
+def _replace_text(path: Path, text: str, *, step: int) -> None:
+    """Write ``text`` to ``path`` through a temporary file and an atomic rename."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(err):
+            raise DiskFullError(
+                path,
+                step=step,
+                ckpt_dir=path.parent / "checkpoints",
+                cleaned=f"{path.name} was left as it was.",
+                cause=err,
+            ) from err
+        raise
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte is written (a write may be short)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class JsonlAppender:
+    """Whole lines appended to a file, never a torn one: a failed write is cut back.
+
+    Each ``write`` is one or more ``os.write`` calls on an ``O_APPEND`` descriptor, so
+    there is no buffer to flush; when one fails (a full disk), the file is truncated to
+    the size it had before, and the error goes on.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+
+    def write(self, text: str) -> None:
+        data = text.encode()
+        try:
+            _write_all(self._fd, data)
+        except BaseException:
+            os.ftruncate(self._fd, self._size)  # drop the torn line; truncating needs no space
+            raise
+        self._size += len(data)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class Sinks:
@@ -70,10 +129,19 @@ class Sinks:
         tensorboard: bool = True,
         wandb: bool = False,
         progress: bool = True,
+        note: dict[str, Any] | None = None,
     ) -> None:
+        """``note``: extra entries of the first metrics row written (e.g. ``resume/changed``
+        after ``--resume-anyway``, ``grouprl.train.resume``); values may be any JSON."""
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        self._step = resume_step
+        self._note = dict(note or {})
+        _replace_text(
+            self.run_dir / "config.yaml",
+            yaml.safe_dump(config, sort_keys=False),
+            step=resume_step,
+        )
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.rewards_path = self.run_dir / "rewards.jsonl"
         for path in (self.metrics_path, self.rewards_path):
@@ -81,8 +149,8 @@ class Sinks:
                 truncate_jsonl(path, resume_step)
             elif path.exists():
                 path.unlink()
-        self._metrics = open(self.metrics_path, "a")  # noqa: SIM115 - closed in close()
-        self._rewards = open(self.rewards_path, "a")  # noqa: SIM115
+        self._metrics = JsonlAppender(self.metrics_path)
+        self._rewards = JsonlAppender(self.rewards_path)
         self._tb = self._open_tensorboard(resume_step) if tensorboard else None
         self._wandb = self._open_wandb(config, resume_step) if wandb else None
         self._bar = self._open_bar(total_steps, resume_step) if progress else None
@@ -130,8 +198,9 @@ class Sinks:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one step to metrics.jsonl (flushed) and the optional backends."""
         row = {"step": step, **{k: json_safe(float(v)) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+        self._append(self._metrics, json.dumps({**row, **self._note}) + "\n", step)
+        self._note = {}
+        self._step = step
         if self._tb is not None:
             for key, value in metrics.items():
                 if math.isfinite(value):
@@ -154,8 +223,22 @@ class Sinks:
             )
             for pid, row in zip(prompt_ids, rewards.tolist())
         ]
-        self._rewards.write("\n".join(lines) + "\n")
-        self._rewards.flush()
+        self._append(self._rewards, "\n".join(lines) + "\n", step)
+
+    def _append(self, out: JsonlAppender, text: str, step: int) -> None:
+        try:
+            out.write(text)
+        except OSError as err:
+            if not is_disk_full(err):
+                raise
+            raise DiskFullError(
+                out.path,
+                step=step,
+                ckpt_dir=self.run_dir / "checkpoints",
+                cleaned=f"{out.path.name} was cut back to its last whole line (step "
+                f"{step - 1}); metrics.jsonl and rewards.jsonl hold no torn line.",
+                cause=err,
+            ) from err
 
     def print(self, message: str) -> None:
         """A line above the progress bar (or on stdout without one)."""
@@ -184,5 +267,17 @@ class Sinks:
         try:
             return write_run_report(self.run_dir)
         except Exception as err:  # a report bug must not lose a finished run
+            if is_disk_full(err):
+                partial = self.run_dir / "report.html"
+                partial.unlink(missing_ok=True)
+                raise DiskFullError(
+                    partial,
+                    step=self._step,
+                    ckpt_dir=self.run_dir / "checkpoints",
+                    cleaned="The partial report.html was removed; metrics, rewards and "
+                    "checkpoints are complete (--resume on a finished run only writes its "
+                    "report).",
+                    cause=err,
+                ) from err
             print(f"report.html not written ({type(err).__name__}: {err}); metrics are kept")
             return None

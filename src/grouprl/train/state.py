@@ -25,6 +25,7 @@ from grouprl import advantages, presets
 from grouprl.diagnostics.health import RunHealth
 from grouprl.tasks.base import Task
 from grouprl.train import checkpoint as ckpt
+from grouprl.train import resume
 from grouprl.train.config import RunConfig
 from grouprl.train.controllers import Controller, make_controller
 from grouprl.train.prompts import Prompts
@@ -57,6 +58,9 @@ class Run:
     nonfinite_run: int = 0
     nonfinite_total: int = 0
     evals: dict[int, dict[str, float]] = field(default_factory=dict)
+    resume_note: dict[str, Any] | None = None
+    """[reliability] what ``--resume-anyway`` changed (``train.resume.check``), logged with
+    the first metrics row after the resume."""
 
     @property
     def run_dir(self) -> Path:
@@ -228,9 +232,12 @@ def _resume(run: Run) -> None:
     for stale in ckpt_dir.glob(".tmp-*") if ckpt_dir.is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)
     loaded = ckpt.latest_good(ckpt_dir)
+    # [reliability] grouprl.train.resume: refuse a folder that holds a run but no checkpoint,
+    # and a configuration that changes the experiment (unless --resume-anyway)
     if loaded is None:
-        print(f"resume: no usable checkpoint in {ckpt_dir}; starting from step 0", flush=True)
+        resume.no_checkpoint(run.cfg)
         return
+    run.resume_note = resume.check(run.cfg, loaded.manifest, loaded.path)
     ckpt.load_trainable(run.model, loaded.model)
     run.optimizer.load_state_dict(loaded.optimizer)
     run.load_state(loaded.state)
@@ -247,6 +254,7 @@ def save_checkpoint(run: Run) -> Path:
         optimizer=run.optimizer,
         state=run.state(),
         keep_last=run.cfg.run.keep_last,
+        config=run.cfg.to_dict(),  # [reliability] recorded for --resume (train.resume)
     )
 
 

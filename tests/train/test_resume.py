@@ -1,0 +1,202 @@
+"""--resume continues the same experiment: changed experiment fields are refused (or, with
+--resume-anyway, recorded); bookkeeping fields may change; no checkpoint is said clearly."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+from train_toy import make
+
+from grouprl.train import resume
+from grouprl.train.config import RunConfig
+from grouprl.train.loop import train
+from grouprl.train.sinks import read_jsonl
+
+LOGGING_ONLY = ("time/", "eval/", "balance/", "policy/entropy")
+"""Metric prefixes that a bookkeeping field may add or remove (they are measured, not used)."""
+
+
+def _rows(run_dir):
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def _files(run_dir):
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and p.name != ".grouprl.lock"
+    }
+
+
+def test_every_config_field_is_classified_exactly_once():
+    """A new RunConfig field fails here until it is put in one of the two tuples."""
+    every = resume.config_fields()
+    experiment, bookkeeping = set(resume.EXPERIMENT_FIELDS), set(resume.BOOKKEEPING_FIELDS)
+    assert len(experiment) == len(resume.EXPERIMENT_FIELDS)  # no duplicates
+    assert len(bookkeeping) == len(resume.BOOKKEEPING_FIELDS)
+    assert not experiment & bookkeeping, experiment & bookkeeping
+    assert set(every) - experiment - bookkeeping == set(), "classify in train/resume.py"
+    assert (experiment | bookkeeping) - set(every) == set(), "no such RunConfig field"
+    flat = [f"{s}.{k}" for s, section in RunConfig().to_dict().items() for k in section]
+    assert every == flat  # two derivations of the field list agree
+
+
+def test_changes_lists_differing_experiment_fields_with_both_values():
+    before = RunConfig().to_dict()
+    now = json.loads(json.dumps(before))
+    now["optim"]["lr"], now["optim"]["steps"], now["eval"]["ks"] = 1e-4, 999, [1, 2]
+    assert resume.changes(before, now) == {
+        "optim.lr": (5e-5, 1e-4),
+        "eval.ks": ([1, 8, 16], [1, 2]),
+    }
+    assert resume.changes(before, now, resume.BOOKKEEPING_FIELDS) == {"optim.steps": (300, 999)}
+    # a field the checkpoint does not record (older grouprl): changed only when not default
+    del before["sampling"]["top_p"]
+    assert "sampling.top_p" not in resume.changes(before, now)
+    now["sampling"]["top_p"] = 0.9
+    assert resume.changes(before, now)["sampling.top_p"] == ("not recorded", 0.9)
+
+
+def test_issue_example_grpo_4x4_then_dapo_4x8_is_refused_listing_both_values(tmp_path):
+    cfg, inj = make(tmp_path, "optim.steps=2", "run.every=1")
+    train(cfg, **inj)
+    before = _files(tmp_path)
+    cfg, inj = make(
+        tmp_path,
+        "optim.steps=4",
+        "run.resume=true",
+        "algorithm.preset=dapo",
+        "sampling.group_size=8",
+    )
+    with pytest.raises(resume.ResumeError) as info:
+        train(cfg, **inj)
+    message = str(info.value)
+    assert "--resume would change the experiment" in message
+    assert "algorithm.preset: grpo (checkpoint) -> dapo (now)" in message
+    assert "sampling.group_size: 4 (checkpoint) -> 8 (now)" in message
+    assert "--set sampling.group_size=4 --set algorithm.preset=grpo" in message
+    assert "--resume-anyway" in message and "optim.steps" not in message
+    assert _files(tmp_path) == before  # nothing in the folder was touched
+
+
+def test_resume_anyway_continues_and_records_the_change_in_metrics_and_report(tmp_path, capsys):
+    cfg, inj = make(tmp_path, "optim.steps=2", "run.every=1")
+    train(cfg, **inj)
+    changed = ["algorithm.preset=dapo", "sampling.group_size=8", "optim.lr=0.01"]
+    cfg, inj = make(
+        tmp_path,
+        *changed,
+        "optim.steps=3",
+        "run.resume=true",
+        "run.resume_anyway=true",
+        "run.report=true",
+    )
+    with warnings.catch_warnings():  # short runs: matplotlib's log-scale warning (report/run.py)
+        warnings.filterwarnings("ignore", message="Data has no positive values")
+        assert train(cfg, **inj).step == 3
+    out = capsys.readouterr().out
+    assert "resume: --resume-anyway: continuing" in out
+    assert "optim.steps: 2 (checkpoint) -> 3 (now)" in out  # bookkeeping, printed
+    rows = _rows(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert "resume/changed" not in rows[0] and "resume/changed" not in rows[1]
+    note = rows[2]["resume/changed"]
+    assert note["after_step"] == 2 and note["checkpoint"].endswith("step_00000002")
+    assert note["fields"] == {
+        "sampling.group_size": [4, 8],
+        "algorithm.preset": ["grpo", "dapo"],
+        "optim.lr": [0.03, 0.01],
+    }
+    page = (tmp_path / "report.html").read_text()
+    assert "Configuration changed on resume" in page
+    assert "<td>algorithm.preset</td><td>grpo</td><td>dapo</td>" in page
+    # the new checkpoint records the new configuration: resuming with it needs no flag
+    cfg, inj = make(tmp_path, *changed, "optim.steps=4", "run.resume=true")
+    assert train(cfg, **inj).step == 4
+    assert "resume/changed" not in _rows(tmp_path)[3]
+
+
+@pytest.mark.slow
+def test_bookkeeping_fields_do_not_change_the_training_numbers(tmp_path):
+    """The classification checked by running: the bookkeeping fields changed, same numbers
+    (exactly, or to rounding for the chunk size and thread count). optim.micro_batch_size
+    failed this check (kl/mean 1.2 % apart at step 3), so it is an experiment field."""
+    common = [
+        "algorithm.beta=0.04",  # KL on, so the R/KL balance runs
+        "eval.prompts=2",
+        "eval.samples=4",
+        "eval.ks=[1,4]",
+    ]
+    cfg, inj = make(tmp_path / "base", *common)
+    train(cfg, **inj)
+    exact = [
+        "eval.every=1",
+        "eval.balance_every=1",
+        "run.every=1",
+        "run.keep_last=1",
+        "optim.entropy=false",
+        "optim.max_nonfinite_steps=9",
+        "sampling.max_unscorable_frac=0.9",
+    ]
+    cfg, inj = make(tmp_path / "exact", *common, *exact)
+    train(cfg, **inj)
+    rounding = ["optim.logprob_chunk=3", "run.threads=2"]
+    cfg, inj = make(tmp_path / "rounding", *common, *rounding)
+    train(cfg, **inj)
+
+    def training(run):
+        return [{k: v for k, v in r.items() if not k.startswith(LOGGING_ONLY)} for r in _rows(run)]
+
+    base = training(tmp_path / "base")
+    assert training(tmp_path / "exact") == base
+    assert any(k.startswith("eval/") for k in _rows(tmp_path / "exact")[0])  # it did evaluate
+    assert any(k.startswith("balance/") for k in _rows(tmp_path / "exact")[0])
+    for got, want in zip(training(tmp_path / "rounding"), base, strict=True):
+        assert got.keys() == want.keys()
+        for k in want:
+            a, b = got[k], want[k]
+            assert (a is None and b is None) or math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6), k
+
+
+def test_a_checkpoint_without_a_recorded_configuration_resumes_with_a_note(tmp_path, capsys):
+    cfg, inj = make(tmp_path, "optim.steps=2")
+    train(cfg, **inj)
+    manifest = tmp_path / "checkpoints/step_00000002/manifest.json"
+    data = json.loads(manifest.read_text())
+    assert data["config"] == cfg.to_dict() and data["grouprl"]
+    del data["config"]  # as written by grouprl before this change
+    manifest.write_text(json.dumps(data))
+    cfg, inj = make(tmp_path, "optim.steps=3", "run.resume=true", "optim.lr=0.5")
+    assert train(cfg, **inj).step == 3
+    assert "records no configuration" in capsys.readouterr().out
+
+
+def test_resume_in_a_new_folder_starts_a_new_run_and_says_so(tmp_path, capsys):
+    cfg, inj = make(tmp_path / "new", "optim.steps=1", "run.resume=true")
+    assert train(cfg, **inj).step == 1
+    assert "nothing logged there yet: starting a new run from step 0" in capsys.readouterr().out
+
+
+def test_resume_in_a_folder_with_a_run_but_no_checkpoint_is_refused(tmp_path):
+    cfg, inj = make(tmp_path, "optim.steps=2")
+    train(cfg, **inj)
+    for p in sorted((tmp_path / "checkpoints").rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()  # as if killed before its first checkpoint
+    before = _files(tmp_path)
+    cfg, inj = make(tmp_path, "optim.steps=3", "run.resume=true")
+    with pytest.raises(resume.ResumeError, match=r"holds a run \(2 steps in metrics.jsonl\)"):
+        train(cfg, **inj)
+    assert _files(tmp_path) == before  # its metrics were not replaced
+
+
+def test_resume_when_every_checkpoint_is_corrupt_is_refused(tmp_path, capsys):
+    cfg, inj = make(tmp_path, "optim.steps=2")
+    train(cfg, **inj)
+    (tmp_path / "checkpoints/step_00000002/model.pt").write_bytes(b"cut")
+    cfg, inj = make(tmp_path, "optim.steps=3", "run.resume=true")
+    with pytest.raises(resume.ResumeError, match=r"1 checkpoint\(s\) rejected"):
+        train(cfg, **inj)
+    assert "checkpoint rejected" in capsys.readouterr().err

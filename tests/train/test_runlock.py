@@ -1,0 +1,139 @@
+"""One run per folder: a second train on a folder in use refuses at once, naming the holder."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from train_toy import TINY_MAZE_ARGS, grouprl_command, subprocess_env
+
+from grouprl.train.runlock import LOCK_NAME, RunFolderBusy, RunLock
+from grouprl.train.sinks import read_jsonl
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    """``grouprl ARGV`` in a child process, to the end."""
+    return subprocess.run(
+        grouprl_command(*argv), capture_output=True, text=True, env=subprocess_env(), timeout=120
+    )
+
+
+def _wait(predicate, proc, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError(f"condition not met in {timeout} s")
+
+
+def test_a_second_lock_in_the_same_process_is_refused_and_names_the_holder(tmp_path):
+    with RunLock(tmp_path / "run"):
+        with pytest.raises(RunFolderBusy) as info:
+            RunLock(tmp_path / "run")
+        message = str(info.value)
+        assert f"is in use by pid {os.getpid()} on this host {socket.gethostname()}" in message
+        assert "started 20" in message and "pass another --out" in message
+        assert info.value.holder["pid"] == os.getpid()
+    # released at the end of the with block: the folder can be locked again, details emptied
+    assert (tmp_path / "run" / LOCK_NAME).read_text() == ""
+    RunLock(tmp_path / "run").release()
+
+
+def test_the_lock_is_released_when_the_body_raises_and_release_is_idempotent(tmp_path):
+    with pytest.raises(KeyError), RunLock(tmp_path):
+        raise KeyError("boom")
+    lock = RunLock(tmp_path)
+    lock.release()
+    lock.release()
+    RunLock(tmp_path).release()
+
+
+def test_a_file_system_without_locks_is_said_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with RunLock(tmp_path):
+        assert '"pid"' in (tmp_path / LOCK_NAME).read_text()
+    assert "without file locks" in capsys.readouterr().err
+
+
+HOLDER = """
+import os, sys, time
+from grouprl.train.runlock import RunLock
+lock = RunLock(sys.argv[1])
+child = os.fork()
+if child == 0:          # a verifier-like worker that outlives its parent
+    time.sleep(60)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_holder_frees_the_folder_even_while_its_forked_child_lives(tmp_path):
+    """Two real processes: the holder is SIGKILLed; its forked child keeps running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=subprocess_env(),
+    )
+    child = int(proc.stdout.readline())
+    try:
+        with pytest.raises(RunFolderBusy, match=f"pid {proc.pid} "):
+            RunLock(tmp_path)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        os.kill(child, 0)  # the child is alive (raises if not)
+        RunLock(tmp_path).release()  # yet the folder is free: no stale lock
+    finally:
+        proc.kill()
+        os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_two_real_train_processes_on_one_folder(tmp_path):
+    """``grouprl train`` twice on one --out: the second refuses (fresh and --resume) naming
+    the first; diagnose works on the live folder; after a SIGKILL the folder is free."""
+    out = tmp_path / "run"
+    first = subprocess.Popen(
+        grouprl_command(
+            "train", *TINY_MAZE_ARGS, "--steps", "100000", "--set", "run.every=1", "--out", str(out)
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=subprocess_env(),
+    )
+    try:
+        _wait(lambda: len(read_jsonl(out / "metrics.jsonl")) >= 2, first)
+        for extra in ([], ["--resume"]):
+            second = _run("train", *TINY_MAZE_ARGS, "--steps", "3", "--out", str(out), *extra)
+            assert second.returncode == 2, second
+            assert f"is in use by pid {first.pid} on this host" in second.stderr
+            assert "Traceback" not in second.stderr
+            assert "resume:" not in second.stdout  # refused before loading or resuming
+        diagnose = _run("diagnose", str(out), "--no-report")
+        assert diagnose.returncode == 0, diagnose.stderr
+        assert "metrics.jsonl:" in diagnose.stdout
+        steps = [r["step"] for r in read_jsonl(out / "metrics.jsonl")]
+        assert steps == list(range(1, len(steps) + 1))  # the first run's log, untouched
+        assert first.poll() is None  # and it is still running
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    again = _run("train", *TINY_MAZE_ARGS, "--steps", "3", "--out", str(out), "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "resume: continuing after step" in again.stdout

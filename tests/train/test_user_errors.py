@@ -1,0 +1,94 @@
+"""``grouprl train`` on a user's mistake: one line that says what and where, exit code 2."""
+
+from __future__ import annotations
+
+import pytest
+from train_toy import TINY_MAZE_ARGS
+
+from grouprl import cli
+from grouprl.train.runlock import RunLock
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err.strip()
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "what"),
+    [
+        # an unclosed list: found at the next key, started on line 2
+        (
+            "optim:\n  ks: [1, 8\nrun:\n  out: x\n",
+            "line 3, column 4",
+            "expected ',' or ']', but got ':' (while parsing a flow sequence that starts "
+            "at line 2, column 7)",
+        ),
+        # a key indented under a scalar
+        ("optim:\n  lr: 1e-4\n   steps: 3\n", "line 3, column 9", "mapping values are not allowed"),
+        # a tab
+        ("optim:\n\tlr: 1e-4\n", "line 2, column 1", "found character '\\t'"),
+    ],
+)
+def test_malformed_yaml_names_the_file_line_and_problem(tmp_path, capsys, text, where, what):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    assert cli.main(["train", "--config", str(path)]) == 2
+    err = _one_line_error(capsys)
+    assert err.startswith(f"grouprl train: {path}, {where}: not valid YAML: {what}"), err
+    assert err.endswith("fix the file (a config is a mapping of sections, see configs/maze.yaml)")
+
+
+def test_unreadable_config_files(tmp_path, capsys):
+    assert cli.main(["train", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert _one_line_error(capsys) == (
+        f"grouprl train: config file {tmp_path / 'none.yaml'} not found; check the path "
+        "(examples are in configs/)"
+    )
+    assert cli.main(["train", "--config", str(tmp_path)]) == 2
+    assert _one_line_error(capsys) == (
+        f"grouprl train: cannot read config file {tmp_path}: Is a directory"
+    )
+
+
+def test_a_hub_id_neither_cached_nor_reachable_is_one_line_and_exit_2(tmp_path, capsys):
+    argv = ["train", *TINY_MAZE_ARGS, "--model", "someorg/not-cached", "--out", str(tmp_path)]
+    assert cli.main(argv) == 2
+    assert "model 'someorg/not-cached' is not a folder" in _one_line_error(capsys)
+
+
+def test_a_folder_in_use_is_refused_by_the_command(tmp_path, capsys):
+    with RunLock(tmp_path):
+        assert cli.main(["train", *TINY_MAZE_ARGS, "--steps", "1", "--out", str(tmp_path)]) == 2
+    assert " is in use by pid " in _one_line_error(capsys)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_resume_refusals_exit_2(tmp_path, capsys):
+    out = ["--out", str(tmp_path)]
+    assert cli.main(["train", *TINY_MAZE_ARGS, "--steps", "1", *out]) == 0
+    capsys.readouterr()
+    assert (
+        cli.main(["train", *TINY_MAZE_ARGS, "--steps", "2", "--preset", "dapo", "--resume", *out])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "algorithm.preset: grpo (checkpoint) -> dapo (now)" in err
+    for p in sorted((tmp_path / "checkpoints").rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    assert cli.main(["train", *TINY_MAZE_ARGS, "--steps", "2", "--resume", *out]) == 2
+    assert "holds a run (1 step in metrics.jsonl) but no usable checkpoint" in (
+        _one_line_error(capsys)
+    )
+
+
+def test_resume_anyway_flag_sets_both_fields():
+    import argparse
+
+    from grouprl.cli import train as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    overrides = command.overrides_from_args(parser.parse_args(["--resume-anyway"]))
+    assert overrides == ["run.resume=true", "run.resume_anyway=true"]
