@@ -62,10 +62,10 @@ def test_a_missing_model_path_is_one_line_and_exit_2_before_the_run_folder_exist
     tmp_path, capsys, spec, message
 ):
     spec, message = spec.format(tmp=tmp_path), message.format(tmp=tmp_path)
-    with pytest.raises(models.ModelError, match="pass an HF model folder"):
-        models.check_spec(spec)
     out = tmp_path / "run"
     assert cli.main(["train", "--model", spec, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"grouprl train: {message}") and err.count("\n") == 1
     assert not out.exists()  # refused at load_config, before anything was created
+    with pytest.raises(models.ModelError, match="pass an HF model folder"):
+        models.check_spec(spec)
