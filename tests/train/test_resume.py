@@ -10,6 +10,7 @@ import warnings
 import pytest
 from train_toy import make
 
+from grouprl import models
 from grouprl.train import resume
 from grouprl.train.config import RunConfig
 from grouprl.train.loop import train
@@ -122,7 +123,8 @@ def test_resume_anyway_continues_and_records_the_change_in_metrics_and_report(tm
 @pytest.mark.slow
 def test_bookkeeping_fields_do_not_change_the_training_numbers(tmp_path):
     """The classification checked by running: the bookkeeping fields changed, same numbers
-    (exactly, or to rounding for the chunk size and thread count). optim.micro_batch_size
+    (exactly, or to rounding for the chunk size, thread count and attention kernel).
+    optim.micro_batch_size
     failed this check (kl/mean 1.2 % apart at step 3), so it is an experiment field."""
     common = [
         "algorithm.beta=0.04",  # KL on, so the R/KL balance runs
@@ -143,8 +145,11 @@ def test_bookkeeping_fields_do_not_change_the_training_numbers(tmp_path):
     ]
     cfg, inj = make(tmp_path / "exact", *common, *exact)
     train(cfg, **inj)
-    rounding = ["optim.logprob_chunk=3", "run.threads=2"]
+    rounding = ["optim.logprob_chunk=3", "run.threads=2", "model.attention=eager"]
     cfg, inj = make(tmp_path / "rounding", *common, *rounding)
+    inj["model"], inj["tokenizer"] = models.load(  # model.attention applies when grouprl loads
+        cfg.model.name, task=inj["task"], seed=cfg.run.seed, attn_implementation="eager"
+    )
     train(cfg, **inj)
 
     def training(run):

@@ -45,7 +45,9 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     # the policy and where it starts (frozen weights, the warm start and the reference
     # model are rebuilt from these, not read from the checkpoint)
     "model.name",
+    "model.device",  # other kernels, and the rollout generator lives there (its own stream)
     "model.dtype",
+    "model.autocast",  # bf16 compute
     "model.warm_start",
     "model.sft_steps",
     "model.lora_rank",
@@ -90,6 +92,7 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
 BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "optim.steps",  # how far to go (no schedule depends on it)
     "optim.logprob_chunk",  # the same projection in other chunks: rounding only
+    "model.attention",  # sdpa or eager: the same attention, rounding only
     "optim.max_nonfinite_steps",  # a guard: it may stop the run, it changes no number
     "optim.entropy",  # logs the policy entropy; no loss term uses it
     "sampling.max_unscorable_frac",  # a guard
