@@ -106,7 +106,7 @@ def test_a_killed_holder_frees_the_folder_even_while_its_forked_child_lives(tmp_
 @pytest.mark.slow
 def test_two_real_train_processes_on_one_folder(tmp_path):
     """``grouprl train`` twice on one --out: the second refuses (fresh and --resume) naming
-    the first; diagnose works on the live folder; after a SIGKILL the folder is free."""
+    the first, and diagnose works on the live folder."""
     out = tmp_path / "run"
     first = subprocess.Popen(
         grouprl_command(
@@ -134,6 +134,4 @@ def test_two_real_train_processes_on_one_folder(tmp_path):
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
-    again = _run("train", *TINY_MAZE_ARGS, "--steps", "3", "--out", str(out), "--resume")
-    assert again.returncode == 0, again.stderr
-    assert "resume: continuing after step" in again.stdout
+    # that a SIGKILLed run leaves no stale lock: test_kill_resume.py resumes after SIGKILLs

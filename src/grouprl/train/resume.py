@@ -212,18 +212,9 @@ def check(
     now = cfg.to_dict()
     if version != __version__:
         log(f"resume: {checkpoint} was written by grouprl {version}; this is {__version__}")
-    kept = changes(recorded, now, BOOKKEEPING_FIELDS)
-    for name in ("run.resume", "run.resume_anyway"):  # the flags that asked for this
-        kept.pop(name, None)
-    if kept:
-        log("resume: changed since the checkpoint (allowed, no effect on the math):")
-        for line in _lines(kept):
-            log(line)
     diff = changes(recorded, now)
-    if not diff:
-        return None
     where = f"{checkpoint} (step {step}, grouprl {version})"
-    if not cfg.run.resume_anyway:
+    if diff and not cfg.run.resume_anyway:
         hint = _restore_hint(diff)
         raise ResumeError(
             "\n".join(
@@ -238,6 +229,15 @@ def check(
                 ]
             )
         )
+    kept = changes(recorded, now, BOOKKEEPING_FIELDS)
+    for name in ("run.resume", "run.resume_anyway"):  # the flags that asked for this
+        kept.pop(name, None)
+    if kept:
+        log("resume: changed since the checkpoint (allowed, no effect on the math):")
+        for line in _lines(kept):
+            log(line)
+    if not diff:
+        return None
     log(f"resume: --resume-anyway: continuing {where} with a changed experiment:")
     for line in _lines(diff):
         log(line)
