@@ -152,13 +152,18 @@ def test_bookkeeping_fields_do_not_change_the_training_numbers(tmp_path):
     )
     train(cfg, **inj)
 
-    def training(run):
-        return [{k: v for k, v in r.items() if not k.startswith(LOGGING_ONLY)} for r in _rows(run)]
+    def training(run):  # the step rows (a step-0 row holds only the first evaluation)
+        return [
+            {k: v for k, v in r.items() if not k.startswith(LOGGING_ONLY)}
+            for r in _rows(run)
+            if r["step"] > 0
+        ]
 
     base = training(tmp_path / "base")
     assert training(tmp_path / "exact") == base
-    assert any(k.startswith("eval/") for k in _rows(tmp_path / "exact")[0])  # it did evaluate
-    assert any(k.startswith("balance/") for k in _rows(tmp_path / "exact")[0])
+    step1 = next(r for r in _rows(tmp_path / "exact") if r["step"] == 1)
+    assert any(k.startswith("eval/") for k in step1)  # it did evaluate
+    assert any(k.startswith("balance/") for k in step1)  # and measure R/KL
     for got, want in zip(training(tmp_path / "rounding"), base, strict=True):
         assert got.keys() == want.keys()
         for k in want:
@@ -183,6 +188,12 @@ def test_resume_in_a_new_folder_starts_a_new_run_and_says_so(tmp_path, capsys):
     cfg, inj = make(tmp_path / "new", "optim.steps=1", "run.resume=true")
     assert train(cfg, **inj).step == 1
     assert "nothing logged there yet: starting a new run from step 0" in capsys.readouterr().out
+    # a run stopped after its step-0 evaluation, before step 1: nothing to lose either
+    (tmp_path / "early").mkdir()
+    (tmp_path / "early/metrics.jsonl").write_text('{"step": 0, "eval/pass@1": 0.25}\n')
+    cfg, inj = make(tmp_path / "early", "optim.steps=1", "run.resume=true")
+    assert train(cfg, **inj).step == 1
+    assert "starting a new run from step 0" in capsys.readouterr().out
 
 
 def test_resume_in_a_folder_with_a_run_but_no_checkpoint_is_refused(tmp_path):

@@ -64,6 +64,7 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     "sampling.max_new_tokens",
     "sampling.verify_timeout_s",  # a completion that times out scores NaN
     "sampling.overlong_cache",
+    "sampling.pool_size",  # which prompts the sampler draws from
     "sampling.max_resample_tries",  # dynamic sampling: which groups make the batch
     # the algorithm: the preset and every override of its fields
     "algorithm.preset",
@@ -255,8 +256,8 @@ def check(
 def no_checkpoint(cfg: Any, *, log: Callable[[str], None] = print) -> None:
     """``--resume`` found no usable checkpoint: start a new run, or refuse [OURS].
 
-    A folder where nothing was logged yet (new, empty, or a run stopped before its first
-    step) starts a new run and says so; a folder that holds a logged run raises
+    A folder where no step was logged yet (new, empty, or a run stopped before its first
+    step; the step-0 evaluation does not count) starts a new run and says so; a folder that holds a logged run raises
     ``ResumeError``: starting again would replace its metrics.jsonl and rewards.jsonl.
     """
     from grouprl.train.checkpoint import list_checkpoints
@@ -264,7 +265,8 @@ def no_checkpoint(cfg: Any, *, log: Callable[[str], None] = print) -> None:
 
     run_dir = Path(cfg.run.out)
     rejected = len(list_checkpoints(run_dir / "checkpoints"))  # none of them was usable
-    steps = len(read_jsonl(run_dir / "metrics.jsonl"))
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    steps = sum(isinstance(r, dict) and r.get("step", 0) >= 1 for r in rows)  # not the step-0 eval
     groups = len(read_jsonl(run_dir / "rewards.jsonl"))
     if not (steps or groups or rejected):
         log(
