@@ -109,6 +109,8 @@ BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "run.wandb",
     "run.report",
     "run.threads",  # speed; rounding only
+    "run.save_final",  # what is exported at the end (final/)
+    "run.merge_lora",
 )
 """Fields that cannot change the math: ``--resume`` lets them change."""
 
