@@ -205,3 +205,16 @@ class _NullTimer:
         import contextlib
 
         return contextlib.nullcontext()
+
+
+def test_a_checkpoint_from_another_device_type_reseeds_the_generator(tmp_path, capsys):
+    cfg, inj = make(tmp_path, "model.device=cpu", "run.seed=5")
+    run = setup(cfg, **inj)
+    state = run.state()
+    same = run.gen.get_state().clone()
+    run.load_state({**state, "step": 3})  # same device type: the generator is restored
+    assert torch.equal(run.gen.get_state(), same)
+    run.load_state({**state, "device": "cuda:0", "step": 3})  # written on a GPU
+    want = torch.Generator().manual_seed(5 * 1_000_003 + 3).get_state()
+    assert torch.equal(run.gen.get_state(), want)
+    assert "written on cuda:0 and this run is on cpu" in capsys.readouterr().out

@@ -92,6 +92,7 @@ class Run:
         """The non-tensor state a checkpoint carries (model and optimizer go separately)."""
         return {
             "rng": ckpt.capture_rng({"rollout": self.gen}),
+            "device": str(self.device),
             "trigger": self.trigger.state_dict() if self.trigger else None,
             "controller": self.controller.state_dict(),
             "prompts": self.prompts.state_dict(),
@@ -101,7 +102,17 @@ class Run:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        ckpt.restore_rng(state["rng"], {"rollout": self.gen})
+        saved = torch.device(state.get("device", "cpu"))
+        if saved.type == self.device.type:
+            ckpt.restore_rng(state["rng"], {"rollout": self.gen})
+        else:  # a generator's state does not carry across device types (CPU <-> CUDA)
+            ckpt.restore_rng(state["rng"], {})
+            self.gen.manual_seed(self.cfg.run.seed * 1_000_003 + int(state.get("step", 0)))
+            self.print(
+                f"resume: the checkpoint was written on {saved} and this run is on "
+                f"{self.device}: the rollout generator is re-seeded from (seed, step), so "
+                "from here on the samples differ from an uninterrupted run on the same device"
+            )
         if self.trigger and state["trigger"]:
             self.trigger.load_state_dict(state["trigger"])
         self.controller.load_state_dict(state.get("controller", state.get("agpo")))
