@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(_config_message(args.config, err), 2)
     except yaml.YAMLError as err:
         return _fail(_yaml_message(args.config, err), 2)
-    except ValueError as err:  # [userdata] data or reward functions (grouprl.tasks.dataset)
+    except ValueError as err:  # data or reward functions (grouprl.tasks.dataset)
         return _fail(str(err), 2)
     print(
         f"grouprl train: {cfg.model.name} on {cfg.task.name} with {cfg.algorithm.preset}, "

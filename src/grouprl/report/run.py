@@ -333,7 +333,7 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path
     config, config_errors = read_run_config(run_dir)
     errors += config_errors
     blocks = run_blocks(rows, config)
-    from grouprl.train.resume import report_blocks  # [reliability] --resume-anyway changes
+    from grouprl.train.resume import report_blocks  # --resume-anyway changes
 
     blocks[1:1] = report_blocks(metrics_path)
     if errors:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from grouprl import diagnostics
 from grouprl.rollout import hf
 from grouprl.tasks.base import Example
+from grouprl.tasks.verify import BatchScores
 from grouprl.train.logprobs import completion_logprobs
 from grouprl.types import Rollouts
 
@@ -103,8 +104,8 @@ def sample_groups(
     gen: torch.Generator,
     timer: Any = None,
     logprob_temperature: float | None = None,
-) -> tuple[Rollouts, torch.Tensor, dict[str, float]]:
-    """``group_size`` completions per example and their rewards ``[P, G]`` (and counters).
+) -> tuple[Rollouts, torch.Tensor, BatchScores]:
+    """``group_size`` completions per example, their rewards ``[P, G]`` and the scoring record.
 
     ``temperature``: one float, or ``[P]`` per example (AGPO's τ_t); ``logprob_temperature``:
     the temperature of the behaviour log-probs (None = the sampling one, ``hf.Sampling``).
@@ -127,14 +128,15 @@ def sample_groups(
     with timer("score"):
         refs = [ex.reference for ex in examples for _ in range(group_size)]
         ids = [r[m].tolist() for r, m in zip(roll.completion_ids, roll.completion_mask.bool())]
-        rewards, metrics = score(run, roll.texts, refs, ids)  # [userdata] token ids: TRL rewards
-    return roll, rewards.view(len(examples), group_size), metrics
+        scores = score(run, roll.texts, refs, ids)  # token ids: TRL reward functions get them
+    rewards = torch.tensor(scores.rewards, dtype=torch.float32, device=run.device)  # [N]
+    return roll, rewards.view(len(examples), group_size), scores
 
 
 def score(
     run: Run, texts: list[str], references: list[Any], completion_ids: list | None = None
-) -> tuple[torch.Tensor, dict]:
-    """Rewards ``[N]`` of decoded completions (NaN = unscorable) and their counters.
+) -> BatchScores:
+    """Rewards of decoded completions (NaN = unscorable), their counters and extra metrics.
 
     A task with a batched reward path (``reward_batch``: the dataset task's TRL-style reward
     functions, ``grouprl.rewards``) scores the whole batch with one call per function, under
@@ -148,13 +150,13 @@ def score(
     from grouprl.tasks.verify import UnscorableError, score_batch
 
     s = run.cfg.sampling
-    if hasattr(run.task, "reward_batch"):  # [userdata] batched reward functions
+    if hasattr(run.task, "reward_batch"):  # batched reward functions
         out = run.task.reward_batch(
             texts, references, completion_ids, step=run.step, max_steps=run.cfg.optim.steps,
             timeout_s=s.verify_timeout_s, max_unscorable_frac=s.max_unscorable_frac,
         )  # fmt: skip
         _log_errors(run, out.unscorable, out.errors)
-        return torch.tensor(out.rewards, dtype=torch.float32, device=run.device), out.metrics()
+        return out
     if s.verify_timeout_s > 0:
         out = score_batch(
             run.task.verify,
@@ -165,7 +167,7 @@ def score(
             reward_range=tuple(run.task.reward_range),
         )
         _log_errors(run, out.unscorable, out.errors)
-        return torch.tensor(out.rewards, dtype=torch.float32, device=run.device), out.metrics()
+        return out
     values, errors = [], []
     for text, ref in zip(texts, references):
         try:
@@ -175,16 +177,15 @@ def score(
         except Exception as err:
             values.append(math.nan)
             errors.append(f"{type(err).__name__}: {err}")
-    rewards = torch.tensor(values, dtype=torch.float32, device=run.device)
-    frac = float(torch.isnan(rewards).float().mean()) if values else 0.0
-    if frac > s.max_unscorable_frac:
+    out = BatchScores(values, sum(math.isnan(v) for v in values), errors[:5])
+    if out.unscorable_frac > s.max_unscorable_frac:
         raise UnscorableError(
-            f"{frac:.0%} of {len(values)} completions could not be scored, above "
-            f"sampling.max_unscorable_frac={s.max_unscorable_frac}; first errors: "
+            f"{out.unscorable_frac:.0%} of {len(values)} completions could not be scored, "
+            f"above sampling.max_unscorable_frac={s.max_unscorable_frac}; first errors: "
             f"{errors[:5]}. Fix the verifier before training."
         )
-    _log_errors(run, len(errors), [f"{e}" for e in errors[:5]])
-    return rewards, {"reward/unscorable_frac": frac, "reward/unscorable": float(len(errors))}
+    _log_errors(run, out.unscorable, out.errors)
+    return out
 
 
 def _log_errors(run: Run, count: int, sample: list[str]) -> None:

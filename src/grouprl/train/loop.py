@@ -68,7 +68,7 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
     The run folder is locked for the whole run (``train.runlock``): a second run on it
     raises ``RunFolderBusy`` before anything is loaded or written.
     """
-    with RunLock(cfg.run.out):  # [reliability] one run per folder
+    with RunLock(cfg.run.out):  # one run per folder
         return _train(cfg, **injected)
 
 
@@ -82,7 +82,7 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
         tensorboard=cfg.run.tensorboard,
         wandb=cfg.run.wandb,
         progress=cfg.run.progress,
-        note=run.resume_note,  # [reliability] --resume-anyway's change, in the first row
+        note=run.resume_note,  # --resume-anyway's change, in the first row
     )
     schedule = cfg.schedule(run.preset)  # the preset's update schedule unless optim sets it
     for note in (
@@ -105,7 +105,7 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
                 run.sinks.log(run.step, metrics)
                 if (ckpt_every and run.step % ckpt_every == 0) or run.step == cfg.optim.steps:
                     save_checkpoint(run)
-            if run.step >= cfg.optim.steps and cfg.run.save_final:  # [userdata] <out>/final/
+            if run.step >= cfg.optim.steps and cfg.run.save_final:  # <out>/final/
                 from grouprl.train.export import save_run
 
                 save_run(run, say=run.print)
@@ -115,7 +115,7 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
                     f"stopped by signal {stop.signum} after step {run.step}; "
                     f"resume with --resume --out {run.run_dir}"
                 )
-    except BaseException:  # [reliability] no report after a failure (a full disk, ...)
+    except BaseException:  # no report after a failure (a full disk, ...)
         run.sinks.close(report=False)
         raise
     run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
@@ -229,7 +229,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if not rounds:
             temperature, controller_metrics = run.controller.temperature(run, examples, timer)
             metrics.update(controller_metrics)
-        roll, rewards, counters = sample_groups(
+        roll, rewards, scores = sample_groups(
             run, examples, g, temperature, run.gen, timer, logprob_temperature=logprob_t
         )
         if preset.overlong == "soft":  # DAPO §3.4: 0, then linear down to -1 at L_max
@@ -239,8 +239,8 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
                 rewards, lengths, max_len=s.max_new_tokens, cache_len=cache
             )
         run.prompts.observe(indices, rewards)  # IS-GRPO's sampler: σ of every generated group
-        unscorable += counters["reward/unscorable_frac"]
-        metrics.update({k: v for k, v in counters.items() if k.count("/") > 1})  # [userdata]
+        unscorable += scores.unscorable_frac
+        metrics.update(scores.extra)  # the reward functions' own numbers (dataset tasks)
         collapsed += diagnostics.acr(rewards) * n
         drawn += n
         kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)

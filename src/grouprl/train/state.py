@@ -59,7 +59,7 @@ class Run:
     nonfinite_total: int = 0
     evals: dict[int, dict[str, float]] = field(default_factory=dict)
     resume_note: dict[str, Any] | None = None
-    """[reliability] what ``--resume-anyway`` changed (``train.resume.check``), logged with
+    """what ``--resume-anyway`` changed (``train.resume.check``), logged with
     the first metrics row after the resume."""
 
     @property
@@ -243,7 +243,7 @@ def _resume(run: Run) -> None:
     for stale in ckpt_dir.glob(".tmp-*") if ckpt_dir.is_dir() else []:
         shutil.rmtree(stale, ignore_errors=True)
     loaded = ckpt.latest_good(ckpt_dir)
-    # [reliability] grouprl.train.resume: refuse a folder that holds a run but no checkpoint,
+    # grouprl.train.resume: refuse a folder that holds a run but no checkpoint,
     # and a configuration that changes the experiment (unless --resume-anyway)
     if loaded is None:
         resume.no_checkpoint(run.cfg)
@@ -265,7 +265,7 @@ def save_checkpoint(run: Run) -> Path:
         optimizer=run.optimizer,
         state=run.state(),
         keep_last=run.cfg.run.keep_last,
-        config=run.cfg.to_dict(),  # [reliability] recorded for --resume (train.resume)
+        config=run.cfg.to_dict(),  # recorded for --resume (train.resume)
     )
 
 
