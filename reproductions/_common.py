@@ -143,3 +143,28 @@ def publish(out: Path, payload: dict[str, Any], fig: Any, readme_block: Any) -> 
     update_readme(out, block)
     print(block)
     return 0
+
+
+def simulate_parts(simulate: Any, parts: dict[str, dict[str, Any]], args: Any) -> dict[str, Any]:
+    """``{part: simulate(quick, seed=0, seeds, **overrides)}`` for a reproduction that calls a
+    ``grouprl.simulate`` entry once per named part (each part its own overrides)."""
+    return {
+        part: simulate(quick=args.quick, seed=0, seeds=args.seeds, **kw)
+        for part, kw in parts.items()
+    }
+
+
+def make_payload(
+    name: str, claim: str, args: argparse.Namespace, parts: dict[str, Any], **rest: Any
+) -> dict[str, Any]:
+    """The results.json payload of a reproduction run on ``parts`` (``simulate_parts``): the
+    schema keys from the command line, ``config`` per part, plus ``rest`` (table, checks, ...)."""
+    return {
+        "name": name,
+        "claim": claim,
+        "command": f"python reproductions/{name}/run.py" + (" --quick" if args.quick else ""),
+        "quick": args.quick,
+        "seeds": list(range(args.seeds)),
+        "config": {part: res.config for part, res in parts.items()},
+        **rest,
+    }

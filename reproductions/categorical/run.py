@@ -1,16 +1,24 @@
 """F-GRPO §5.1 in miniature: group size vs positive mass and retained positive mass, ± focal.
 
-Calls :func:`grouprl.simulate.categorical.simulate` once with ``seeds`` independent policies
-per (N, γ) (batched as rows), then reports mean ± std over the seeds of Q_pos(T), M_ret(T) and
-min_t M_ret(t), per group size N and focal exponent γ ∈ {0 (GRPO), 1 (F-GRPO)}.
+The paper's categorical world (|A| = 128,000 actions, 10,000 correct; anchor logit 5, other
+correct 3, wrong 0) and its surrogate L = (1/N) Σ_j r̃_j π(a_j) under plain gradient ascent,
+through :func:`grouprl.simulate.categorical.simulate` (the code behind ``grouprl simulate
+categorical``). Two calls:
 
-Full setting: the paper's policy (|A| = 128,000, 10,000 correct, anchor 5.0 / correct 3.0 /
-wrong 0.0) for 1000 steps, N = 2 .. 16,384 (the paper goes to 131,072; one step there costs
-~0.4 s on this CPU, so it is left out), 3 seeds, lr = 1.0 [OURS, see the simulate module].
+- **main**: N = 2 … 131,072 (one seed at 131,072), γ ∈ {0, 0.5, 1}, 1000 steps, at η = 2e3
+  (measured: at 3e3 a seed's anchor can already run away within 1000 steps) and at η = 5e3
+  (where the anchor runs away);
+- **sweep**: η ∈ {1e-2 (the paper's), 1e3, 3e3, 1e4} at N ∈ {8, 64, 1024}.
+
+Per (η, N, γ): Q_pos(T), its gain, M_ret(T), entropy H(T) and the anchor's probability
+π(a_0) at T, mean ± std over seeds; for γ > 0, M_ret minus the γ = 0 runs' M_ret at the step
+where their Q_pos gain equalled this row's (per-seed interpolation; unpaired SE, since each γ
+draws its own groups). The checks are the simulation's claims at each η.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -21,121 +29,211 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common as C
 
 HERE = Path(__file__).resolve().parent
-FULL = {"group_sizes": (2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384), "steps": 1000}
+GAMMAS = (0.0, 0.5, 1.0)
+FULL = {
+    "main": {
+        "lr": 2e3,
+        "lr_sweep": (5e3,),
+        "group_sizes": (2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384, 131072),
+        "steps": 1000,
+        "log_every": 25,
+        "gammas": GAMMAS,
+    },
+    "sweep": {
+        "lr": 1e-2,
+        "lr_sweep": (1e3, 3e3, 1e4),
+        "group_sizes": (8, 64, 1024),
+        "steps": 1000,
+        "log_every": 25,
+        "gammas": GAMMAS,
+    },
+}
+# a hundredth of the actions: π_i is 100× larger, and the expected step ∝ η·π², so η / 1e4
+_WORLD = {"n_actions": 1_280, "n_correct": 100, "steps": 60, "log_every": 10, "gammas": GAMMAS}
 QUICK = {
-    "n_actions": 1_280,
-    "n_correct": 100,
-    "group_sizes": (8, 64, 1024),
-    "steps": 60,
-    "log_every": 10,
+    "main": {**_WORLD, "lr": 0.3, "lr_sweep": (0.5,), "group_sizes": (8, 64, 1024)},
+    "sweep": {**_WORLD, "lr": 1e-2, "lr_sweep": (1.0,), "group_sizes": (8, 64)},
 }
 
 
-def summarise(cfg: dict, data: dict) -> list[dict]:
-    """Rows (N, γ) with mean ± std over seeds; data rows are gamma-major (see simulate)."""
+def _runs(cur: dict, s: int, k: int, key: str) -> torch.Tensor:
+    """``[S, T']`` the seeds of γ index ``k`` (rows are gamma-major)."""
+    return torch.as_tensor(cur[key])[k * s : (k + 1) * s]
+
+
+def summarise(cfg: dict, part: str, data: dict) -> list[dict]:
+    """Rows (η, N, γ) with mean ± std over seeds and the matched-gain excess (mean, SE)."""
+    from grouprl.simulate.categorical import matched_reference
+
     rows = []
-    s = cfg["seeds"]
-    for n in cfg["group_sizes"]:
-        d = data[str(n)]
-        q, m = torch.as_tensor(d["q_pos"]), torch.as_tensor(d["m_ret"])  # [R, T']
-        for k, gamma in enumerate(cfg["gammas"]):
-            sl = slice(k * s, (k + 1) * s)
-            rows.append(
-                {
+    curves = {f"{cfg['lr']:g}": {k: v for k, v in data.items() if k != "lr_sweep"}}
+    curves.update(data["lr_sweep"])
+    for eta, by_n in curves.items():
+        for n_key, cur in by_n.items():
+            n = int(n_key)
+            s = 1 if n >= cfg["one_seed_from"] else cfg["seeds"]
+            q0, m0 = _runs(cur, s, 0, "q_pos"), _runs(cur, s, 0, "m_ret")
+            for k, gamma in enumerate(cfg["gammas"]):
+                q, m = _runs(cur, s, k, "q_pos"), _runs(cur, s, k, "m_ret")
+                h, anc = _runs(cur, s, k, "entropy"), _runs(cur, s, k, "anchor")
+                row = {
+                    "part": part,
+                    "eta": float(eta),
                     "N": n,
                     "gamma": gamma,
-                    "Q_pos(0)": float(q[sl, 0].mean()),
-                    "Q_pos(T)": C.ms(q[sl, -1].tolist()),
-                    "M_ret(T)": C.ms(m[sl, -1].tolist()),
-                    "min_t M_ret": C.ms(m[sl].min(dim=1).values.tolist()),
+                    "seeds": s,
+                    "Q_pos(0)": float(q[:, 0].mean()),
+                    "Q_pos(T)": C.ms(q[:, -1].tolist()),
+                    "Q_pos gain": C.ms((q[:, -1] - q[:, 0]).tolist()),
+                    "M_ret(T)": C.ms(m[:, -1].tolist()),
+                    "H(T)": C.ms(h[:, -1].tolist()),
+                    "π_anchor(T)": C.ms(anc[:, -1].tolist()),
+                    "M_ret − γ=0 at equal gain": float("nan"),
+                    "SE": float("nan"),
                 }
-            )
+                if k > 0:
+                    target = float((q[:, -1] - q[:, 0]).mean())
+                    ref = matched_reference(q0, m0, target)
+                    ok = ref[~ref.isnan()]
+                    if ok.numel():
+                        se = lambda x: float(x.std() / x.numel() ** 0.5) if x.numel() > 1 else 0.0  # noqa: E731
+                        row["M_ret − γ=0 at equal gain"] = float(m[:, -1].mean() - ok.mean())
+                        row["SE"] = (se(m[:, -1]) ** 2 + se(ok) ** 2) ** 0.5
+                rows.append(row)
     return rows
 
 
-def checks(rows: list[dict]) -> list[dict]:
-    """The paper's three qualitative statements, judged on the seed means."""
-    by = {(r["N"], r["gamma"]): r for r in rows}
-    ns = sorted({r["N"] for r in rows})
-    small = [n for n in ns if n <= 64] or ns[:1]
-    worst = min(small, key=lambda n: by[(n, 0.0)]["M_ret(T)"]["mean"])
-    g0 = by[(worst, 0.0)]
-    focal_better = [
-        n for n in small if by[(n, 1.0)]["M_ret(T)"]["mean"] > by[(n, 0.0)]["M_ret(T)"]["mean"]
-    ]
-    big = by[(ns[-1], 0.0)]
-    return [
-        {
-            "name": "grpo_raises_q_pos_while_forgetting",
-            "holds": g0["Q_pos(T)"]["mean"] > g0["Q_pos(0)"] and g0["M_ret(T)"]["mean"] < 0.999,
-            "detail": f"N={worst}, γ=0: Q_pos {g0['Q_pos(0)']:.4f} -> "
-            f"{C.fmt(g0['Q_pos(T)'])}, M_ret(T) {C.fmt(g0['M_ret(T)'])}",
-        },
-        {
-            "name": "focal_keeps_more_m_ret_at_small_n",
-            "holds": len(focal_better) == len(small),
-            "detail": f"γ=1 keeps more M_ret than γ=0 at {len(focal_better)}/{len(small)} "
-            f"of N in {small}",
-        },
-        {
-            "name": "largest_n_keeps_m_ret",
-            "holds": big["M_ret(T)"]["mean"] >= 0.999,
-            "detail": f"N={ns[-1]}, γ=0: M_ret(T) = {C.fmt(big['M_ret(T)'], 6)}",
-        },
-    ]
+def _claims(result) -> list[dict]:
+    return [{"name": c.name, "holds": c.holds, "detail": c.detail} for c in result.claims]
 
 
-def plot(cfg: dict, rows: list[dict], data: dict):
+def window(checks: list[dict]) -> dict:
+    """The step sizes at which all three of the paper's findings hold (from the checks)."""
+    by: dict[str, list[bool]] = {}
+    for c in checks:
+        if "@lr=" in c["name"]:
+            by.setdefault(c["name"].split("@lr=")[1], []).append(c["holds"])
+    etas = sorted((float(e) for e, h in by.items() if all(h)))
+    return {
+        "name": "all_three_findings_hold_somewhere",
+        "holds": bool(etas),
+        "detail": "all three hold at η ∈ {"
+        + ", ".join(f"{e:g}" for e in etas)
+        + "} of "
+        + ", ".join(sorted(by, key=float)),
+    }
+
+
+def _plot_vs_n(ax, rows, eta, key, ylabel, se_key=None):
+    """Median over seeds (line) and every seed (dots) vs N; mean ± SE when ``se_key`` is given
+    (a runaway seed would otherwise set a mean ± std bar's scale)."""
+    for k, gamma in enumerate(GAMMAS):
+        sel = [r for r in rows if r["eta"] == eta and r["gamma"] == gamma]
+        if not sel or (se_key and gamma == 0):
+            continue
+        x = [r["N"] for r in sel]
+        style, lab = ("o-", "s--", "^:")[k % 3], f"γ={gamma:g}"
+        if se_key:
+            y, e = [r[key] for r in sel], [r[se_key] for r in sel]
+            ax.errorbar(x, y, yerr=e, fmt=style, ms=3, capsize=2, label=lab)
+            continue
+        line = ax.plot(x, [statistics.median(r[key]["values"]) for r in sel], style, ms=3,
+                       label=lab + " (median; dots: seeds)")[0]  # fmt: skip
+        xs = [r["N"] for r in sel for _ in r[key]["values"]]
+        ax.scatter(xs, [v for r in sel for v in r[key]["values"]], s=6, alpha=0.5,
+                   color=line.get_color())  # fmt: skip
+    ax.set_xscale("log", base=2), ax.set_xlabel("group size N")
+    ax.set_title(f"{ylabel}, η={eta:g}", fontsize=9), ax.legend(fontsize=7)
+
+
+def plot(payload: dict, curves: dict):
     from grouprl.report.html import figure
 
-    fig, ax = figure(3, 1, width=4.4)
-    for gamma, style in ((0.0, "o-"), (1.0, "s--")):
-        sel = [r for r in rows if r["gamma"] == gamma]
-        x = [r["N"] for r in sel]
-        for j, key in enumerate(("Q_pos(T)", "M_ret(T)")):
-            ax[0, j].errorbar(
-                x,
-                [r[key]["mean"] for r in sel],
-                yerr=[r[key]["std"] for r in sel],
-                fmt=style,
-                ms=3,
-                capsize=2,
-                label=f"γ={gamma:g}" + (" (GRPO)" if gamma == 0 else " (F-GRPO)"),
+    rows, main_eta = payload["table"], payload["config"]["main"]["lr"]
+    second = payload["config"]["main"]["lr_sweep"][0]
+    fig, ax = figure(3, 2, width=4.4)
+    _plot_vs_n(ax[0, 0], rows, main_eta, "Q_pos gain", "Q_pos(T) − Q_pos(0)")
+    _plot_vs_n(ax[0, 1], rows, main_eta, "M_ret(T)", "M_ret(T)")
+    _plot_vs_n(
+        ax[0, 2],
+        rows,
+        main_eta,
+        "M_ret − γ=0 at equal gain",
+        "M_ret − M_ret(γ=0) at equal Q_pos gain",
+        se_key="SE",
+    )
+    ax[0, 2].axhline(0.0, color="grey", lw=0.8)
+    _plot_vs_n(ax[1, 0], rows, second, "M_ret(T)", "M_ret(T)")
+    ax[1, 0].set_yscale("log")
+    for n in sorted({r["N"] for r in rows if r["part"] == "sweep"}):
+        sel = sorted((r for r in rows if r["N"] == n and r["gamma"] == 0), key=lambda r: r["eta"])
+        sel = [r for r in sel if r["eta"] > 0.1]
+        ax[1, 1].plot(
+            [r["eta"] for r in sel],
+            [r["M_ret(T)"]["mean"] for r in sel],
+            "o-",
+            ms=3,
+            label=f"N={n}",
+        )
+    ax[1, 1].set_xscale("log"), ax[1, 1].set_yscale("log"), ax[1, 1].set_xlabel("step size η")
+    ax[1, 1].set_title("M_ret(T), γ=0 (GRPO), seed median, η ≥ 1e3 (1e-2: 1.0)", fontsize=9)
+    ax[1, 1].legend(fontsize=7)
+    cur, s = curves["main"], payload["config"]["main"]["seeds"]
+    for n in (8, 1024, 131072):
+        if str(n) not in cur:
+            continue
+        ss = 1 if n >= payload["config"]["main"]["one_seed_from"] else s
+        for k, gamma in enumerate(GAMMAS):
+            m = _runs(cur[str(n)], ss, k, "m_ret").mean(0)
+            ax[1, 2].plot(
+                cur[str(n)]["steps"], m, ls=("-", "--", ":")[k], label=f"N={n}, γ={gamma:g}"
             )
-    ax[0, 0].axhline(rows[0]["Q_pos(0)"], color="grey", ls=":", label="Q_pos(0)")
-    for j, t in enumerate(("Q_pos after T steps", "M_ret after T steps")):
-        ax[0, j].set_xscale("log", base=2)
-        ax[0, j].set_xlabel("group size N")
-        ax[0, j].set_title(t + f" (mean ± std, {cfg['seeds']} seeds)", fontsize=9)
-        ax[0, j].legend(fontsize=7)
-    s = cfg["seeds"]
-    ns = cfg["group_sizes"]
-    for n in dict.fromkeys([ns[0], ns[len(ns) // 2], ns[-1]]):
-        d = data[str(n)]
-        m = torch.as_tensor(d["m_ret"])
-        for k, gamma in enumerate(cfg["gammas"]):
-            ax[0, 2].plot(
-                d["steps"],
-                m[k * s : (k + 1) * s].mean(0),
-                ls="-" if k == 0 else "--",
-                label=f"N={n}, γ={gamma:g}",
-            )
-    ax[0, 2].set_xlabel("step"), ax[0, 2].set_title("M_ret(t), seed mean", fontsize=9)
-    ax[0, 2].legend(fontsize=7)
+    ax[1, 2].set_xlabel("step"), ax[1, 2].set_title(f"M_ret(t), η={main_eta:g}", fontsize=9)
+    ax[1, 2].legend(fontsize=6)
     return fig
 
 
 def readme_block(payload: dict) -> str:
-    """The README's generated block: the table and the checks of ``payload``."""
+    """The README's generated block: the main table, the sweep table and the checks."""
     rows = payload["table"]
-    table = C.markdown_table(
-        rows, ["N", "gamma", "Q_pos(0)", "Q_pos(T)", "M_ret(T)", "min_t M_ret"]
-    )
+    main_eta = payload["config"]["main"]["lr"]
+    cols = [
+        "N",
+        "gamma",
+        "Q_pos(T)",
+        "Q_pos gain",
+        "M_ret(T)",
+        "M_ret − γ=0 at equal gain",
+        "SE",
+        "H(T)",
+    ]
+    main = C.markdown_table([r for r in rows if r["eta"] == main_eta], cols)
+    compact = []
+    for r in sorted(rows, key=lambda r: (r["eta"], r["N"])):
+        if r["gamma"] != 0:
+            continue
+        row = {
+            "η": r["eta"],
+            "N": r["N"],
+            "seeds": r["seeds"],
+            "γ=0 Q_pos gain": r["Q_pos gain"],
+            "γ=0 M_ret(T)": r["M_ret(T)"],
+            "γ=0 π_anchor(T)": r["π_anchor(T)"],
+            "γ=0 H(T)": r["H(T)"],
+        }
+        for g in (0.5, 1.0):
+            other = next(x for x in rows if (x["eta"], x["N"], x["gamma"]) == (r["eta"], r["N"], g))
+            d, se = other["M_ret − γ=0 at equal gain"], other["SE"]
+            row[f"γ={g:g}: M_ret − γ=0 at equal gain"] = "–" if d != d else f"{d:+.2e} ± {se:.1e}"
+        compact.append(row)
+    cfg = payload["config"]["main"]
     return (
-        f"{table}\n\n{C.checks_block(payload['checks'])}\n\n"
-        f"({len(payload['seeds'])} seeds, mean ± std; |A| = {payload['config']['n_actions']:,}, "
-        f"{payload['config']['steps']} steps, lr {payload['config']['lr']:g}; "
-        f"{payload['seconds']:.0f} s on one thread)"
+        f"**Main: η = {main_eta:g}**, mean ± std over seeds (one seed at N ≥ "
+        f"{cfg['one_seed_from']:,}); the excess over γ = 0 at equal Q_pos gain with its SE.\n\n"
+        f"{main}\n\n**Every step size**, γ = 0 (GRPO) and the focal rows' excess at equal gain "
+        f"(± SE):\n\n{C.markdown_table(compact)}\n\n{C.checks_block(payload['checks'])}\n\n"
+        f"({len(payload['seeds'])} seeds; |A| = {cfg['n_actions']:,}, {cfg['steps']} steps; "
+        f"{payload['seconds']:.0f} s wall on one thread, shared machine)"
     )
 
 
@@ -148,24 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     from grouprl.simulate.categorical import simulate
 
     t0 = time.perf_counter()
-    res = simulate(quick=args.quick, seed=0, seeds=args.seeds, **(QUICK if args.quick else FULL))
-    cfg = res.config
-    rows = summarise(cfg, res.data)
-    chk = checks(rows)
-    payload = {
-        "name": "categorical",
-        "claim": "F-GRPO §5.1: at moderate group size GRPO raises Q_pos while losing "
-        "unsampled correct mass (M_ret < 1); the focal weight (γ = 1) retains more; "
-        "very large N retains almost all.",
-        "command": "python reproductions/categorical/run.py" + (" --quick" if args.quick else ""),
-        "quick": args.quick,
-        "seeds": list(range(args.seeds)),
-        "config": cfg,
-        "table": rows,
-        "checks": chk,
-        "seconds": time.perf_counter() - t0,
-    }
-    return C.publish(out, payload, plot(cfg, rows, res.data), readme_block)
+    results = C.simulate_parts(simulate, QUICK if args.quick else FULL, args)
+    rows = [r for part, res in results.items() for r in summarise(res.config, part, res.data)]
+    checks = [c for res in results.values() for c in _claims(res)]
+    payload = C.make_payload(
+        "categorical",
+        "F-GRPO §5.1: at moderate group size GRPO raises Q_pos while losing unsampled correct "
+        "mass (M_ret < 1); the focal weight (γ = 1) retains more at the same gain; very large N "
+        "retains almost all.",
+        args,
+        results,
+        table=rows,
+        checks=[*checks, window(checks)],
+        seconds=time.perf_counter() - t0,
+    )
+    curves = {part: res.data for part, res in results.items()}
+    return C.publish(out, payload, plot(payload, curves), readme_block)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from grouprl.simulate.categorical import (
     centred,
     focal,
     initial_logits,
+    matched_reference,
     run_group_size,
     sample_actions,
     surrogate,
@@ -145,13 +146,14 @@ def test_zero_lr_frozen_deterministic_and_one_seed_at_the_largest_n():
     cfg = CategoricalConfig(n_actions=500, n_correct=50, steps=5, seeds=3, log_every=1, lr=0.0)
     out = run_group_size(cfg, 16, torch.Generator().manual_seed(1))
     assert torch.equal(out["m_ret"], torch.ones_like(out["m_ret"]))
-    assert out["q_pos"].shape == (6, 6)  # 2 γ × 3 seeds, steps 0..5
+    assert out["q_pos"].shape == (9, 6)  # 3 γ (0, 0.5, 1) × 3 seeds, steps 0..5
+    assert set(out) == {"q_pos", "m_ret", "entropy", "anchor", "steps"}
     big = run_group_size(
         CategoricalConfig(n_actions=500, n_correct=50, steps=2, seeds=3, one_seed_from=64),
         64,
         torch.Generator(),
     )
-    assert big["q_pos"].shape[0] == 2  # one seed per γ at N >= one_seed_from
+    assert big["q_pos"].shape[0] == 3  # one seed per γ at N >= one_seed_from
     cfg = CategoricalConfig(n_actions=500, n_correct=50, steps=20, seeds=2, log_every=5, lr=30.0)
     a = run_group_size(cfg, 16, torch.Generator().manual_seed(3))
     b = run_group_size(cfg, 16, torch.Generator().manual_seed(3))
@@ -165,6 +167,16 @@ def test_at_gain_interpolates_the_first_crossing():
     assert at_gain(gain, vals, 0.2) == pytest.approx(0.8)
     assert at_gain(gain, vals, 0.0) == 1.0
     assert math.isnan(at_gain(gain, vals, 0.6))
+
+
+def test_matched_reference_per_seed_by_hand():
+    # seed 0: gain (0, 0.1, 0.3) with M_ret (1, 0.9, 0.7); target 0.2 -> halfway: 0.8.
+    # seed 1: gain (0, 0.2, 0.4) with M_ret (1, 0.8, 0.6); target 0.2 -> 0.8 (reached at t=1).
+    # seed 2: gain (0, 0.1) never reaches 0.2 -> NaN.
+    q = torch.tensor([[0.5, 0.6, 0.8], [0.5, 0.7, 0.9], [0.5, 0.55, 0.6]], dtype=torch.float64)
+    m = torch.tensor([[1.0, 0.9, 0.7], [1.0, 0.8, 0.6], [1.0, 0.99, 0.98]], dtype=torch.float64)
+    ref = matched_reference(q, m, 0.2)
+    assert ref[:2].tolist() == pytest.approx([0.8, 0.8]) and math.isnan(float(ref[2]))
 
 
 def test_inverse_cdf_sampling_matches_probabilities():
@@ -187,16 +199,30 @@ def test_simulate_rows_matched_gain_and_bad_input():
         log_every=5,
         lr_sweep=(300.0,),
     )
-    assert {row["lr"] for row in r.rows} == {0.01, 300.0} and len(r.rows) == 8
+    assert {row["lr"] for row in r.rows} == {0.01, 300.0} and len(r.rows) == 12  # 2 η·2 N·3 γ
     assert set(r.data["lr_sweep"]) == {"300"} and set(r.data["lr_sweep"]["300"]) == {"4", "64"}
     key = "M_ret γ=0 at this gain"
     for row in r.rows:
         assert math.isnan(row[key]) == (row["gamma"] == 0.0)
         assert row["Q_pos gain"] == pytest.approx(row["Q_pos(T)"] - row["Q_pos(0)"])
+        if row["gamma"] > 0 and math.isfinite(row[key]):
+            assert row["M_ret − matched"] == pytest.approx(row["M_ret(T)"] - row[key])
+    # the matched reference is the per-seed interpolation of the γ = 0 runs, recomputed here
+    cur = r.data["lr_sweep"]["300"]["4"]
+    q, m = torch.as_tensor(cur["q_pos"]), torch.as_tensor(cur["m_ret"])  # [3 γ × 2 seeds, T']
+    row = next(x for x in r.rows if (x["lr"], x["N"], x["gamma"]) == (300.0, 4, 1.0))
+    target = float(q[4:, -1].mean() - q[4:, 0].mean())
+    ref = [at_gain(q[s] - q[s, 0], m[s], target) for s in (0, 1)]
+    ok = [v for v in ref if math.isfinite(v)]
+    if ok:
+        assert row[key] == pytest.approx(sum(ok) / len(ok), abs=1e-12)
+    assert row["π_anchor(T)"] == pytest.approx(float(torch.as_tensor(cur["anchor"])[4:, -1].mean()))
     with pytest.raises(ValueError, match="valid surrogates"):
         sim(quick=True, surrogate="ratio")
     with pytest.raises(ValueError, match="step sizes"):
         sim(quick=True, lr_sweep=(-1.0,))
+    with pytest.raises(ValueError, match="focal exponents"):
+        sim(quick=True, gammas=(0.0, -1.0))
 
 
 # ----------------------------------------------------------------------------- tail-miss
@@ -217,7 +243,11 @@ def test_tail_miss_monte_carlo_matches_the_closed_form(n):
 def test_registry_and_cli(tmp_path):
     from grouprl.cli.simulate import _CHOICES
 
-    assert names() == ["categorical", "tail-miss", "low-variance", "acr"] == list(_CHOICES)
+    assert (
+        names()
+        == ["categorical", "tail-miss", "low-variance", "acr", "normalization"]
+        == list(_CHOICES)
+    )
     with pytest.raises(ValueError, match="valid simulations"):
         get("nope")
     assert main(["simulate", "tail-miss", "--quick", "--out", str(tmp_path)]) == 0
@@ -230,6 +260,8 @@ def test_registry_and_cli(tmp_path):
         main(["simulate", "acr", "--quick", "--lr-sweep", "1,2", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["simulate", "categorical", "--lr-sweep", "a,b"])
+    with pytest.raises(SystemExit, match="normalization only"):
+        main(["simulate", "acr", "--quick", "--features", "tabular", "--out", str(tmp_path)])
 
 
 def test_write_result_is_json_safe(tmp_path):

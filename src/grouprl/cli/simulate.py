@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-_CHOICES = ("categorical", "tail-miss", "low-variance", "acr")
+_CHOICES = ("categorical", "tail-miss", "low-variance", "acr", "normalization")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -50,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="low-variance: the KL coefficient β (default: calibrated so that RLOO + Protocol's "
         "mean KL is 0.017)",
+    )
+    parser.add_argument(
+        "--features",
+        choices=("shared", "tabular"),
+        default=None,
+        help="normalization: shared random features (default) or one table per prompt",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a claim does not hold")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -104,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         if args.beta < 0:
             raise SystemExit(f"--beta must be >= 0, got {args.beta}")
         overrides["beta"] = args.beta
+    if args.features is not None:
+        if args.name != "normalization":
+            raise SystemExit("--features applies to normalization only")
+        overrides["features"] = args.features
     result = get(args.name)(quick=args.quick, seed=args.seed, **overrides)
     _print(result)
     paths = write_result(result, args.out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from grouprl.simulate import acr, categorical, low_variance, tailmiss
+from grouprl.simulate import acr, categorical, low_variance, normalization, tailmiss
 from grouprl.simulate._common import Claim, SimResult, write_result
 
 __all__ = ["SIMULATIONS", "Claim", "SimResult", "get", "names", "write_result"]
@@ -20,6 +20,7 @@ SIMULATIONS: dict[str, Callable[..., SimResult]] = {
     "tail-miss": tailmiss.simulate,
     "low-variance": low_variance.simulate,
     "acr": acr.simulate,
+    "normalization": normalization.simulate,
 }
 """Simulation name -> ``simulate(quick=False, seed=0, **overrides) -> SimResult``."""
 
