@@ -6,7 +6,8 @@ normalization``) twice:
 - **shared** (the test): 64 prompts × 8 answers, a softmax policy over shared random features
   (d = 512), P = 16 prompts × G = 8 answers per step, plain SGD; two pools with the same mean
   reward std at the start (homogeneous J = 0.116 everywhere; heterogeneous: half at 0.5, half
-  at 0.02); REINFORCE (``dr_grpo``), global normalisation (``batch_std``), GRPO and IS-GRPO
+  at 0.02) and the control that stays homogeneous (identical: the homogeneous pool with one
+  feature set for every prompt); REINFORCE (``dr_grpo``), global normalisation (``batch_std``), GRPO and IS-GRPO
   (GRPO + the ``sigma`` prompt sampler); lr tuned per (pool, method) on 20·√2^k, k = 0..7;
 - **tabular** (the control the brief's "tabular prompts" asked for): one logit table per
   prompt, the same pools and methods, lr on 16·4^k, k = 0..7.
@@ -105,13 +106,17 @@ def interior(rows: list[dict]) -> dict:
     }
 
 
+POOLS = ("homogeneous", "heterogeneous", "identical")
+
+
 def plot(payload: dict, data: dict):
     from grouprl.report.html import figure
 
-    fig, ax = figure(3, 2, width=4.4)
+    fig, ax = figure(4, 2, width=4.0)
     cfg = payload["config"]["shared"]
     step = cfg["batch"] * cfg["group_size"]
-    for j, pool in enumerate(("homogeneous", "heterogeneous")):
+    shared = [r for r in payload["table"] if r["part"] == "shared"]
+    for j, pool in enumerate(POOLS):
         for r in (r for r in payload["table"] if r["pool"] == pool):
             if r["part"] == "shared":
                 acc = torch.as_tensor(data["shared"][f"{pool}/{r['method']}"]["accuracy_best"])
@@ -121,41 +126,32 @@ def plot(payload: dict, data: dict):
                     label=f"{r['method']} (lr {r['best lr']:.3g})",
                 )
                 ax[1, j].plot(cfg["lrs"], r["grid"], "o-", ms=3, label=r["method"])
-            else:
+            elif pool != "identical":
                 lrs = payload["config"]["tabular"]["lrs"]
-                ax[1, 2].plot(
+                ax[1, 3].plot(
                     lrs, r["grid"], "o-" if j else "s--", ms=3, label=f"{pool[:3]} {r['method']}"
                 )
         ax[0, j].axhline(cfg["target"], color="grey", ls=":")
-        ax[0, j].set_xlim(
-            0,
-            3
-            * max(
-                r["rollouts to 80%"]["mean"]
-                for r in payload["table"]
-                if r["pool"] == pool and r["part"] == "shared"
-            ),
-        )
-        ax[0, j].set_title(f"shared, {pool}: accuracy at the best lr (seed mean)", fontsize=9)
+        xmax = max(r["rollouts to 80%"]["mean"] for r in shared if r["pool"] == pool)
+        ax[0, j].set_xlim(0, 3 * xmax)
+        ax[0, j].set_title(f"shared, {pool}: accuracy at the best lr", fontsize=9)
         ax[0, j].set_xlabel("rollouts"), ax[0, j].legend(fontsize=7)
         ax[1, j].set_xscale("log", base=2), ax[1, j].set_yscale("log")
         ax[1, j].set_title(f"shared, {pool}: rollouts to 80 % vs lr", fontsize=9)
         ax[1, j].set_xlabel("lr"), ax[1, j].legend(fontsize=7)
-    for pool, ls in (("homogeneous", "--"), ("heterogeneous", "-")):
+    for pool, ls in zip(POOLS, ("--", "-", ":")):
         for method in ("reinforce", "grpo"):
-            row = next(r for r in payload["table"] if (r["part"], r["pool"], r["method"]) ==
-                       ("shared", pool, method))  # fmt: skip
+            row = next(r for r in shared if (r["pool"], r["method"]) == (pool, method))
             li = cfg["lrs"].index(row["best lr"])
             cv = torch.as_tensor(data["shared"][f"{pool}/{method}"]["sigma_cv"])[li]
             x = torch.arange(cv.numel()) * cfg["log_every"] * step
-            ax[0, 2].plot(x, cv, ls=ls, label=f"{pool[:3]} {method}")
-    ax[0, 2].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in payload["table"]
-                                 if r["part"] == "shared"))  # fmt: skip
-    ax[0, 2].set_title("CV of σ_x = √(J(1−J)) across the pool, best lr", fontsize=9)
-    ax[0, 2].set_xlabel("rollouts"), ax[0, 2].legend(fontsize=7)
-    ax[1, 2].set_xscale("log", base=2), ax[1, 2].set_yscale("log")
-    ax[1, 2].set_title("tabular: rollouts to 80 % vs lr", fontsize=9)
-    ax[1, 2].set_xlabel("lr"), ax[1, 2].legend(fontsize=6)
+            ax[0, 3].plot(x, cv, ls=ls, label=f"{pool[:3]} {method}")
+    ax[0, 3].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in shared))
+    ax[0, 3].set_title("CV over prompts of σ_x = √(J(1−J)), best lr", fontsize=9)
+    ax[0, 3].set_xlabel("rollouts"), ax[0, 3].legend(fontsize=7)
+    ax[1, 3].set_xscale("log", base=2), ax[1, 3].set_yscale("log")
+    ax[1, 3].set_title("tabular: rollouts to 80 % vs lr", fontsize=9)
+    ax[1, 3].set_xlabel("lr"), ax[1, 3].legend(fontsize=6)
     return fig
 
 

@@ -132,6 +132,25 @@ def test_tabular_updates_never_lower_a_prompts_success(seed, estimator):
     assert (new[:, 0] >= pi[:, 0] - 1e-12).all()
 
 
+@pytest.mark.parametrize("features", ["shared", "tabular"])
+def test_identical_pool_keeps_one_policy_for_every_prompt(features):
+    cfg = nz.NormalizationConfig(prompts=6, answers=3, features=features, dim=18, batch=3,
+                                 group_size=4, lrs=(30.0,), seeds=2, max_steps=8, log_every=1,
+                                 target=0.99)  # fmt: skip
+    phi = nz.identical_features(None, 2, 6, 3)
+    assert phi.shape == (2, 6, 3, 3) and torch.equal(phi[1, 4], torch.eye(3, dtype=F64))
+    shared = torch.randn(2, 6, 3, 5, dtype=F64)
+    assert torch.equal(nz.identical_features(shared, 2, 6, 3)[:, 5], shared[:, 0])
+    out = nz.run_pool_method(cfg, "identical", "grpo")
+    # every prompt has the same J at every step: σ_x equal across the pool, CV 0
+    assert (
+        out["sigma_cv"].abs().max() < 1e-9
+        and out["sigma_mean"][:, -1].ne(out["sigma_mean"][:, 0]).any()
+    )
+    hom = nz.run_pool_method(cfg, "homogeneous", "grpo")
+    assert hom["sigma_cv"][:, -1].max() > 1e-3  # separate prompts drift apart
+
+
 def test_first_crossing_and_censoring_by_hand():
     acc = torch.tensor([[0.1, 0.5, 0.85, 0.7], [0.1, 0.2, 0.3, 0.4], [0.9, 0.9, 0.9, 0.9]])
     got = nz.first_crossing(acc, 0.8)
@@ -235,6 +254,7 @@ def test_simulate_quick_rows_claims_and_bad_input():
         "grpo_beats_reinforce_under_heterogeneity",
         "no_grpo_gain_without_heterogeneity",
         "grpo_gain_larger_under_heterogeneity",
+        "no_grpo_gain_on_identical_prompts",
     ]
     assert res.data["heterogeneous/grpo"]["rollouts"].shape == (2, 2)  # [lrs, seeds]
     with pytest.raises(ValueError, match="valid methods"):
