@@ -146,7 +146,8 @@ def _plot_vs_n(ax, rows, eta, key, ylabel, se_key=None):
     ax.set_title(f"{ylabel}, η={eta:g}", fontsize=9), ax.legend(fontsize=7)
 
 
-def plot(payload: dict, curves: dict):
+def plot(payload: dict):
+    """The figure, from ``payload`` (results.json) alone: ``--figure-only`` redraws it."""
     from grouprl.report.html import figure
 
     rows, main_eta = payload["table"], payload["config"]["main"]["lr"]
@@ -168,28 +169,15 @@ def plot(payload: dict, curves: dict):
     for n in sorted({r["N"] for r in rows if r["part"] == "sweep"}):
         sel = sorted((r for r in rows if r["N"] == n and r["gamma"] == 0), key=lambda r: r["eta"])
         sel = [r for r in sel if r["eta"] > 0.1]
-        ax[1, 1].plot(
-            [r["eta"] for r in sel],
-            [r["M_ret(T)"]["mean"] for r in sel],
-            "o-",
-            ms=3,
-            label=f"N={n}",
-        )
+        med = [statistics.median(r["M_ret(T)"]["values"]) for r in sel]
+        line = ax[1, 1].plot([r["eta"] for r in sel], med, "o-", ms=3, label=f"N={n}")[0]
+        xs = [r["eta"] for r in sel for _ in r["M_ret(T)"]["values"]]
+        ys = [v for r in sel for v in r["M_ret(T)"]["values"]]
+        ax[1, 1].scatter(xs, ys, s=6, alpha=0.5, color=line.get_color())
     ax[1, 1].set_xscale("log"), ax[1, 1].set_yscale("log"), ax[1, 1].set_xlabel("step size η")
-    ax[1, 1].set_title("M_ret(T), γ=0 (GRPO), seed median, η ≥ 1e3 (1e-2: 1.0)", fontsize=9)
+    ax[1, 1].set_title("M_ret(T), γ=0: median (dots: seeds), η ≥ 1e3", fontsize=9)
     ax[1, 1].legend(fontsize=7)
-    cur, s = curves["main"], payload["config"]["main"]["seeds"]
-    for n in (8, 1024, 131072):
-        if str(n) not in cur:
-            continue
-        ss = 1 if n >= payload["config"]["main"]["one_seed_from"] else s
-        for k, gamma in enumerate(GAMMAS):
-            m = _runs(cur[str(n)], ss, k, "m_ret").mean(0)
-            ax[1, 2].plot(
-                cur[str(n)]["steps"], m, ls=("-", "--", ":")[k], label=f"N={n}, γ={gamma:g}"
-            )
-    ax[1, 2].set_xlabel("step"), ax[1, 2].set_title(f"M_ret(t), η={main_eta:g}", fontsize=9)
-    ax[1, 2].legend(fontsize=6)
+    _plot_vs_n(ax[1, 2], rows, main_eta, "H(T)", "entropy H(T), nats (H(0) = 10.782)")
     return fig
 
 
@@ -238,7 +226,15 @@ def readme_block(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = C.parser(__doc__.splitlines()[0]).parse_args(argv)
+    parser = C.parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--figure-only", action="store_true", help="only redraw figure.png from results.json"
+    )
+    args = parser.parse_args(argv)
+    if args.figure_only:
+        folder = args.out or HERE
+        plot(C.load_results(folder)).savefig(folder / "figure.png", dpi=110)
+        return 0
     out = C.output_folder(args, HERE, readme_block)
     if out is None:
         return 0
@@ -260,8 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         checks=[*checks, window(checks)],
         seconds=time.perf_counter() - t0,
     )
-    curves = {part: res.data for part, res in results.items()}
-    return C.publish(out, payload, plot(payload, curves), readme_block)
+    return C.publish(out, payload, plot(payload), readme_block)
 
 
 if __name__ == "__main__":
