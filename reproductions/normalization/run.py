@@ -35,10 +35,12 @@ HERE = Path(__file__).resolve().parent
 FULL = {
     "shared": {},
     "tabular": {"features": "tabular", "lrs": tuple(16.0 * 4.0**k for k in range(8))},
+    "identical": {"pools": ("identical",)},
 }
 QUICK = {
     "shared": {},
     "tabular": {"features": "tabular", "lrs": (64.0, 1024.0)},
+    "identical": {"pools": ("identical",)},
 }
 
 
@@ -73,7 +75,7 @@ def summarise(part: str, res) -> list[dict]:
                 "part": part,
                 "pool": pool,
                 "method": method,
-                "best lr": cfg.lrs[li],
+                "best lr": nz.pool_lrs(cfg, pool)[li],
                 "best lr at grid edge": li in (0, len(cfg.lrs) - 1),
                 "rollouts to 80%": C.ms(nz.censored(ro[li], budget).tolist()),
                 "reached": int((~ro[li].isnan()).sum()),
@@ -84,6 +86,7 @@ def summarise(part: str, res) -> list[dict]:
                 "held-out log gain": held["log_gain"],
                 "held-out SE": held["se"],
                 "grid": [float(v) for v in nz.censored(ro, budget).mean(1)],
+                "grid lrs": list(nz.pool_lrs(cfg, pool)),
             }
         )
     return rows
@@ -95,12 +98,12 @@ def _claims(part: str, res) -> list[dict]:
     ]
 
 
-def interior(rows: list[dict]) -> dict:
-    """Whether every shared-feature best lr lies inside its grid (the tuning is meaningful)."""
-    edge = [f"{r['pool']}/{r['method']}" for r in rows if r["part"] == "shared"
+def interior(rows: list[dict], part: str) -> dict:
+    """Whether every best lr of ``part`` lies inside its grid (the tuning means something)."""
+    edge = [f"{r['pool']}/{r['method']}" for r in rows if r["part"] == part
             and r["best lr at grid edge"]]  # fmt: skip
     return {
-        "name": "best_lr_inside_the_grid [shared]",
+        "name": f"best_lr_inside_the_grid [{part}]",
         "holds": not edge,
         "detail": "every best lr is inside the grid" if not edge else f"at the edge: {edge}",
     }
@@ -115,21 +118,24 @@ def plot(payload: dict, data: dict):
     fig, ax = figure(4, 2, width=4.0)
     cfg = payload["config"]["shared"]
     step = cfg["batch"] * cfg["group_size"]
-    shared = [r for r in payload["table"] if r["part"] == "shared"]
+    shared = [r for r in payload["table"] if r["part"] in ("shared", "identical")]
     for j, pool in enumerate(POOLS):
         for r in (r for r in payload["table"] if r["pool"] == pool):
-            if r["part"] == "shared":
-                acc = torch.as_tensor(data["shared"][f"{pool}/{r['method']}"]["accuracy_best"])
+            if r["part"] != "tabular":
+                acc = torch.as_tensor(data[r["part"]][f"{pool}/{r['method']}"]["accuracy_best"])
                 ax[0, j].plot(
                     torch.arange(acc.numel()) * step,
                     acc,
                     label=f"{r['method']} (lr {r['best lr']:.3g})",
                 )
-                ax[1, j].plot(cfg["lrs"], r["grid"], "o-", ms=3, label=r["method"])
-            elif pool != "identical":
-                lrs = payload["config"]["tabular"]["lrs"]
+                ax[1, j].plot(r["grid lrs"], r["grid"], "o-", ms=3, label=r["method"])
+            else:
                 ax[1, 3].plot(
-                    lrs, r["grid"], "o-" if j else "s--", ms=3, label=f"{pool[:3]} {r['method']}"
+                    r["grid lrs"],
+                    r["grid"],
+                    "o-" if j else "s--",
+                    ms=3,
+                    label=f"{pool[:3]} {r['method']}",
                 )
         ax[0, j].axhline(cfg["target"], color="grey", ls=":")
         xmax = max(r["rollouts to 80%"]["mean"] for r in shared if r["pool"] == pool)
@@ -142,8 +148,8 @@ def plot(payload: dict, data: dict):
     for pool, ls in zip(POOLS, ("--", "-", ":")):
         for method in ("reinforce", "grpo"):
             row = next(r for r in shared if (r["pool"], r["method"]) == (pool, method))
-            li = cfg["lrs"].index(row["best lr"])
-            cv = torch.as_tensor(data["shared"][f"{pool}/{method}"]["sigma_cv"])[li]
+            li = row["grid lrs"].index(row["best lr"])
+            cv = torch.as_tensor(data[row["part"]][f"{pool}/{method}"]["sigma_cv"])[li]
             x = torch.arange(cv.numel()) * cfg["log_every"] * step
             ax[0, 3].plot(x, cv, ls=ls, label=f"{pool[:3]} {method}")
     ax[0, 3].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in shared))
@@ -170,7 +176,7 @@ def _held(r: dict) -> str:
 def readme_block(payload: dict) -> str:
     """The README's generated block: per-part tables, the lr grids and the checks."""
     out = []
-    for part in ("shared", "tabular"):
+    for part in ("shared", "tabular", "identical"):
         cfg = payload["config"][part]
         rows = [
             {
@@ -187,7 +193,8 @@ def readme_block(payload: dict) -> str:
             if r["part"] == part
         ]
         grid = [
-            {"pool": r["pool"], "method": r["method"],
+            {"pool": r["pool"] + (f" (lr ÷ {cfg['batch']})" if r["pool"] == "identical" else ""),
+             "method": r["method"],
              **{f"{lr:.3g}": round(v) for lr, v in zip(cfg["lrs"], r["grid"])}}
             for r in payload["table"] if r["part"] == part
         ]  # fmt: skip
@@ -228,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         args,
         results,
         table=rows,
-        checks=[*checks, interior(rows)],
+        checks=[*checks, *(interior(rows, part) for part in results)],
         seconds=time.perf_counter() - t0,
     )
     data = {part: res.data for part, res in results.items()}

@@ -244,7 +244,7 @@ def test_simulate_quick_rows_claims_and_bad_input():
     sim = get("normalization")
     res = sim(quick=True)
     assert {(r["pool"], r["method"]) for r in res.rows} == {
-        (p, m) for p in nz.POOLS for m in nz.METHODS
+        (p, m) for p in ("homogeneous", "heterogeneous") for m in nz.METHODS
     }
     for r in res.rows:
         assert r["best lr"] in res.config["lrs"]
@@ -254,8 +254,11 @@ def test_simulate_quick_rows_claims_and_bad_input():
         "grpo_beats_reinforce_under_heterogeneity",
         "no_grpo_gain_without_heterogeneity",
         "grpo_gain_larger_under_heterogeneity",
-        "no_grpo_gain_on_identical_prompts",
     ]
+    ide = sim(quick=True, pools=("identical",), methods=("reinforce", "grpo"))
+    assert [c.name for c in ide.claims] == ["no_grpo_gain_on_identical_prompts"]
+    # identical: every prompt shares the logits, so the grid is divided by P
+    assert all(r["best lr"] in [lr / 4 for lr in ide.config["lrs"]] for r in ide.rows)
     assert res.data["heterogeneous/grpo"]["rollouts"].shape == (2, 2)  # [lrs, seeds]
     with pytest.raises(ValueError, match="valid methods"):
         sim(quick=True, methods=("ppo",))

@@ -36,7 +36,9 @@ variation of σ_x over the pool goes from 0 to ≈ 0.6 within ~2,000 rollouts, a
 heterogeneous pool's). ``identical`` is the control that stays homogeneous: the homogeneous
 pool with every prompt given prompt 0's features (``tabular``: one table for all prompts), so
 all prompts share one policy and one σ at every step [OURS, not in the brief: added when the
-homogeneous pool turned out not to stay so].
+homogeneous pool turned out not to stay so]. Measured: it is degenerate as well — one effective
+prompt, where (as with tabular features) a larger step is never worse: every method's best lr
+is the top of its grid and 80 % is reached in one or two steps.
 
 **Methods** (advantages from :func:`grouprl.advantages.compute`, prompts from
 :mod:`grouprl.sampling`): ``reinforce`` = ``dr_grpo`` (r − r̄_q); ``batch_std`` = global
@@ -83,6 +85,7 @@ __all__ = [
     "logit_gradient",
     "make_features",
     "param_gradient",
+    "pool_lrs",
     "pool_success",
     "reward_std",
     "run_pool_method",
@@ -118,7 +121,8 @@ class NormalizationConfig:
     group_size: int = 8
     het_success: tuple[float, float] = (0.5, 0.02)
     """J(0) of the two halves of the heterogeneous pool."""
-    pools: tuple[str, ...] = POOLS
+    pools: tuple[str, ...] = POOLS[:2]
+    """Default: the two pools of the comparison; ``identical`` is the optional control."""
     methods: tuple[str, ...] = tuple(METHODS)
     lrs: tuple[float, ...] = tuple(20.0 * 2.0 ** (k / 2) for k in range(8))
     """The lr grid: 20 · √2^k, k = 0..7 (20 … 226) [OURS: placed by pilots on 4 … 512 (factor
@@ -182,6 +186,13 @@ def identical_features(
         eye = torch.eye(answers, dtype=torch.float64)  # [K, K]
         return eye.expand(seeds, prompts, answers, answers)
     return phi[:, :1].expand(-1, prompts, -1, -1)
+
+
+def pool_lrs(cfg: NormalizationConfig, pool: str) -> tuple[float, ...]:
+    """The lr grid of ``pool``: ``cfg.lrs``, divided by P for ``identical`` [OURS]: there all P
+    groups of a step update the same logits, so the per-prompt step is P times larger (on the
+    shared grid every method reached 80 % in one step, measured)."""
+    return tuple(lr / cfg.batch for lr in cfg.lrs) if pool == "identical" else tuple(cfg.lrs)
 
 
 def reward_std(success: torch.Tensor) -> torch.Tensor:
@@ -276,7 +287,7 @@ def run_pool_method(
         phi = identical_features(phi, n_seed, x_n, k_n)
     dim = x_n * k_n if phi is None else phi.shape[-1]
     theta = torch.zeros(n_lr, n_seed, dim, dtype=torch.float64)  # [L, S, d]
-    lr = torch.tensor(cfg.lrs, dtype=torch.float64).view(n_lr, 1, 1) / (p_n * g_n)
+    lr = torch.tensor(pool_lrs(cfg, pool), dtype=torch.float64).view(n_lr, 1, 1) / (p_n * g_n)
     gen_prompt, gen_answer = _generators(cfg, 1, n_seed), _generators(cfg, 2, n_seed)
     if sampler_name == "uniform":
         samplers = [sampling.make("uniform", x_n)]
@@ -366,7 +377,7 @@ def _rows(cfg: NormalizationConfig, runs: dict) -> list[dict]:
             {
                 "pool": pool,
                 "method": method,
-                "best lr": cfg.lrs[li],
+                "best lr": pool_lrs(cfg, pool)[li],
                 "rollouts to target (mean)": float(c.mean()),
                 "se": float(c.std() / cfg.seeds**0.5) if cfg.seeds > 1 else 0.0,
                 "reached": f"{int((~r.isnan()).sum())}/{cfg.seeds}",
@@ -423,13 +434,29 @@ def heterogeneity_effect(cfg: NormalizationConfig, runs: dict, method: str = "gr
 
 
 def _claims(cfg: NormalizationConfig, runs: dict) -> list[Claim]:
-    if not {"reinforce", "grpo"} <= set(cfg.methods) or not set(POOLS[:2]) <= set(cfg.pools):
+    if not {"reinforce", "grpo"} <= set(cfg.methods):
         return []
+    claims = [] if not set(POOLS[:2]) <= set(cfg.pools) else _heterogeneity_claims(cfg, runs)
+    if "identical" in cfg.pools:
+        ide = paired_gain(cfg, runs, "identical", "grpo")
+        claims.append(
+            Claim(
+                "no_grpo_gain_on_identical_prompts",
+                abs(ide["log_gain"]) <= 2 * ide["se"],
+                f"identical prompts (one σ for the whole pool at every step): "
+                f"{ide['gain']:.3f}× (log {ide['log_gain']:+.3f} ± {ide['se']:.3f}) "
+                "(needs |log gain| <= 2 SE)",
+            )
+        )
+    return claims
+
+
+def _heterogeneity_claims(cfg: NormalizationConfig, runs: dict) -> list[Claim]:
     het = paired_gain(cfg, runs, "heterogeneous", "grpo")
     hom = paired_gain(cfg, runs, "homogeneous", "grpo")
     eff = heterogeneity_effect(cfg, runs)
     fmt = lambda g: f"{g['gain']:.3f}× (log {g['log_gain']:+.3f} ± {g['se']:.3f})"  # noqa: E731
-    claims = [
+    return [
         Claim(
             "grpo_beats_reinforce_under_heterogeneity",
             het["log_gain"] > 2 * het["se"],
@@ -448,17 +475,6 @@ def _claims(cfg: NormalizationConfig, runs: dict) -> list[Claim]:
             "(paired by seed; needs > 2 SE)",
         ),
     ]
-    if "identical" in cfg.pools:
-        ide = paired_gain(cfg, runs, "identical", "grpo")
-        claims.append(
-            Claim(
-                "no_grpo_gain_on_identical_prompts",
-                abs(ide["log_gain"]) <= 2 * ide["se"],
-                f"identical prompts (one σ for the whole pool at every step): {fmt(ide)} "
-                "(needs |log gain| <= 2 SE)",
-            )
-        )
-    return claims
 
 
 def _figures(cfg: NormalizationConfig, runs: dict):
@@ -470,9 +486,9 @@ def _figures(cfg: NormalizationConfig, runs: dict):
             li = best_lr(cfg, out["rollouts"])
             acc = out["accuracy"].view(len(cfg.lrs), cfg.seeds, -1)[li].mean(0)
             x = torch.arange(acc.numel()) * cfg.batch * cfg.group_size
-            ax[0, j].plot(x, acc, label=f"{method} (lr {cfg.lrs[li]:g})")
+            ax[0, j].plot(x, acc, label=f"{method} (lr {pool_lrs(cfg, pool)[li]:.3g})")
             c = censored(out["rollouts"], budget).view(len(cfg.lrs), cfg.seeds).mean(1)
-            ax[1, j].plot(cfg.lrs, c, "o-", ms=3, label=method)
+            ax[1, j].plot(pool_lrs(cfg, pool), c, "o-", ms=3, label=method)
         ax[0, j].axhline(cfg.target, color="grey", ls=":")
         ax[0, j].set_title(f"{pool}: pool accuracy at the best lr", fontsize=9)
         ax[0, j].set_xlabel("rollouts"), ax[0, j].legend(fontsize=7)
