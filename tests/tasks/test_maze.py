@@ -9,7 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grouprl import tasks
-from grouprl.tasks.maze import MOVES, Maze, MazeTask, generate_maze, parse_moves
+from grouprl.tasks import maze as maze_mod
+from grouprl.tasks.maze import (
+    MOVES,
+    Maze,
+    MazeTask,
+    generate_maze,
+    parse_moves,
+    path_lengths,
+)
 
 # A 3 × 3 serpentine maze, by hand (open bits: U=1, D=2, L=4, R=8):
 #   0 - 1 - 2        0: R=8      1: L+R=12   2: L+D=6
@@ -138,3 +146,114 @@ def test_demonstration_is_verified_and_vocabulary():
 def test_bad_size():
     with pytest.raises(ValueError, match="size"):
         MazeTask(size=1)
+
+
+# ---- path-length bounds ---------------------------------------------------------------------
+
+
+def test_path_lengths_hand_maze():
+    # the serpentine maze above is one corridor 0-1-2-5-4-3-6-7-8: the distance between two
+    # cells is the gap between their positions along it
+    order = [0, 1, 2, 5, 4, 3, 6, 7, 8]
+    d = path_lengths(SERPENT)
+    for i, a in enumerate(order):
+        for j, b in enumerate(order):
+            assert d[a][b] == abs(i - j)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    size=st.integers(2, 5),
+    lo=st.integers(1, 6),
+    span=st.integers(0, 4),
+)
+def test_bounded_mazes_have_paths_in_range_and_stay_perfect(seed, size, lo, span):
+    longest = size * size - 1
+    lo = min(lo, longest)
+    hi = min(lo + span, longest)
+    try:
+        maze = generate_maze(size, random.Random(seed), lo, hi)
+    except ValueError:  # e.g. 8..8 on 3 x 3 needs a Hamiltonian corridor ending at both cells
+        return
+    path = maze.solve()
+    assert lo <= len(path) <= hi
+    assert all_simple_paths(maze) == [path]  # still one correct sequence
+    bits = sum(bin(m).count("1") for m in maze.open)
+    assert bits == 2 * (size * size - 1)
+
+
+# A 3 x 3 comb by hand: the centre 4 opens on all four sides, 1 and 7 carry the corners
+#   0 - 1 - 2        0: R=8   1: L+R+D=14   2: L=4
+#       |            3: R=8   4: U+D+L+R=15 5: L=4
+#   3 - 4 - 5        6: R=8   7: U+L+R=13   8: L=4
+#       |
+#   6 - 7 - 8        longest path: corner to opposite corner, 4 moves
+COMB = (8, 14, 4, 8, 15, 4, 8, 13, 4)
+
+
+def test_bounded_pairs_are_uniform_over_the_allowed_pairs(monkeypatch):
+    # with the carving fixed to the comb, (start, goal) must be uniform over the ordered
+    # pairs whose path has 2..3 moves, counted here by exhaustive simple-path search
+    monkeypatch.setattr(maze_mod, "_carve", lambda size, rng: list(COMB))
+    allowed = set()
+    for a in range(9):
+        for b in range(9):
+            if a != b:
+                (path,) = all_simple_paths(Maze(3, COMB, a, b))
+                if 2 <= len(path) <= 3:
+                    allowed.add((a, b))
+    # by hand: distance 2 = {0,2,4}, {6,8,4} pairwise (6) and {1,3,5,7} pairwise (6); distance
+    # 3 = each corner to the three side cells not next to it (4 x 3): 24 unordered pairs
+    assert len(allowed) == 48
+    rng, counts = random.Random(5), {}
+    draws = 20000
+    for _ in range(draws):
+        m = generate_maze(3, rng, 2, 3)
+        counts[(m.start, m.goal)] = counts.get((m.start, m.goal), 0) + 1
+    assert set(counts) == allowed
+    # each pair 1/48: 417 expected, binomial sd ~20, so 5 sd is ±100
+    assert all(abs(c - draws / 48) < 100 for c in counts.values())
+
+
+def test_unreachable_range_says_what_to_do(monkeypatch):
+    # the comb has no path longer than 4 moves: a task asking for 5..8 redraws, then gives up
+    monkeypatch.setattr(maze_mod, "_carve", lambda size, rng: list(COMB))
+    monkeypatch.setattr(maze_mod, "MAX_REDRAWS", 5)
+    with pytest.raises(ValueError, match="lower min_path or raise max_path"):
+        generate_maze(3, random.Random(0), 5, 8)
+    assert len(generate_maze(3, random.Random(0), 4, 8).solve()) == 4
+
+
+def test_unbounded_stream_unchanged_and_bounded_stream_distinct():
+    # the unbounded task keeps its config (its SFT cache key) and draws start and goal with
+    # rng.sample as before; the bounded task has its own stream and config
+    plain, bounded = MazeTask(4), MazeTask(4, 2, 5)
+    assert plain.config == {"size": 4} and MazeTask(4, 1, None).config == {"size": 4}
+    assert bounded.config == {"size": 4, "min_path": 2, "max_path": 5}
+    rng = random.Random(11)
+    m = generate_maze(4, rng)
+    rng2 = random.Random(11)
+    generate_maze(4, rng2, 1, None)
+    assert rng.getstate() == rng2.getstate()
+    ex = bounded.examples("train", 300, seed=1)
+    assert all(2 <= len(e.reference.solve()) <= 5 for e in ex)
+    assert {len(e.reference.solve()) for e in ex} == {2, 3, 4, 5}
+    assert ex == bounded.examples("train", 300, seed=1)
+    assert m.size == 4
+    assert tasks.get("maze", size=4, min_path=2, max_path=5).config == bounded.config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"size": 3, "min_path": 0}, "min_path"),
+        ({"size": 3, "min_path": 9}, "min_path"),  # 3 x 3: at most 8 moves
+        ({"size": 3, "min_path": 4, "max_path": 3}, "max_path"),
+        ({"size": 3, "max_path": 9}, "max_path"),
+        ({"size": 3, "min_path": 1.5}, "min_path"),
+    ],
+)
+def test_bad_path_bounds(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        MazeTask(**kwargs)

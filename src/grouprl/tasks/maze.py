@@ -7,6 +7,13 @@
   and between any two cells there is exactly one simple path;
 - start and goal are two distinct cells drawn uniformly; the answer is the unique simple
   path as moves ``U`` / ``D`` / ``L`` / ``R`` (mean 7.5 moves on 5 × 5, at most 24);
+- optionally the path length is bounded, ``min_path ≤ moves ≤ max_path``: the maze is
+  carved as above, then (start, goal) is drawn uniformly among the ordered pairs of cells
+  whose tree distance lies in the range (the law of a uniform pair conditioned on the
+  range); a maze without such a pair is discarded and carved again (:func:`path_lengths`,
+  :func:`generate_maze`). Used to make the task easier (short paths on a small grid) so
+  the warm-started policy solves about half of the mazes, the high-success regime of
+  F-GRPO §5.2;
 - one token per cell: a kind letter (``s`` start, ``g`` goal, ``o`` other) and one hex
   digit of open sides (bit 1 = up, 2 = down, 4 = left, 8 = right), cells row by row;
   with the tiny models' word-level tokenizer the prompt is ``<bos> c00 … c44 <sep>``
@@ -26,7 +33,7 @@ from typing import Any
 
 from grouprl.tasks.base import Example, Task, chat_render, check_n, split_rng
 
-__all__ = ["MOVES", "Maze", "MazeTask", "generate_maze", "parse_moves"]
+__all__ = ["MOVES", "Maze", "MazeTask", "generate_maze", "parse_moves", "path_lengths"]
 
 MOVES: dict[str, tuple[int, int, int]] = {
     "U": (-1, 0, 1),
@@ -111,12 +118,12 @@ class Maze:
         return cell == self.goal
 
 
-def generate_maze(size: int, rng: Any) -> Maze:
-    """A perfect ``size × size`` maze by randomised DFS, with distinct random start and goal.
+def _carve(size: int, rng: Any) -> list[int]:
+    """Open-sides masks of a perfect ``size × size`` maze by randomised DFS (recursive backtracker).
 
-    Recursive backtracker: from a random cell, repeatedly knock down the wall to a random
-    unvisited neighbour and move there, backtracking when none is left; the passages form
-    a spanning tree of the grid (``size² − 1`` passages). ``rng`` is a ``random.Random``.
+    From a random cell, repeatedly knock down the wall to a random unvisited neighbour and
+    move there, backtracking when none is left; the passages form a spanning tree of the
+    grid (``size² − 1`` passages).
     """
     n = size * size
     masks = [0] * n
@@ -138,8 +145,66 @@ def generate_maze(size: int, rng: Any) -> Maze:
         masks[nxt] |= MOVES[_OPPOSITE[move]][2]
         seen.add(nxt)
         stack.append(nxt)
-    start, goal = rng.sample(range(n), 2)
-    return Maze(size, tuple(masks), start, goal)
+    return masks
+
+
+def path_lengths(maze: Maze) -> list[list[int]]:
+    """``d[a][b]`` = moves on the unique path from cell ``a`` to cell ``b`` (BFS from every cell).
+
+    In a perfect maze the passages form a tree, so the BFS distance is the length of the one
+    simple path. ``size⁴`` work: 625 entries on 5 × 5.
+    """
+    n = maze.size * maze.size
+    nbrs = [[c for m in MOVES if (c := maze.step(a, m)) is not None] for a in range(n)]
+    out = []
+    for a in range(n):
+        dist = [-1] * n
+        dist[a], frontier = 0, [a]
+        while frontier:
+            nxt_frontier = []
+            for cell in frontier:
+                for nxt in nbrs[cell]:
+                    if dist[nxt] < 0:
+                        dist[nxt] = dist[cell] + 1
+                        nxt_frontier.append(nxt)
+            frontier = nxt_frontier
+        out.append(dist)
+    return out
+
+
+MAX_REDRAWS = 1000
+"""Mazes carved in a row without a (start, goal) pair in the path-length range before
+:func:`generate_maze` gives up (a range no maze of the size can meet, e.g. min_path 15 on 4 × 4
+needs a near-Hamiltonian tree)."""
+
+
+def generate_maze(size: int, rng: Any, min_path: int = 1, max_path: int | None = None) -> Maze:
+    """A perfect ``size × size`` maze by randomised DFS, with distinct random start and goal.
+
+    ``rng`` is a ``random.Random``. Without a path-length bound (``min_path=1``,
+    ``max_path=None``) start and goal are two distinct cells drawn uniformly
+    (``rng.sample``), so the stream of mazes is the one the task has always drawn. With a
+    bound, (start, goal) is drawn uniformly among the ordered pairs whose path has
+    ``min_path ≤ moves ≤ max_path`` (:func:`path_lengths`), and a maze without such a pair
+    is carved again, at most :data:`MAX_REDRAWS` times (then a ValueError).
+    """
+    n = size * size
+    if min_path == 1 and max_path is None:
+        masks = _carve(size, rng)
+        start, goal = rng.sample(range(n), 2)
+        return Maze(size, tuple(masks), start, goal)
+    hi = n - 1 if max_path is None else max_path
+    for _ in range(MAX_REDRAWS):
+        maze = Maze(size, tuple(_carve(size, rng)), 0, 0)
+        dist = path_lengths(maze)
+        pairs = [(a, b) for a in range(n) for b in range(n) if min_path <= dist[a][b] <= hi]
+        if pairs:
+            start, goal = pairs[rng.randrange(len(pairs))]
+            return Maze(size, maze.open, start, goal)
+    raise ValueError(
+        f"no {size}x{size} maze in {MAX_REDRAWS} draws had a path of {min_path}..{hi} moves; "
+        "lower min_path or raise max_path"
+    )
 
 
 def parse_moves(text: str) -> list[str] | None:
@@ -157,21 +222,55 @@ def parse_moves(text: str) -> list[str] | None:
 
 
 class MazeTask(Task):
-    """Perfect mazes (F-GRPO §5.2 miniature): emit the unique start-to-goal move sequence."""
+    """Perfect mazes (F-GRPO §5.2 miniature): emit the unique start-to-goal move sequence.
+
+    Args:
+        size: the grid is ``size × size`` cells (>= 2).
+        min_path, max_path: bounds on the number of moves of the answer (inclusive; None =
+            up to ``size² − 1``). [OURS] (start, goal) is drawn uniformly among the pairs
+            whose unique path has that length, a maze without one is carved again
+            (:func:`generate_maze`). The defaults (1, None) draw the unbounded stream.
+    """
 
     name = "maze"
     reward_range = (0.0, 1.0)
 
-    def __init__(self, size: int = 5) -> None:
+    def __init__(self, size: int = 5, min_path: int = 1, max_path: int | None = None) -> None:
         if int(size) != size or size < 2:
             raise ValueError(f"maze size must be an integer >= 2, got {size!r}")
         self.size = int(size)
-        self.config = {"size": self.size}
+        longest = self.size * self.size - 1
+        if int(min_path) != min_path or not 1 <= min_path <= longest:
+            raise ValueError(
+                f"min_path must be an integer in 1..{longest} (a path on a {size}x{size} maze "
+                f"has 1 to {longest} moves), got {min_path!r}"
+            )
+        hi = longest if max_path is None else max_path
+        if int(hi) != hi or not min_path <= hi <= longest:
+            raise ValueError(
+                f"max_path must be an integer in min_path..{longest} (min_path={min_path}), "
+                f"or None for no bound; got {max_path!r}"
+            )
+        self.min_path = int(min_path)
+        self.max_path = None if max_path is None else int(max_path)
+        self.config: dict[str, Any] = {"size": self.size}
+        if self.bounded:  # the unbounded task keeps its config (and its SFT cache key)
+            self.config.update(min_path=self.min_path, max_path=self.max_path)
+
+    @property
+    def bounded(self) -> bool:
+        """True when a path-length bound is set."""
+        return self.min_path != 1 or self.max_path is not None
 
     def examples(self, split: str, n: int, seed: int) -> list[Example]:
         """``n`` mazes from the ``(split, seed)`` stream; the reference is the :class:`Maze`."""
-        rng = split_rng(f"maze{self.size}", split, seed)
-        mazes = [generate_maze(self.size, rng) for _ in range(check_n(n))]
+        stream = f"maze{self.size}"
+        if self.bounded:
+            stream += f"-path{self.min_path}-{self.max_path}"
+        rng = split_rng(stream, split, seed)
+        mazes = [
+            generate_maze(self.size, rng, self.min_path, self.max_path) for _ in range(check_n(n))
+        ]
         return [Example(f"maze/{split}/{seed}/{i}", m.prompt(), m) for i, m in enumerate(mazes)]
 
     def verify(self, completion: str, reference: Any) -> float:
