@@ -1,23 +1,36 @@
-"""The F-GRPO maze in miniature: seven presets at equal rollout budget, pass@1 and pass@k ≤ 64.
+"""The F-GRPO maze in miniature: a fair test of the focal weight in a high-success regime.
 
-Every run starts from the same policy — the tiny maze Llama (205k parameters) after the
-cached SFT warm start that ``grouprl train`` uses (1400 steps, seed 0) — and trains with
-grouprl's trainer (``grouprl.train.loop.setup`` + ``train_step``, the loop ``grouprl train``
-runs) on 5×5 perfect mazes until it has *generated* the same number of rollouts (DAPO-style
-presets spend part of theirs on groups that dynamic sampling drops, so they take fewer
-optimizer steps). The final policy is evaluated on one fixed set of held-out mazes with
-``--eval-samples`` samples each at temperature 1 (the same sampler and random stream for every
-run), pass@k by the unbiased estimator (``grouprl.diagnostics.pass_at_k``).
+Every arm is the ``grpo`` preset with the same overrides (token-mean aggregation, one epoch of
+one minibatch per step, the same lr, seeds and prompt streams) except the one axis under test:
 
-Seeds change the RL run (prompt stream, sampling); the SFT start and the evaluation set are
-shared, so the seed std is the spread of the RL runs themselves.
+- ``grpo``: no focal weight (γ = 0);
+- ``f_grpo γ=0.5`` / ``f_grpo γ=1``: the focal weight (1 − μ̂)^γ on every group's advantages
+  (F-GRPO §4), nothing else changed;
+- ``grpo lr×w̄ (γ)``: F-GRPO §5.6's control, plain GRPO with the learning rate multiplied by
+  w̄_γ, the mean focal weight over the *updated* (mixed) groups measured in the finished
+  ``f_grpo γ`` runs at the main group size (pooled over their steps and seeds), so that a gain
+  from "a smaller step" is not credited to the focal weight. These runs start after the
+  ``f_grpo`` runs they are calibrated on.
 
-    python reproductions/maze/run.py                        # full (see --help for sizes)
+The task is made easy enough that the warm-started policy solves about half of the mazes
+(``--size``, ``--min-path``, ``--max-path``, ``--sft-steps``): the paper's maze policies end at
+pass@1 0.66-0.94, where most mixed groups have μ̂ ≥ 0.5 and the focal weight acts. Each step's
+rewards are captured and its share of mixed groups with μ̂ ≥ 0.5 is kept in the results.
+pass@k (k ≤ ``--eval-samples``) is measured on one fixed set of held-out mazes every
+``--eval-every`` steps (the same sampler stream for every run and every evaluation).
+
+Seeds change the RL run (prompt stream, sampling); all arms of one seed draw the same prompt
+stream, so arms are compared by paired differences per seed (mean ± standard error of the
+differences, and in how many seeds the sign holds).
+
+    python reproductions/maze/run.py                        # full sweep (see --help)
+    python reproductions/maze/run.py --seeds 2              # fewer seeds first
     python reproductions/maze/run.py --quick                # seconds: schema check only
-    python reproductions/maze/run.py --readme-only          # re-render the README table
+    python reproductions/maze/run.py --readme-only          # re-render the README block
 
-Each (preset, seed) run is saved under ``runs/`` as it finishes; a rerun skips the runs
-already there (delete the folder to start over), so an interrupted sweep can be continued.
+Each run is saved under ``runs/`` as it finishes; a rerun skips the runs already there with the
+same settings (delete the folder to start over), so an interrupted sweep can be continued and
+``--seeds`` can be raised later without redoing the first seeds.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -36,105 +50,191 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common as C
 
 HERE = Path(__file__).resolve().parent
-PRESETS = ("grpo", "f_grpo", "dapo", "f_dapo", "cispo", "avspo", "maxnorm_rloo")
-KS = (1, 2, 4, 8, 16, 32, 64)
+LEGACY = HERE / "low_success" / "results.json"
+"""The earlier sweep (5×5 mazes, SFT pass@1 0.12, 100 steps, grpo with seq-mean-token-mean
+against f_grpo with token-mean), kept as its own, labelled row."""
 EVAL_SEED = 20261130
 """Seed of the held-out maze set and of the evaluation sampler (shared by every run)."""
 
 
+# ---- arms ---------------------------------------------------------------------------------------
+
+
+def arm_name(gamma: float, control: bool = False) -> str:
+    """``grpo``, ``f_grpo γ=0.5``, or the lr control ``grpo lr×w̄(γ=0.5)``."""
+    if control:
+        return f"grpo lr×w̄(γ={gamma:g})"
+    return "grpo" if gamma == 0 else f"f_grpo γ={gamma:g}"
+
+
+def overrides(a, gamma: float, group: int, lr: float) -> list[str]:
+    """The config overrides of one arm: only ``focal_gamma`` and ``lr`` differ between arms.
+
+    Aggregation token-mean for every arm (F-GRPO uses token-mean for every method); one epoch
+    of one minibatch per step, set here explicitly so that no preset default decides it.
+    """
+    return [
+        "model.name=tiny",
+        "model.warm_start=false",
+        "task.name=maze",
+        f"sampling.prompts_per_step={a.prompts}",
+        f"sampling.group_size={group}",
+        f"sampling.max_new_tokens={a.max_new}",
+        "sampling.verify_timeout_s=0",
+        "algorithm.preset=grpo",
+        "algorithm.aggregation=token_mean",
+        f"algorithm.focal_gamma={gamma}",
+        f"optim.steps={a.steps}",
+        f"optim.lr={lr}",
+        "optim.ppo_epochs=1",
+        "optim.minibatches=1",
+        "eval.every=0",
+        "run.seed={seed}",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "run.report=false",
+        "run.threads=1",
+    ]
+
+
 def _args(argv: list[str] | None):
     p = C.parser(__doc__.splitlines()[0], default_seeds=5)
-    p.add_argument("--presets", nargs="+", default=list(PRESETS), help="presets to compare")
+    p.add_argument("--size", type=int, default=4, help="maze side (cells)")
+    p.add_argument("--min-path", type=int, default=1, help="shortest answer (moves)")
+    p.add_argument("--max-path", type=int, default=5, help="longest answer (moves)")
+    p.add_argument("--sft-steps", type=int, default=1000, help="supervised warm-start steps")
     p.add_argument("--prompts", type=int, default=16, help="mazes per step (P)")
-    p.add_argument("--group", type=int, default=8, help="completions per maze (G)")
-    p.add_argument("--budget-steps", type=int, default=100, help="budget = this × P × G rollouts")
+    p.add_argument("--group", type=int, default=8, help="completions per maze (N), main arms")
+    p.add_argument(
+        "--sweep-groups", type=int, nargs="*", default=[],
+        help="extra group sizes for grpo and f_grpo γ=0.5 (the paper's N sweep), e.g. 4 16",
+    )  # fmt: skip
+    p.add_argument(
+        "--gammas", type=float, nargs="*", default=[0.5, 1.0],
+        help="focal γ values (none: grpo only, e.g. for an lr pilot)",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, default=400, help="RL steps per run")
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--max-new", type=int, default=32)
+    p.add_argument(
+        "--max-new",
+        type=int,
+        default=10,
+        help="generation limit; any answer longer than max-path moves is wrong anyway",
+    )
+    p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-prompts", type=int, default=200)
-    p.add_argument("--eval-samples", type=int, default=64)
+    p.add_argument("--eval-samples", type=int, default=128)
     p.add_argument("--workers", type=int, default=2, help="runs in parallel (one thread each)")
-    p.add_argument("--sft-steps", type=int, default=1400)
     a = p.parse_args(argv)
     if a.quick:
-        a.presets = a.presets if argv and "--presets" in argv else ["grpo", "dapo"]
-        a.prompts, a.group, a.budget_steps, a.max_new = 2, 4, 2, 8
-        a.eval_prompts, a.eval_samples, a.sft_steps, a.workers = 4, 4, 0, 1
+        # 2 x 2 mazes with one-move answers and a few SFT steps: some groups are mixed, so
+        # the focal weight and the lr controls run too
+        a.size, a.min_path, a.max_path, a.sft_steps = 2, 1, 1, 15
+        a.prompts, a.group, a.steps, a.max_new, a.eval_every = 4, 4, 4, 4, 2
+        a.sweep_groups = [2] if "--sweep-groups" not in (argv or []) else a.sweep_groups
+        a.eval_prompts, a.eval_samples, a.workers = 4, 8, 1
     return a
 
 
-def _policy(sft_steps: int):
+def _ks(samples: int) -> list[int]:
+    return [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= samples]
+
+
+# ---- one run ------------------------------------------------------------------------------------
+
+
+def _task(a):
+    from grouprl.tasks.maze import MazeTask
+
+    return MazeTask(a.size, a.min_path, a.max_path)
+
+
+def _policy(a):
     import torch
 
-    from grouprl import models, tasks
+    from grouprl import models
     from grouprl.train import sft
 
-    task = tasks.get("maze")
+    task = _task(a)
     model, tok = models.load("tiny", task=task, dtype=torch.float32, seed=0)
-    if sft_steps > 0:
-        model = sft.warm_start(model, tok, task, steps=sft_steps, seed=0, progress=False)
+    if a.sft_steps > 0:
+        model = sft.warm_start(model, tok, task, steps=a.sft_steps, seed=0, progress=False)
     return model.eval(), tok, task
 
 
-def evaluate(model, tok, task, prompts: int, samples: int, max_new: int) -> dict[str, Any]:
-    """pass@k for k in KS (k ≤ samples) and the mean reward on the fixed held-out set."""
+def evaluate(model, tok, task, a) -> dict[str, Any]:
+    """pass@k on the fixed held-out set, and the per-maze correct counts (for the regime)."""
     import numpy as np
     import torch
 
     from grouprl.diagnostics import pass_at_k
     from grouprl.rollout import hf
 
-    examples = task.examples("eval", prompts, EVAL_SEED)
+    samples = a.eval_samples
+    examples = task.examples("eval", a.eval_prompts, EVAL_SEED)
     gen = torch.Generator().manual_seed(EVAL_SEED)
-    sampling = hf.Sampling(temperature=1.0, top_p=1.0, max_new_tokens=max_new)
+    sampling = hf.Sampling(temperature=1.0, top_p=1.0, max_new_tokens=a.max_new)
     per_call = max(1, 1024 // samples)
-    correct = []
+    correct: list[int] = []
     with torch.no_grad():
         for i in range(0, len(examples), per_call):
             chunk = examples[i : i + per_call]
             roll = hf.generate(
                 model, tok, [task.render(e, tok) for e in chunk], samples, sampling, gen
             )
-            r = [task.verify(t, e.reference) for t, e in zip(roll.texts, _rep(chunk, samples))]
-            correct += np.asarray(r).reshape(len(chunk), samples).sum(1).tolist()
+            refs = [e.reference for e in chunk for _ in range(samples)]
+            r = [task.verify(t, ref) for t, ref in zip(roll.texts, refs)]
+            correct += np.asarray(r).reshape(len(chunk), samples).sum(1).astype(int).tolist()
     c = np.asarray(correct)
-    out = {f"pass@{k}": float(np.mean(pass_at_k(samples, c, k))) for k in KS if k <= samples}
-    out["solved_any"] = float((c > 0).mean())
+    out: dict[str, Any] = {
+        f"pass@{k}": float(np.mean(pass_at_k(samples, c, k))) for k in _ks(samples)
+    }
+    out["correct"] = correct
     return out
 
 
-def _rep(items: list, n: int) -> list:
-    return [x for x in items for _ in range(n)]
+def group_regime(rewards, gammas: list[float]) -> dict[str, float]:
+    """One step's groups ``[P, N]`` (binary rewards): mixed share, μ̂ ≥ 0.5 share, focal weights.
+
+    ``mixed`` = 0 < μ̂ < 1 (the groups GRPO updates); ``hi_of_mixed`` = the share of mixed
+    groups with μ̂ ≥ 0.5 (NaN when no group is mixed); ``w_<γ>_sum`` = Σ over mixed groups of
+    (1 − μ̂)^γ (sums, so steps and runs pool exactly).
+    """
+    import torch
+
+    mu = rewards.float().nanmean(dim=1)  # [P]
+    mixed = (mu > 0) & (mu < 1)  # [P]
+    hi = mixed & (mu >= 0.5)  # [P]
+    n_mixed = int(mixed.sum())
+    out = {
+        "groups": float(len(mu)),
+        "mixed": float(n_mixed),
+        "mixed_hi": float(hi.sum()),
+        "all_correct": float((mu == 1).sum()),
+        "hi_of_mixed": float(hi.sum()) / n_mixed if n_mixed else float("nan"),
+        "reward": float(mu.mean()),
+    }
+    for g in gammas:
+        w = torch.where(mixed, (1.0 - mu).pow(g), torch.zeros_like(mu))  # [P]
+        out[f"w_{g:g}_sum"] = float(w.sum())
+    return out
 
 
-def _config(a, preset: str, seed: int, out: Path):
-    from grouprl.train.config import load_config
+class _Capture:
+    """Stands in for the trainer's sinks: keeps each step's rewards (``log_groups``)."""
 
-    return load_config(
-        None,
-        [
-            "model.name=tiny",
-            "model.warm_start=false",
-            "task.name=maze",
-            f"sampling.prompts_per_step={a.prompts}",
-            f"sampling.group_size={a.group}",
-            f"sampling.max_new_tokens={a.max_new}",
-            "sampling.verify_timeout_s=0",
-            f"algorithm.preset={preset}",
-            f"optim.steps={10 * a.budget_steps}",
-            f"optim.lr={a.lr}",
-            "eval.every=0",
-            f"run.out={out}",
-            f"run.seed={seed}",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.report=false",
-            "run.threads=1",
-        ],
-    )
+    def __init__(self) -> None:
+        self.rewards = None
+
+    def log_groups(self, step: int, prompt_ids: list[Any], rewards: Any) -> None:
+        self.rewards = rewards.detach().cpu()
+
+    def print(self, message: str) -> None:  # health warnings: not needed here
+        pass
 
 
-def job(a, preset: str, seed: int) -> dict[str, Any]:
-    """One run: train ``preset`` with ``seed`` until the rollout budget is spent; evaluate."""
+def job(a, arm: str, gamma: float, group: int, lr: float, seed: int) -> dict[str, Any]:
+    """One run: ``a.steps`` steps of the arm, pass@k every ``a.eval_every`` steps and at the end."""
     import tempfile
 
     import torch
@@ -142,159 +242,578 @@ def job(a, preset: str, seed: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from grouprl.train import loop
+    from grouprl.train.config import load_config
 
-    model, tok, task = _policy(a.sft_steps)
-    if preset == "base":
-        t0 = time.perf_counter()
-        ev = evaluate(model, tok, task, a.eval_prompts, a.eval_samples, a.max_new)
-        return {"preset": "base", "seed": seed, "eval": ev, "seconds": time.perf_counter() - t0}
-    budget = a.budget_steps * a.prompts * a.group
+    model, tok, task = _policy(a)
     t0 = time.perf_counter()
+    if arm == "base":
+        ev = evaluate(model, tok, task, a)
+        return {
+            "arm": "base",
+            "seed": seed,
+            "evals": {"0": ev},
+            "seconds": time.perf_counter() - t0,
+        }
+    gammas = sorted(set(a.gammas))
+    curve, evals = [], {}
     with tempfile.TemporaryDirectory() as tmp:
-        run = loop.setup(_config(a, preset, seed, Path(tmp)), model=model, tokenizer=tok, task=task)
-        used, curve = 0, []
-        while used < budget:
+        ov = [o.replace("{seed}", str(seed)) for o in overrides(a, gamma, group, lr)]
+        cfg = load_config(None, [*ov, f"run.out={tmp}"])
+        run = loop.setup(cfg, model=model, tokenizer=tok, task=task)
+        run.sinks = _Capture()
+        while run.step < a.steps:
             run.step += 1
             m = loop.train_step(run)
-            used += int(m.get("dynamic/drawn", a.prompts)) * a.group
-            curve.append(
-                {
-                    "step": run.step,
-                    "rollouts": used,
-                    "reward": m.get("reward/mean"),
-                    "acr": m.get("acr/rate"),
-                    "length": m.get("length/mean"),
-                }
-            )
-    train_s = time.perf_counter() - t0
-    ev = evaluate(run.model, tok, task, a.eval_prompts, a.eval_samples, a.max_new)
+            row = {"step": run.step, **group_regime(run.sinks.rewards, gammas)}
+            row["grad_norm"] = m.get("optim/grad_norm")
+            row["length"] = m.get("length/mean")
+            curve.append(row)
+            if run.step % a.eval_every == 0 or run.step == a.steps:
+                ev = evals[str(run.step)] = evaluate(run.model, tok, task, a)
+                kmax = _ks(a.eval_samples)[-1]
+                print(
+                    f"  {arm} N={group} seed {seed} step {run.step}: pass@1 {ev['pass@1']:.3f} "
+                    f"pass@{kmax} {ev[f'pass@{kmax}']:.3f} ({time.perf_counter() - t0:.0f} s)",
+                    flush=True,
+                )
     return {
-        "preset": preset,
+        "arm": arm,
+        "gamma": gamma,
+        "group": group,
+        "lr": lr,
         "seed": seed,
-        "eval": ev,
-        "steps": run.step,
-        "rollouts": used,
-        "train_seconds": train_s,
+        "evals": evals,
         "seconds": time.perf_counter() - t0,
         "curve": curve,
     }
 
 
-def _finite_mean(xs: list[float | None]) -> float:
+# ---- statistics ---------------------------------------------------------------------------------
+
+
+def paired(xs: list[float], ys: list[float]) -> dict[str, Any]:
+    """Paired differences x − y per seed: mean, SE = sd(ddof 1)/√n, and the sign count."""
+    d = [x - y for x, y in zip(xs, ys, strict=True)]
+    n = len(d)
+    mean = statistics.fmean(d) if d else float("nan")
+    se = statistics.stdev(d) / math.sqrt(n) if n > 1 else float("nan")
+    return {
+        "mean": mean,
+        "se": se,
+        "n": n,
+        "positive": sum(x > 0 for x in d),
+        "negative": sum(x < 0 for x in d),
+        "values": d,
+    }
+
+
+def fmt_paired(p: dict[str, Any]) -> str:
+    """``+0.012 ± 0.004 (5/5 +)``: mean ± paired SE, and how many seeds share the mean's sign."""
+    if not p["n"]:
+        return "–"
+    sign, count = ("+", p["positive"]) if p["mean"] >= 0 else ("−", p["negative"])
+    se = "–" if not math.isfinite(p["se"]) else f"{p['se']:.4f}"
+    return f"{p['mean']:+.4f} ± {se} ({count}/{p['n']} {sign})"
+
+
+def run_regime(run: dict[str, Any], gammas: list[float]) -> dict[str, float]:
+    """Pooled over a run's steps: shares of mixed / μ̂ ≥ 0.5 groups, mean focal weight on mixed."""
+    c = run["curve"]
+    groups = sum(r["groups"] for r in c)
+    mixed = sum(r["mixed"] for r in c)
+    out = {
+        "mixed_share": mixed / groups,
+        "hi_of_mixed": sum(r["mixed_hi"] for r in c) / mixed if mixed else float("nan"),
+        "all_correct_share": sum(r["all_correct"] for r in c) / groups,
+        "steps_hi_ge_half": _share(
+            [r["hi_of_mixed"] >= 0.5 for r in c if r["mixed"] > 0]
+        ),  # of the steps that had a mixed group
+        "grad_norm": _mean([r["grad_norm"] for r in c]),  # before clipping, per step
+    }
+    for g in gammas:
+        out[f"w_{g:g}"] = sum(r[f"w_{g:g}_sum"] for r in c) / mixed if mixed else float("nan")
+    return out
+
+
+def _mean(xs: list[float | None]) -> float:
     v = [x for x in xs if x is not None and math.isfinite(x)]
     return sum(v) / len(v) if v else float("nan")
 
 
-def summarise(runs: list[dict], presets: list[str], seeds: int) -> list[dict]:
-    base = next(r for r in runs if r["preset"] == "base")
-    ks = [k for k in KS if f"pass@{k}" in base["eval"]]
-    rows = [
+def _share(flags: list[bool]) -> float:
+    return sum(flags) / len(flags) if flags else float("nan")
+
+
+def control_scale(runs: list[dict], gamma: float, group: int) -> float | None:
+    """w̄_γ: the mean focal weight over updated groups, pooled over the f_grpo γ runs at ``group``."""
+    rs = [r for r in runs if r["arm"] == arm_name(gamma) and r["group"] == group]
+    mixed = sum(x["mixed"] for r in rs for x in r["curve"])
+    if not mixed:
+        return None
+    return sum(x[f"w_{gamma:g}_sum"] for r in rs for x in r["curve"]) / mixed
+
+
+def predicted_regime(correct: list[int], samples: int, group: int, gammas: list[float]):
+    """The same regime numbers predicted from the SFT start's per-maze success rates p_i.
+
+    A group of N samples of maze i has Binomial(N, p_i) correct: P(mixed), P(μ̂ ≥ 0.5 | mixed)
+    and E[(1 − μ̂)^γ | mixed], averaged over the held-out mazes.
+    """
+    mixed = hi = 0.0
+    w = dict.fromkeys(gammas, 0.0)
+    for c in correct:
+        p = c / samples
+        for j in range(1, group):
+            pr = math.comb(group, j) * p**j * (1 - p) ** (group - j)
+            mixed += pr
+            hi += pr if j / group >= 0.5 else 0.0
+            for g in gammas:
+                w[g] += pr * (1 - j / group) ** g
+    out = {"mixed_share": mixed / len(correct), "hi_of_mixed": hi / mixed if mixed else 0.0}
+    out.update({f"w_{g:g}": (v / mixed if mixed else 0.0) for g, v in w.items()})
+    return out
+
+
+# ---- summary ------------------------------------------------------------------------------------
+
+
+def _arms(a) -> list[tuple[str, float, bool]]:
+    """(name, γ, is the lr control) of the main arms, in table order."""
+    out = [(arm_name(0.0), 0.0, False)]
+    out += [(arm_name(g), g, False) for g in a["gammas"]]
+    out += [(arm_name(g, True), g, True) for g in a["gammas"]]
+    return out
+
+
+def _final(run: dict[str, Any]) -> dict[str, Any]:
+    return run["evals"][str(max(int(s) for s in run["evals"]))]
+
+
+def summarise(runs: list[dict], cfg: dict[str, Any]) -> dict[str, Any]:
+    """Tables of the payload: regime, final pass@k, paired differences, curves, N sweep."""
+    gammas, ks = cfg["gammas"], _ks(cfg["eval_samples"])
+    seeds = list(range(cfg["seeds"]))
+    base = next(r for r in runs if r["arm"] == "base")
+    b_ev = base["evals"]["0"]
+    by = {(r["arm"], r.get("group"), r["seed"]): r for r in runs if r["arm"] != "base"}
+    group = cfg["group"]
+
+    def of(arm: str, n: int = group) -> list[dict]:
+        return [by[(arm, n, s)] for s in seeds if (arm, n, s) in by]
+
+    regime_rows, final_rows = [], []
+    pred = predicted_regime(b_ev["correct"], cfg["eval_samples"], group, gammas)
+    regime_rows.append(
         {
-            "preset": "SFT start (base)",
-            **{f"pass@{k}": C.ms([base["eval"][f"pass@{k}"]]) for k in ks},
-            "steps": C.ms([0]),
-            "train ACR": C.ms([float("nan")]),
+            "run": f"SFT start, predicted at N={group}",
+            "mixed share": C.ms([pred["mixed_share"]]),
+            "μ̂≥0.5 of mixed": C.ms([pred["hi_of_mixed"]]),
+            **{f"w̄ γ={g:g}": C.ms([pred[f"w_{g:g}"]]) for g in gammas},
         }
-    ]
-    for p in presets:
-        rs = [r for r in runs if r["preset"] == p]
+    )
+    final_rows.append(
+        {"arm": "SFT start", "lr": "–", **{f"pass@{k}": C.ms([b_ev[f"pass@{k}"]]) for k in ks}}
+    )
+    for name, _g, _ctl in _arms(cfg):
+        rs = of(name)
         if not rs:
             continue
+        reg = [run_regime(r, gammas) for r in rs]
+        regime_rows.append(
+            {
+                "run": name,
+                "mixed share": C.ms([x["mixed_share"] for x in reg]),
+                "μ̂≥0.5 of mixed": C.ms([x["hi_of_mixed"] for x in reg]),
+                "steps with μ̂≥0.5 of mixed ≥ 0.5": C.ms([x["steps_hi_ge_half"] for x in reg]),
+                "grad norm": C.ms([x["grad_norm"] for x in reg]),
+                **{f"w̄ γ={g:g}": C.ms([x[f"w_{g:g}"] for x in reg]) for g in gammas},
+            }
+        )
+        final_rows.append(
+            {
+                "arm": name,
+                "lr": f"{rs[0]['lr']:.3g}",
+                **{f"pass@{k}": C.ms([_final(r)[f"pass@{k}"] for r in rs]) for k in ks},
+            }
+        )
+    return {
+        "regime": regime_rows,
+        "final": final_rows,
+        "paired": _paired_rows(of, cfg, ks),
+        "curves": _curve_rows(of, cfg, b_ev),
+        "sweep": _sweep_rows(of, cfg),
+        "regime_curves": _regime_curves(of, cfg),
+        "dips": _dip_rows(of, cfg, b_ev),
+    }
+
+
+def _common_seeds(xs: list[dict], ys: list[dict]) -> tuple[list[dict], list[dict]]:
+    sx, sy = {r["seed"]: r for r in xs}, {r["seed"]: r for r in ys}
+    both = sorted(set(sx) & set(sy))
+    return [sx[s] for s in both], [sy[s] for s in both]
+
+
+def _paired_rows(of, cfg: dict[str, Any], ks: list[int]) -> list[dict[str, Any]]:
+    rows = []
+    comparisons = [(arm_name(g), arm_name(0.0)) for g in cfg["gammas"]]
+    comparisons += [(arm_name(g), arm_name(g, True)) for g in cfg["gammas"]]
+    for x, y in comparisons:
+        xs, ys = _common_seeds(of(x), of(y))
+        if not xs:
+            continue
+        row: dict[str, Any] = {"difference": f"{x} − {y}"}
+        for k in ks:
+            row[f"pass@{k}"] = paired(
+                [_final(r)[f"pass@{k}"] for r in xs], [_final(r)[f"pass@{k}"] for r in ys]
+            )
+        rows.append(row)
+    return rows
+
+
+def _curve_rows(of, cfg: dict[str, Any], b_ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """pass@1 and pass@k_max at every evaluated step, per arm (the dip and the recovery)."""
+    kmax = _ks(cfg["eval_samples"])[-1]
+    rows = []
+    for name, _g, _ctl in _arms(cfg):
+        rs = of(name)
+        if not rs:
+            continue
+        steps = sorted({int(s) for r in rs for s in r["evals"]})
+        for k in (1, kmax):
+            row: dict[str, Any] = {
+                "arm": name,
+                "metric": f"pass@{k}",
+                "0": C.ms([b_ev[f"pass@{k}"]]),
+            }
+            for s in steps:
+                row[str(s)] = C.ms(
+                    [r["evals"][str(s)][f"pass@{k}"] for r in rs if str(s) in r["evals"]]
+                )
+            rows.append(row)
+    return rows
+
+
+BIN = 10
+"""Steps per bin of the regime curves in the tables (every step is kept in ``runs``)."""
+
+
+def _regime_curves(of, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per arm: the share of mixed groups with μ̂ ≥ 0.5, pooled over seeds in bins of BIN steps."""
+    rows = []
+    for name, _g, _ctl in _arms(cfg):
+        rs = of(name)
+        if not rs:
+            continue
+        steps = len(rs[0]["curve"])
+        hi, mixed = [], []
+        for b in range(0, steps, BIN):
+            part = [x for r in rs for x in r["curve"][b : b + BIN]]
+            n_mixed = sum(x["mixed"] for x in part)
+            hi.append(sum(x["mixed_hi"] for x in part) / n_mixed if n_mixed else float("nan"))
+            mixed.append(n_mixed / sum(x["groups"] for x in part))
+        rows.append({"arm": name, "bin": BIN, "hi_of_mixed": hi, "mixed_share": mixed})
+    return rows
+
+
+def _dip_rows(of, cfg: dict[str, Any], b_ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per arm, paired over seeds: pass@k_max at the first evaluation − the SFT start (the dip)
+    and at the end − at the first evaluation (the recovery)."""
+    kmax = f"pass@{_ks(cfg['eval_samples'])[-1]}"
+    rows = []
+    for name, _g, _ctl in _arms(cfg):
+        rs = of(name)
+        if not rs:
+            continue
+        first = str(min(int(s) for s in rs[0]["evals"]))
+        last = str(max(int(s) for s in rs[0]["evals"]))
+        if first == last:
+            continue
+        at_first = [r["evals"][first][kmax] for r in rs]
         rows.append(
             {
-                "preset": p,
-                **{f"pass@{k}": C.ms([r["eval"][f"pass@{k}"] for r in rs]) for k in ks},
-                "steps": C.ms([r["steps"] for r in rs]),
-                "train ACR": C.ms([_finite_mean([c["acr"] for c in r["curve"]]) for r in rs]),
+                "arm": name,
+                "metric": kmax,
+                f"step {first} − start": paired(at_first, [b_ev[kmax]] * len(rs)),
+                f"step {last} − step {first}": paired(
+                    [r["evals"][last][kmax] for r in rs], at_first
+                ),
             }
         )
     return rows
 
 
-def _diff(a: dict, b: dict) -> tuple[float, float]:
-    """Mean difference a − b and its standard error from the seed stds (independent runs)."""
-    se = math.sqrt(a["std"] ** 2 / max(a["n"], 1) + b["std"] ** 2 / max(b["n"], 1))
-    return a["mean"] - b["mean"], se
-
-
-def checks(rows: list[dict]) -> list[dict]:
-    """The paper's statements; a difference counts only beyond 2 standard errors."""
-    by = {r["preset"]: r for r in rows}
-    base, out = by["SFT start (base)"], []
-    kmax = max(int(k[5:]) for k in base if k.startswith("pass@"))
-    top = f"pass@{kmax}"
-    if "grpo" in by:
-        g = by["grpo"]
-        d1, se1 = _diff(g["pass@1"], base["pass@1"])
-        dk, sek = _diff(g[top], base[top])
-        out.append(
+def _sweep_rows(of, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per group size N: f_grpo γ=0.5 − grpo, paired, at pass@1 and pass@k_max; the regime."""
+    kmax = _ks(cfg["eval_samples"])[-1]
+    if not cfg["gammas"]:
+        return []
+    g = 0.5 if 0.5 in cfg["gammas"] else cfg["gammas"][0]
+    rows = []
+    for n in sorted({cfg["group"], *cfg["sweep_groups"]}):
+        xs, ys = _common_seeds(of(arm_name(g), n), of(arm_name(0.0), n))
+        if not xs:
+            continue
+        reg = [run_regime(r, [g]) for r in xs + ys]
+        rows.append(
             {
-                "name": "grpo_sharpens",
-                "holds": d1 > 2 * se1 and dk < d1,
-                "detail": f"grpo vs SFT start: pass@1 {d1:+.3f} (SE {se1:.3f}), {top} "
-                f"{dk:+.3f} (SE {sek:.3f})",
+                "N": n,
+                "comparison": f"{arm_name(g)} − grpo",
+                "pass@1": paired(
+                    [_final(r)["pass@1"] for r in xs], [_final(r)["pass@1"] for r in ys]
+                ),
+                f"pass@{kmax}": paired(
+                    [_final(r)[f"pass@{kmax}"] for r in xs], [_final(r)[f"pass@{kmax}"] for r in ys]
+                ),
+                "grpo pass@1": C.ms([_final(r)["pass@1"] for r in ys]),
+                "μ̂≥0.5 of mixed": C.ms([x["hi_of_mixed"] for x in reg]),
             }
         )
-    for focal, plain in (("f_grpo", "grpo"), ("f_dapo", "dapo")):
-        if focal in by and plain in by:
-            dk, sek = _diff(by[focal][top], by[plain][top])
-            d1, se1 = _diff(by[focal]["pass@1"], by[plain]["pass@1"])
+    return rows
+
+
+def legacy(path: Path = LEGACY) -> dict[str, Any] | None:
+    """The earlier low-success sweep's f_grpo − grpo, paired by seed, from its results.json."""
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text(encoding="utf-8"))
+    runs = {(r["preset"], r["seed"]): r for r in old["runs"]}
+    seeds = sorted(s for (p, s) in runs if p == "f_grpo" and ("grpo", s) in runs)
+    base = next(r for r in old["runs"] if r["preset"] == "base")["eval"]
+    c = old["config"]
+    row: dict[str, Any] = {
+        "setting": "5×5, SFT start pass@1 {:.3f}, {} steps × {} mazes × {}, lr {:g}".format(
+            base["pass@1"], c["budget_steps"], c["prompts"], c["group"], c["lr"]
+        ),
+        "difference": "f_grpo (token-mean) − grpo (seq-mean-token-mean)",
+    }
+    for k in (1, 8, 64):
+        row[f"pass@{k}"] = paired(
+            [runs[("f_grpo", s)]["eval"][f"pass@{k}"] for s in seeds],
+            [runs[("grpo", s)]["eval"][f"pass@{k}"] for s in seeds],
+        )
+    return row
+
+
+def checks(tables: dict[str, Any], cfg: dict[str, Any], old: dict | None) -> list[dict]:
+    """The paper's statements and the issue's precondition; a difference counts beyond 2 SE."""
+    out = []
+    kmax = f"pass@{_ks(cfg['eval_samples'])[-1]}"
+    reg = {r["run"]: r for r in tables["regime"]}
+    if "grpo" in reg:
+        shares = [reg[n]["μ̂≥0.5 of mixed"]["mean"] for n in reg if not n.startswith("SFT")]
+        out.append(
+            {
+                "name": "regime_high_success",
+                "holds": min(shares) >= 0.5,
+                "detail": "share of mixed groups with μ̂ ≥ 0.5, pooled over each run's steps: "
+                f"{min(shares):.3f} (lowest arm) to {max(shares):.3f}; a conclusion needs ≥ 0.5",
+            }
+        )
+    for row in tables["paired"]:
+        x, y = row["difference"].split(" − ")
+        for k in ("pass@1", kmax):
+            p = row[k]
             out.append(
                 {
-                    "name": f"{focal}_keeps_more_{top.replace('@', '_at_')}_than_{plain}",
-                    "holds": dk > 2 * sek,
-                    "detail": f"{focal} − {plain}: {top} {dk:+.3f} (SE {sek:.3f}), pass@1 "
-                    f"{d1:+.3f} (SE {se1:.3f}); holds only beyond 2 SE",
+                    "name": f"{x} > {y} at {k}".replace(" ", "_"),
+                    "holds": p["n"] > 1 and p["mean"] > 2 * p["se"],
+                    "detail": f"{row['difference']} at {k}: {fmt_paired(p)}; holds only when the "
+                    "paired mean is above 2 paired SE (F-GRPO: the focal weight raises both)",
                 }
             )
+    for row in tables["dips"][:1]:  # grpo; every arm's row is in the README's table
+        dip, rec = (v for k, v in row.items() if k.startswith("step"))
+        out.append(
+            {
+                "name": f"{row['arm']} early dip and recovery at {row['metric']}".replace(" ", "_"),
+                "holds": dip["mean"] < -2 * dip["se"] and rec["mean"] > 2 * rec["se"],
+                "detail": f"{row['arm']} {row['metric']}: first evaluation − SFT start "
+                f"{fmt_paired(dip)}, end − first evaluation {fmt_paired(rec)} (paired over "
+                "seeds; the paper reports a dip and a recovery)",
+            }
+        )
+    if old is not None:
+        p = old["pass@64"]
+        out.append(
+            {
+                "name": "low_success_setting_f_grpo_below_grpo_at_pass@64",
+                "holds": p["n"] > 1 and p["mean"] < -2 * p["se"],
+                "detail": f"earlier sweep ({old['setting']}): {old['difference']} at pass@64 "
+                f"{fmt_paired(p)}; two axes differ there (aggregation and focal weight)",
+            }
+        )
     return out
 
 
-def plot(rows: list[dict]):
+# ---- figure and README ----------------------------------------------------------------------------
+
+
+def plot(tables: dict[str, Any], cfg: dict[str, Any]):
+    """Paired differences vs k; pass@1 / pass@k_max over training; the regime; the N sweep."""
     from grouprl.report.html import figure
 
-    fig, ax = figure(2, 1, width=5.0, height=3.8)
-    base = rows[0]
-    ks = [int(k[5:]) for k in base if k.startswith("pass@")]
-    for r in rows:
-        style = "k:" if r is base else "o-"
-        m = [r[f"pass@{k}"]["mean"] for k in ks]
-        s = [r[f"pass@{k}"]["std"] for k in ks]
-        ax[0, 0].errorbar(ks, m, yerr=s, fmt=style, ms=3, capsize=2, label=r["preset"])
-        if r is not base:
-            d = [r[f"pass@{k}"]["mean"] - base[f"pass@{k}"]["mean"] for k in ks]
-            ax[0, 1].errorbar(ks, d, yerr=s, fmt="o-", ms=3, capsize=2, label=r["preset"])
-    ax[0, 1].axhline(0.0, color="grey", ls=":")
-    for a, t in ((ax[0, 0], "pass@k (mean ± std over seeds)"), (ax[0, 1], "pass@k − SFT start")):
-        a.set_xscale("log", base=2), a.set_xlabel("k"), a.set_title(t, fontsize=9)
-    ax[0, 0].legend(fontsize=7)
+    fig, ax = figure(2, 2, width=5.0, height=3.4)
+    ks = _ks(cfg["eval_samples"])
+    kmax = ks[-1]
+
+    def bars(a, xs, p, label):
+        m = [x["mean"] for x in p]
+        e = [x["se"] if math.isfinite(x["se"]) else 0.0 for x in p]
+        a.errorbar(xs, m, yerr=e, fmt="o-", ms=3, capsize=2, label=label)
+
+    for row in tables["paired"]:
+        bars(ax[0, 0], ks, [row[f"pass@{k}"] for k in ks], row["difference"])
+    for row in tables["curves"]:
+        steps = [int(s) for s in row if s.isdigit()]
+        style = "o-" if row["metric"] == "pass@1" else "s--"
+        ax[0, 1].plot(steps, [row[str(s)]["mean"] for s in steps], style, ms=3,
+                      label=f"{row['arm']} {row['metric']}")  # fmt: skip
+    for row in tables["regime_curves"]:
+        xs = [row["bin"] * (i + 0.5) for i in range(len(row["hi_of_mixed"]))]
+        ax[1, 0].plot(xs, row["hi_of_mixed"], "-", label=row["arm"])
+    ax[1, 0].axhline(0.5, color="grey", ls=":")
+    sweep = tables["sweep"]
+    if sweep:
+        ns = [r["N"] for r in sweep]
+        bars(ax[1, 1], ns, [r["pass@1"] for r in sweep], "pass@1")
+        bars(ax[1, 1], ns, [r[f"pass@{kmax}"] for r in sweep], f"pass@{kmax}")
+        ax[1, 1].set_xscale("log", base=2)
+    titles = {
+        (0, 0): ("k", "arm − arm at the end (paired mean ± SE)"),
+        (0, 1): ("RL step", f"pass@1 (solid), pass@{kmax} (dashed); mean over seeds"),
+        (1, 0): ("RL step", f"share of mixed groups with μ̂ ≥ 0.5 ({BIN}-step bins)"),
+        (1, 1): ("group size N", "f_grpo − grpo by N (paired mean ± SE)"),
+    }
+    for (i, j), (xl, title) in titles.items():
+        a = ax[i, j]
+        a.set_xlabel(xl, fontsize=8)
+        a.set_title(title, fontsize=8)
+        a.tick_params(labelsize=7)
+        if (i, j) != (0, 1):
+            a.axhline(0.0, color="grey", ls=":", lw=0.8) if (i, j) != (1, 0) else None
+        a.legend(fontsize=5, ncol=2 if (i, j) == (0, 1) else 1)
+    ax[0, 0].set_xscale("log", base=2)
     return fig
 
 
-def readme_block(payload: dict) -> str:
-    c = payload["config"]
-    return (
-        C.markdown_table(payload["table"]) + f"\n\n{C.checks_block(payload['checks'])}\n\n"
-        f"({len(payload['seeds'])} seeds; budget {c['budget_rollouts']:,} rollouts per run "
-        f"= {c['budget_steps']} steps × {c['prompts']} mazes × {c['group']}; lr {c['lr']:g}; "
-        f"eval {c['eval_prompts']} held-out mazes × {c['eval_samples']} samples; "
-        f"{payload['seconds'] / 60:.0f} min of runs)"
-    )
+def _cell(v: Any) -> Any:
+    return fmt_paired(v) if isinstance(v, dict) and "se" in v else v
+
+
+def readme_block(payload: dict[str, Any]) -> str:
+    t, c = payload["tables"], payload["config"]
+    kmax = _ks(c["eval_samples"])[-1]
+    task = f"{c['size']}×{c['size']} mazes, path {c['min_path']}–{c['max_path'] or 'any'} moves"
+    parts = [
+        "**Regime** (per run, pooled over its steps; mean ± std over seeds):\n",
+        C.markdown_table(t["regime"]),
+        "\n**Final pass@k** (mean ± std over seeds):\n",
+        C.markdown_table(t["final"]),
+        "\n**Paired differences at the end** (mean ± paired SE over seeds, and in how many "
+        "seeds the sign holds):\n",
+        C.markdown_table([{k: _cell(v) for k, v in r.items()} for r in t["paired"]]),
+        "\n**Over training** (mean over seeds; the paper reports an early dip and a recovery):\n",
+        C.markdown_table(t["curves"]),
+    ]
+    if t["dips"]:
+        parts += [
+            "\n**Dip and recovery** (paired over seeds):\n",
+            C.markdown_table([{k: _cell(v) for k, v in r.items()} for r in t["dips"]]),
+        ]
+    if t["sweep"]:
+        parts += [
+            f"\n**Group size N** (paired, at the end; pass@{kmax}):\n",
+            C.markdown_table([{k: _cell(v) for k, v in r.items()} for r in t["sweep"]]),
+        ]
+    if payload.get("legacy"):
+        parts += [
+            "\n**Earlier low-success setting** (kept as its own row; paired by seed):\n",
+            C.markdown_table([{k: _cell(v) for k, v in payload["legacy"].items()}]),
+        ]
+    parts += [
+        "\n" + C.checks_block(payload["checks"]),
+        f"\n({len(payload['seeds'])} seeds; {task}, SFT {c['sft_steps']} steps; "
+        f"{c['steps']} RL steps × {c['prompts']} mazes × N = {c['group']} (sweep N = "
+        f"{', '.join(map(str, c['sweep_groups'])) or 'none'}); lr {c['lr']:g}; control lr × w̄ = "
+        + ", ".join(f"{k} {v:.3g}" for k, v in payload["control_scale"].items())
+        + f"; eval {c['eval_prompts']} held-out mazes × {c['eval_samples']} samples every "
+        f"{c['eval_every']} steps; {payload['seconds'] / 60:.0f} min of runs)",
+    ]
+    return "\n".join(parts)
+
+
+# ---- the sweep ------------------------------------------------------------------------------------
 
 
 def _run_key(a) -> dict[str, Any]:
     """The settings a saved run must share to be reused."""
     keys = (
-        "prompts",
-        "group",
-        "budget_steps",
-        "lr",
-        "max_new",
-        "eval_prompts",
-        "eval_samples",
-        "sft_steps",
-    )
+        "size", "min_path", "max_path", "sft_steps", "prompts", "steps", "max_new",
+        "eval_every", "eval_prompts", "eval_samples", "gammas",
+    )  # fmt: skip
     return {k: getattr(a, k) for k in keys}
+
+
+def _file(runs_dir: Path, arm: str, group: int, seed: int) -> Path:
+    slug = arm.replace(" ", "_").replace("×", "x").replace("w̄", "w").replace("γ=", "g")
+    for ch in "()=":
+        slug = slug.replace(ch, "")
+    return runs_dir / f"{slug}_N{group}_s{seed}.json"
+
+
+def _execute(a, todo: list[tuple], runs: list[dict], runs_dir: Path, key: dict) -> None:
+    """Run ``todo`` = [(arm, γ, N, lr, seed)], saving each run as it finishes."""
+
+    def done(spec: tuple, r: dict) -> None:
+        r["key"] = {**key, "lr": spec[3], "group": spec[2]}
+        _file(runs_dir, spec[0], spec[2], spec[4]).write_text(json.dumps(r), encoding="utf-8")
+        runs.append(r)
+        last = r["evals"][str(max(int(s) for s in r["evals"]))]
+        ks = _ks(a.eval_samples)
+        print(
+            f"{spec[0]} N={spec[2]} seed {spec[4]}: pass@1 {last['pass@1']:.3f}  "
+            f"pass@{ks[-1]} {last[f'pass@{ks[-1]}']:.3f}  ({r['seconds']:.0f} s)",
+            flush=True,
+        )
+
+    if a.workers <= 1 or len(todo) <= 1:  # in this process (tests load this file directly)
+        for spec in todo:
+            done(spec, job(a, *spec))
+        return
+    with ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(job, a, *spec): spec for spec in todo}
+        for fut in as_completed(futures):
+            done(futures[fut], fut.result())
+
+
+def _load(runs_dir: Path, spec: tuple, key: dict) -> dict | None:
+    f = _file(runs_dir, spec[0], spec[2], spec[4])
+    saved = json.loads(f.read_text()) if f.exists() else None
+    if saved is not None and saved.get("key") == {**key, "lr": spec[3], "group": spec[2]}:
+        return saved
+    return None
+
+
+def _compact(run: dict[str, Any]) -> dict[str, Any]:
+    """A run for results.json: its evaluations, and per step (3 decimals) the share of mixed
+    groups, the share of mixed groups with μ̂ ≥ 0.5 (None: no mixed group) and the mean reward."""
+    out = {k: v for k, v in run.items() if k not in ("key", "curve", "evals")}
+    out["evals"] = {
+        s: {k: v for k, v in ev.items() if k != "correct" or run["arm"] == "base"}
+        for s, ev in run["evals"].items()
+    }
+    if "curve" in run:
+        c = run["curve"]
+
+        def r3(x: float) -> float | None:
+            return round(x, 3) if math.isfinite(x) else None
+
+        out["per_step"] = {
+            "mixed_share": [r3(x["mixed"] / x["groups"]) for x in c],
+            "hi_of_mixed": [r3(x["hi_of_mixed"]) for x in c],
+            "reward": [r3(x["reward"]) for x in c],
+        }
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,54 +823,66 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runs_dir = out / ("runs_quick" if a.quick else "runs")
     runs_dir.mkdir(parents=True, exist_ok=True)
-    todo = [("base", 0)] + [(p, s) for s in range(a.seeds) for p in a.presets]
-    runs = []
     key = _run_key(a)
-    for p, s in list(todo):
-        f = runs_dir / f"{p}_s{s}.json"
-        saved = json.loads(f.read_text()) if f.exists() else None
-        if saved is not None and saved.get("key") == key:
-            runs.append(saved)
-            todo.remove((p, s))
-
-    def done(p: str, s: int, r: dict) -> None:
-        r["key"] = key
-        (runs_dir / f"{p}_s{s}.json").write_text(json.dumps(r), encoding="utf-8")
-        runs.append(r)
-        ev = "  ".join(f"{k} {v:.3f}" for k, v in r["eval"].items())
-        print(f"{p} seed {s}: {ev}  ({r['seconds']:.0f} s)", flush=True)
-
-    if a.workers <= 1:  # in this process (tests load this file without a package)
-        for p, s in todo:
-            done(p, s, job(a, p, s))
-    else:
-        with ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(job, a, p, s): (p, s) for p, s in todo}
-            for fut in as_completed(futures):
-                done(*futures[fut], fut.result())
-    rows = summarise(runs, a.presets, a.seeds)
-    chk = checks(rows)
-    config = {
+    seeds = range(a.seeds)
+    phase1 = [("base", 0.0, 0, 0.0, 0)]
+    phase1 += [(arm_name(g), g, a.group, a.lr, s) for s in seeds for g in [0.0, *a.gammas]]
+    sweep_g = 0.5 if 0.5 in a.gammas else (a.gammas or [0.0])[0]
+    phase1 += [
+        (arm_name(g), g, n, a.lr, s)
+        for n in a.sweep_groups
+        if n != a.group
+        for s in seeds
+        for g in sorted({0.0, sweep_g})
+    ]
+    runs: list[dict] = []
+    scales: dict[str, float] = {}
+    for phase in (1, 2):
+        if phase == 2:  # the lr controls: calibrated on the finished f_grpo runs
+            todo_specs = []
+            for g in a.gammas:
+                w = control_scale(runs, g, a.group)
+                if w is None:
+                    continue
+                scales[f"γ={g:g}"] = w
+                lr = float(f"{a.lr * w:.4g}")
+                todo_specs += [(arm_name(g, True), 0.0, a.group, lr, s) for s in seeds]
+        else:
+            todo_specs = phase1
+        todo = []
+        for spec in todo_specs:
+            saved = _load(runs_dir, spec, key)
+            if saved is not None:
+                runs.append(saved)
+            else:
+                todo.append(spec)
+        _execute(a, todo, runs, runs_dir, key)
+    cfg = {
         k: v
         for k, v in vars(a).items()
         if k not in ("out", "readme_only", "threads", "workers", "quick")
     }
-    config["budget_rollouts"] = a.budget_steps * a.prompts * a.group
+    tables = summarise(runs, cfg)
+    old = legacy()
+    chk = checks(tables, cfg, old)
     payload = {
         "name": "maze",
-        "claim": "F-GRPO §5.2 (maze): GRPO sharpens — pass@1 rises while pass@k for large k "
-        "gains less or falls; the focal weight keeps more pass@k at large k; compared with "
-        "dapo, cispo, avspo and maxnorm_rloo at equal rollout budget.",
+        "claim": "F-GRPO §5.2 (maze, single solution): the focal weight (1 − μ̂)^γ raises both "
+        "pass@1 and pass@k over GRPO at every group size N; §5.6: not because of a smaller "
+        "step (GRPO with the lr lowered to the focal weight's mean scale does not match it).",
         "command": "python reproductions/maze/run.py" + (" --quick" if a.quick else ""),
         "quick": a.quick,
-        "seeds": list(range(a.seeds)),
-        "config": config,
-        "table": rows,
+        "seeds": list(seeds),
+        "config": cfg,
+        "control_scale": scales,
+        "table": tables["final"],
+        "tables": tables,
+        "legacy": old,
         "checks": chk,
         "seconds": sum(r["seconds"] for r in runs),
-        "runs": [{k: v for k, v in r.items() if k not in ("curve", "key")} for r in runs],
+        "runs": [_compact(r) for r in runs],
     }
-    return C.publish(out, payload, plot(rows), readme_block)
+    return C.publish(out, payload, plot(tables, cfg), readme_block)
 
 
 if __name__ == "__main__":

@@ -82,27 +82,86 @@ def test_ms_and_update_readme_hand_cases(tmp_path):
 
 
 @pytest.mark.slow
-def test_maze_quick_runs_trains_and_resumes(tmp_path):
-    """Two tiny presets, 2 seeds, no SFT: schema, equal budget, and a rerun reuses saved runs."""
+def test_maze_quick_runs_trains_and_resumes(tmp_path, monkeypatch):
+    """Every arm and the N sweep on 2 x 2 mazes, 2 seeds: schema, the arms differ only in
+    focal_gamma and lr, the lr control is calibrated on the f_grpo runs, and a rerun reuses
+    every saved run."""
+    monkeypatch.setenv("GROUPRL_NO_SFT_CACHE", "1")  # the quick SFT must not fill the cache
     mod = _load("maze")
     argv = ["--quick", "--seeds", "2", "--out", str(tmp_path)]
     assert mod.main(argv) == 0
     res = json.loads((tmp_path / "results.json").read_text())
-    assert [r["preset"] for r in res["table"]] == ["SFT start (base)", "grpo", "dapo"]
-    budget = res["config"]["budget_rollouts"]  # 2 steps x 2 mazes x 4 = 16
-    assert budget == 16
-    runs = [r for r in res["runs"] if r["preset"] != "base"]
-    assert len(runs) == 4 and all(r["rollouts"] >= budget for r in runs)
-    assert all(r["rollouts"] < budget + 2 * 4 * 4 for r in runs)  # at most one step over
-    for row in res["table"][1:]:
-        assert set(row) >= {"pass@1", "pass@2", "pass@4", "steps"} and row["pass@1"]["n"] == 2
-    saved = sorted(p.name for p in (tmp_path / "runs_quick").iterdir())
-    assert saved == sorted(
-        ["base_s0.json"] + [f"{p}_s{s}.json" for p in ("grpo", "dapo") for s in (0, 1)]
+    arms = ["grpo", "f_grpo γ=0.5", "f_grpo γ=1", "grpo lr×w̄(γ=0.5)", "grpo lr×w̄(γ=1)"]
+    assert [r["arm"] for r in res["table"]] == ["SFT start", *arms]
+    runs = [r for r in res["runs"] if r["arm"] != "base"]
+    main = [r for r in runs if r["group"] == 4]
+    assert sorted((r["arm"], r["seed"]) for r in main) == sorted(
+        (a, s) for a in arms for s in (0, 1)
     )
+    assert sorted(r["seed"] for r in runs if r["group"] == 2) == [0, 0, 1, 1]  # the N sweep
+    for r in runs:
+        steps = res["config"]["steps"]
+        assert sorted(r["evals"], key=int) == ["2", "4"]  # every eval_every steps
+        assert len(r["per_step"]["hi_of_mixed"]) == steps
+    # the control's lr is lr × w̄, w̄ pooled from the saved f_grpo runs' per-step sums
+    saved = [json.loads(f.read_text()) for f in (tmp_path / "runs_quick").glob("f_grpo_g0.5_N4_s*")]
+    mixed = sum(x["mixed"] for r in saved for x in r["curve"])
+    w = sum(x["w_0.5_sum"] for r in saved for x in r["curve"]) / mixed
+    assert 0 < w <= 1 and res["control_scale"]["γ=0.5"] == pytest.approx(w)
+    ctl = [r for r in main if r["arm"] == "grpo lr×w̄(γ=0.5)"]
+    assert all(r["lr"] == pytest.approx(res["config"]["lr"] * w, rel=1e-3) for r in ctl)
+    # arms differ only in focal_gamma and lr: same preset, aggregation and update schedule
+    from grouprl.train.config import load_config
+
+    a = mod._args(argv)
+    cfgs = [
+        load_config(None, [o.replace("{seed}", "0") for o in mod.overrides(a, g, 4, lr)])
+        for g, lr in ((0.0, 1e-4), (0.5, 1e-4), (0.0, 5e-5))
+    ]
+    d = [c.to_dict() for c in cfgs]
+    assert d[0]["algorithm"]["overrides"] == {"aggregation": "token_mean", "focal_gamma": 0.0}
+    assert d[1]["algorithm"]["overrides"]["focal_gamma"] == 0.5
+    for x in d[1:]:
+        x["algorithm"]["overrides"]["focal_gamma"] = 0.0
+        x["optim"]["lr"] = d[0]["optim"]["lr"]
+        assert x == d[0]
+    assert d[0]["optim"]["ppo_epochs"] == 1 and d[0]["optim"]["minibatches"] == 1
+    # paired rows: one per comparison, n = 2 seeds
+    assert [r["difference"] for r in res["tables"]["paired"]] == [
+        "f_grpo γ=0.5 − grpo",
+        "f_grpo γ=1 − grpo",
+        "f_grpo γ=0.5 − grpo lr×w̄(γ=0.5)",
+        "f_grpo γ=1 − grpo lr×w̄(γ=1)",
+    ]
+    assert all(r["pass@1"]["n"] == 2 for r in res["tables"]["paired"])
+    names = {p.name for p in (tmp_path / "runs_quick").iterdir()}
     mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()}
+    assert len(names) == 1 + 5 * 2 + 2 * 2  # base, 5 arms x 2 seeds, the N = 2 sweep
     assert mod.main(argv) == 0  # everything reused: no run file is rewritten
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()} == mtimes
+
+
+def test_maze_paired_statistics_hand_case():
+    """Paired differences per seed: mean, SE = sd/√n (ddof 1), sign counts; the legacy row."""
+    mod = _load("maze")
+    # d = (0.1, 0.3, -0.1): mean 0.1, sd = sqrt((0 + 0.04 + 0.04) / 2) = 0.2, SE = 0.2/√3
+    p = mod.paired([0.6, 0.8, 0.4], [0.5, 0.5, 0.5])
+    assert p["mean"] == pytest.approx(0.1) and p["se"] == pytest.approx(0.2 / math.sqrt(3))
+    assert (p["positive"], p["negative"], p["n"]) == (2, 1, 3)
+    assert mod.fmt_paired(p) == "+0.1000 ± 0.1155 (2/3 +)"
+    # the earlier sweep, paired by seed (issue 12: -0.034, SE 0.0075, 5 of 5 negative)
+    old = mod.legacy()
+    assert old["pass@64"]["mean"] == pytest.approx(-0.034, abs=5e-4)
+    assert old["pass@64"]["se"] == pytest.approx(0.0075, abs=5e-4)
+    assert old["pass@64"]["negative"] == 5 and old["pass@64"]["n"] == 5
+
+
+def test_maze_predicted_regime_hand_case():
+    """N = 2, one maze with p = 0.5: P(mixed) = 1/2, μ̂ = 1/2 when mixed, w = 0.5^γ."""
+    mod = _load("maze")
+    got = mod.predicted_regime([4], samples=8, group=2, gammas=[0.5, 1.0])
+    assert got["mixed_share"] == pytest.approx(0.5) and got["hi_of_mixed"] == 1.0
+    assert got["w_0.5"] == pytest.approx(math.sqrt(0.5)) and got["w_1"] == pytest.approx(0.5)
 
 
 def test_committed_results_match_their_readmes():
@@ -116,3 +175,38 @@ def test_committed_results_match_their_readmes():
         text = (folder / "README.md").read_text()
         inside = text.split(c.START, 1)[1].split(c.END, 1)[0].strip()
         assert inside == block.strip(), f"{name}: README out of date; run --readme-only"
+
+
+def test_maze_group_regime_hand_case():
+    """Five groups of 4 by hand: mixed = rows 0, 1, 4; μ̂ ≥ 0.5 among them = rows 0, 1."""
+    import torch
+
+    mod = _load("maze")
+    r = torch.tensor(
+        [[1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.float
+    )
+    got = mod.group_regime(r, [1.0])
+    assert (got["groups"], got["mixed"], got["mixed_hi"], got["all_correct"]) == (5, 3, 2, 1)
+    assert got["hi_of_mixed"] == pytest.approx(2 / 3)
+    assert got["w_1_sum"] == pytest.approx(0.5 + 0.25 + 0.75)  # (1 − μ̂) over mixed groups
+    assert got["reward"] == pytest.approx(10 / 20)  # 2 + 3 + 0 + 4 + 1 correct of 20
+
+
+def test_maze_config_is_the_scripts_f_grpo_arm():
+    """configs/maze_focal.yaml = run.py's f_grpo γ=0.5 arm at the script's defaults."""
+    from grouprl.train.config import load_config
+
+    mod = _load("maze")
+    a = mod._args([])
+    ours = load_config(ROOT.parent / "configs" / "maze_focal.yaml").to_dict()
+    script = load_config(
+        None, [o.replace("{seed}", "0") for o in mod.overrides(a, 0.5, a.group, a.lr)]
+    ).to_dict()
+    assert ours["task"]["params"] == {
+        "size": a.size,
+        "min_path": a.min_path,
+        "max_path": a.max_path,
+    }
+    assert ours["model"]["sft_steps"] == a.sft_steps
+    for section in ("sampling", "algorithm", "optim"):
+        assert ours[section] == script[section], section
