@@ -106,8 +106,8 @@ def _args(argv: list[str] | None):
     p.add_argument("--prompts", type=int, default=16, help="mazes per step (P)")
     p.add_argument("--group", type=int, default=8, help="completions per maze (N), main arms")
     p.add_argument(
-        "--sweep-groups", type=int, nargs="*", default=[],
-        help="extra group sizes for grpo and f_grpo γ=0.5 (the paper's N sweep), e.g. 4 16",
+        "--sweep-groups", type=int, nargs="*", default=[4, 16],
+        help="extra group sizes for grpo and f_grpo γ=0.5 (the paper's N sweep); none: skip",
     )  # fmt: skip
     p.add_argument(
         "--gammas", type=float, nargs="*", default=[0.5, 1.0],
@@ -663,14 +663,17 @@ def plot(tables: dict[str, Any], cfg: dict[str, Any]):
 
     for row in tables["paired"]:
         bars(ax[0, 0], ks, [row[f"pass@{k}"] for k in ks], row["difference"])
+    colour = {name: f"C{i}" for i, (name, _g, _c) in enumerate(_arms(cfg))}
     for row in tables["curves"]:
         steps = [int(s) for s in row if s.isdigit()]
-        style = "o-" if row["metric"] == "pass@1" else "s--"
-        ax[0, 1].plot(steps, [row[str(s)]["mean"] for s in steps], style, ms=3,
-                      label=f"{row['arm']} {row['metric']}")  # fmt: skip
+        first = row["metric"] == "pass@1"
+        ax[0, 1].plot(
+            steps, [row[str(s)]["mean"] for s in steps], "o-" if first else "s--", ms=3,
+            color=colour[row["arm"]], label=row["arm"] if first else None,
+        )  # fmt: skip
     for row in tables["regime_curves"]:
         xs = [row["bin"] * (i + 0.5) for i in range(len(row["hi_of_mixed"]))]
-        ax[1, 0].plot(xs, row["hi_of_mixed"], "-", label=row["arm"])
+        ax[1, 0].plot(xs, row["hi_of_mixed"], "-", color=colour[row["arm"]], label=row["arm"])
     ax[1, 0].axhline(0.5, color="grey", ls=":")
     sweep = tables["sweep"]
     if sweep:
@@ -691,7 +694,7 @@ def plot(tables: dict[str, Any], cfg: dict[str, Any]):
         a.tick_params(labelsize=7)
         if (i, j) != (0, 1):
             a.axhline(0.0, color="grey", ls=":", lw=0.8) if (i, j) != (1, 0) else None
-        a.legend(fontsize=5, ncol=2 if (i, j) == (0, 1) else 1)
+        a.legend(fontsize=6)
     ax[0, 0].set_xscale("log", base=2)
     return fig
 
@@ -794,9 +797,23 @@ def _load(runs_dir: Path, spec: tuple, key: dict) -> dict | None:
     return None
 
 
+def _command(a) -> str:
+    """The command line that reproduces this payload (the flags that differ from the defaults)."""
+    default = _args(["--quick"] if a.quick else [])
+    flags = [" --quick"] if a.quick else []
+    for name, value in vars(a).items():
+        if name in ("out", "readme_only", "quick", "workers") or value == getattr(default, name):
+            continue
+        shown = " ".join(map(str, value)) if isinstance(value, list) else value
+        flags.append(f" --{name.replace('_', '-')} {shown}".rstrip())
+    return "python reproductions/maze/run.py" + "".join(flags)
+
+
 def _compact(run: dict[str, Any]) -> dict[str, Any]:
-    """A run for results.json: its evaluations, and per step (3 decimals) the share of mixed
-    groups, the share of mixed groups with μ̂ ≥ 0.5 (None: no mixed group) and the mean reward."""
+    """A run for results.json: its evaluations, and per step, as space-separated counts out of
+    the step's ``groups``: the mixed groups (0 < μ̂ < 1), the mixed groups with μ̂ ≥ 0.5 and the
+    all-correct groups (the share of mixed groups with μ̂ ≥ 0.5 at step t is
+    ``mixed_hi[t] / mixed[t]``)."""
     out = {k: v for k, v in run.items() if k not in ("key", "curve", "evals")}
     out["evals"] = {
         s: {k: v for k, v in ev.items() if k != "correct" or run["arm"] == "base"}
@@ -804,14 +821,9 @@ def _compact(run: dict[str, Any]) -> dict[str, Any]:
     }
     if "curve" in run:
         c = run["curve"]
-
-        def r3(x: float) -> float | None:
-            return round(x, 3) if math.isfinite(x) else None
-
-        out["per_step"] = {
-            "mixed_share": [r3(x["mixed"] / x["groups"]) for x in c],
-            "hi_of_mixed": [r3(x["hi_of_mixed"]) for x in c],
-            "reward": [r3(x["reward"]) for x in c],
+        out["per_step"] = {"groups": int(c[0]["groups"])} | {
+            key: " ".join(str(int(x[key])) for x in c)
+            for key in ("mixed", "mixed_hi", "all_correct")
         }
     return out
 
@@ -870,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
         "claim": "F-GRPO §5.2 (maze, single solution): the focal weight (1 − μ̂)^γ raises both "
         "pass@1 and pass@k over GRPO at every group size N; §5.6: not because of a smaller "
         "step (GRPO with the lr lowered to the focal weight's mean scale does not match it).",
-        "command": "python reproductions/maze/run.py" + (" --quick" if a.quick else ""),
+        "command": _command(a),
         "quick": a.quick,
         "seeds": list(seeds),
         "config": cfg,

@@ -102,7 +102,10 @@ def test_maze_quick_runs_trains_and_resumes(tmp_path, monkeypatch):
     for r in runs:
         steps = res["config"]["steps"]
         assert sorted(r["evals"], key=int) == ["2", "4"]  # every eval_every steps
-        assert len(r["per_step"]["hi_of_mixed"]) == steps
+        per = r["per_step"]
+        mixed, hi = ([int(x) for x in per[k].split()] for k in ("mixed", "mixed_hi"))
+        assert len(mixed) == len(hi) == steps and per["groups"] == res["config"]["prompts"]
+        assert all(0 <= h <= m <= per["groups"] for h, m in zip(hi, mixed))
     # the control's lr is lr × w̄, w̄ pooled from the saved f_grpo runs' per-step sums
     saved = [json.loads(f.read_text()) for f in (tmp_path / "runs_quick").glob("f_grpo_g0.5_N4_s*")]
     mixed = sum(x["mixed"] for r in saved for x in r["curve"])
