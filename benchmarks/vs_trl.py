@@ -685,7 +685,8 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def differing(table: dict[str, dict[str, Any]]) -> list[str]:
     """One line per row that differs: ``row: grouprl X vs TRL Y``."""
     return [
-        f"{key}: grouprl {json.dumps(r['grouprl'])} vs TRL {json.dumps(r['trl'])}"
+        f"{key}: grouprl {json.dumps(r['grouprl'], sort_keys=True)} "
+        f"vs TRL {json.dumps(r['trl'], sort_keys=True)}"
         for key, r in table.items()
         if not r["equal"]
     ]
