@@ -204,7 +204,7 @@ def _forward_shared(
                 position_ids=pos[idx, :w],
                 past_key_values=_select_cache(cache, idx // g),
                 use_cache=True,
-            ).last_hidden_state  # fmt: skip  [b, w, H]
+            ).last_hidden_state  # [b, w, H]
             hidden[idx, 1 : w + 1] = rest
         return hidden, head
     cache.batch_repeat_interleave(g)  # differentiable: the copies keep the prompt's graph
