@@ -18,8 +18,11 @@ are reported, with the load average before and after.
   micro-batches (SmolLM2: 16 sequences, chunk 1024; tiny: the whole batch), on the "after"
   rollouts; tokens/s counts completion tokens. Exactness: max |Δ logp| and the largest
   gradient difference relative to the largest gradient.
-- ``hf_generate`` (SmolLM2): ``model.generate(do_sample=True)`` on the prompts repeated G times,
-  the sampler TRL uses.
+- ``hf_generate``: ``model.generate(do_sample=True)`` on the prompts repeated G times, the
+  sampler TRL uses.
+- ``compiled_generate`` (``--compile``): "after" with ``model.forward`` under
+  ``torch.compile(dynamic=True)``: the first call (compilation included), the calls after it,
+  and whether the tokens equal the eager ones: where compiling the decode step pays.
 
 Run on an idle machine: another busy process slows torch 4–10×.
 """
@@ -129,6 +132,23 @@ def _hf_generate(model, tok, prompts, cfg) -> float:
     return time.perf_counter() - t0
 
 
+def _compiled(model, tok, prompts, cfg, repeats: int, eager) -> dict[str, Any]:
+    from grouprl.rollout import hf
+
+    forward = model.forward
+    model.forward = torch.compile(forward, dynamic=True)
+    try:
+        rolls, seconds = zip(*(_generate(hf, model, tok, prompts, cfg) for _ in range(repeats + 1)))
+    finally:
+        model.forward = forward
+    tokens = int(rolls[0].completion_mask.sum())
+    return {
+        "first_call_s": round(seconds[0], 3),
+        "after_first": _summary(list(seconds[1:]), tokens),
+        "same_tokens_as_eager": all(torch.equal(r.completion_ids, eager) for r in rolls),
+    }
+
+
 def _summary(seconds: list[float], tokens: int) -> dict[str, Any]:
     best, median = min(seconds), statistics.median(seconds)
     return {
@@ -139,7 +159,9 @@ def _summary(seconds: list[float], tokens: int) -> dict[str, Any]:
     }
 
 
-def measure(model_name: str, base: dict[str, Any], repeats: int, reference: bool) -> dict:
+def measure(
+    model_name: str, base: dict[str, Any], repeats: int, reference: bool, compiled: bool = False
+) -> dict:
     from grouprl.rollout import hf
     from grouprl.train import logprobs
 
@@ -191,6 +213,10 @@ def measure(model_name: str, base: dict[str, Any], repeats: int, reference: bool
         out[part]["speedup_median"] = round(
             after["tokens_per_s_median"] / before["tokens_per_s_median"], 3
         )
+    if compiled:
+        out["compiled_generate"] = _compiled(
+            model, tok, prompts, cfg, repeats, rolls["after"].completion_ids
+        )
     if reference:
         dt = _hf_generate(model, tok, prompts, cfg)
         out["hf_generate"] = {"seconds": round(dt, 3), "max_new_tokens_per_row": cfg["max_new"]}
@@ -204,6 +230,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-reference", action="store_true", help="skip HF model.generate")
+    parser.add_argument("--compile", action="store_true", help="also torch.compile the decode")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     base = baseline_modules(args.baseline)
@@ -215,7 +242,7 @@ def main() -> None:
         "torch": torch.__version__,
     }
     for name in args.models:
-        result[name] = measure(name, base, args.repeats, not args.no_reference)
+        result[name] = measure(name, base, args.repeats, not args.no_reference, args.compile)
     print(json.dumps(result, indent=1))
 
 
