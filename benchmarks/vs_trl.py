@@ -27,7 +27,8 @@ during the run), with a message listing the rows.
 Measured per trainer: ``samples_per_s`` / ``tokens_per_s`` (completions and generated tokens
 per second of ``train()``; model loading, TRL's trainer construction and grouprl's final
 checkpoint write excluded: TRL saves nothing with ``save_strategy="no"``), ``peak_rss_mib``
-(the child's ``ru_maxrss``), the per-phase time split (generate, score, forward, backward,
+(the child's ``ru_maxrss``; grouprl's taken before that checkpoint write, which is reported
+separately), the per-phase time split (generate, score, forward, backward,
 optimizer), the training reward, and (``--eval-prompts`` > 0) the held-out reward of the final
 policy under one sampler (grouprl's rollout for both). Ratios are grouprl / TRL. The machine's
 load average before and after each child is in the JSON: numbers taken on a busy machine are
@@ -443,12 +444,10 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
     if args.settings_only:
         return {"settings": settings}
     probe = Probe(model)
-    saving = _PhaseTimer()  # the loop's final checkpoint: TRL runs with save_strategy="no"
-    if hasattr(loop, "save_checkpoint"):
-        saving.wrap(loop, "save_checkpoint", "checkpoint")
+    saving = _checkpoint_meter(loop)  # the final checkpoint: TRL runs with save_strategy="no"
     t0 = time.perf_counter()
     loop.train(cfg, model=model, tokenizer=tok, task=task)
-    checkpoint = saving.seconds.get("checkpoint", 0.0)
+    checkpoint = saving["seconds"]
     wall = time.perf_counter() - t0 - checkpoint
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "reward/mean" in r]
     n = args.prompts * args.group
@@ -461,11 +460,34 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
         "wall_s": wall,
         "init_s": 0.0,
         "checkpoint_s_excluded": checkpoint,
+        "peak_rss_before_checkpoint_mib": saving["peak_before_mib"],
         "steps": len(rows),
         "completion_tokens": sum(r["length/mean"] * n for r in rows),
         "train_rewards": [r["reward/mean"] for r in rows],
+        "collapsed_group_frac": [r.get("acr/rate") for r in rows],  # all-equal rewards
         "phase_s": phases,
     }
+
+
+def _checkpoint_meter(loop: Any) -> dict[str, Any]:
+    """Wrap the loop's ``save_checkpoint``: its seconds, and the peak RSS before the first save
+    (grouprl writes a checkpoint at the last step; TRL here writes none)."""
+    meter: dict[str, Any] = {"seconds": 0.0, "peak_before_mib": None}
+    save = getattr(loop, "save_checkpoint", None)
+    if save is None:
+        return meter
+
+    def measured(*a: Any, **k: Any) -> Any:
+        if meter["peak_before_mib"] is None:
+            meter["peak_before_mib"] = _rss_mib()
+        t0 = time.perf_counter()
+        try:
+            return save(*a, **k)
+        finally:
+            meter["seconds"] += time.perf_counter() - t0
+
+    loop.save_checkpoint = measured
+    return meter
 
 
 def _value(text: str) -> Any:
@@ -616,6 +638,7 @@ def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, 
         "steps": len(logs),
         "completion_tokens": sum(h["completions/mean_length"] * n for h in logs),
         "train_rewards": [h["reward"] for h in logs],
+        "collapsed_group_frac": [h.get("frac_reward_zero_std") for h in logs],
         "phase_s": {k: timer.seconds.get(k, 0.0) for k in _PHASES},
         "model": trainer.model,
     }
@@ -647,7 +670,8 @@ def worker(args: argparse.Namespace) -> None:
         print("@@RESULT@@" + json.dumps(res))
         return
     trained = res.pop("model", model)
-    peak = _rss_mib()
+    peak_all = _rss_mib()
+    peak = res.get("peak_rss_before_checkpoint_mib") or peak_all
     n = args.prompts * args.group
     k = max(1, len(res["train_rewards"]) // 4)
     phases = res["phase_s"]
@@ -658,6 +682,7 @@ def worker(args: argparse.Namespace) -> None:
         "tokens_per_s": res["completion_tokens"] / res["wall_s"],
         "s_per_step": res["wall_s"] / max(res["steps"], 1),
         "peak_rss_mib": peak,
+        "peak_rss_incl_checkpoint_mib": peak_all,
         "rss_before_train_mib": rss0,
         "train_reward_mean": sum(res["train_rewards"]) / max(len(res["train_rewards"]), 1),
         "train_reward_last": sum(res["train_rewards"][-k:]) / k,
