@@ -17,7 +17,9 @@ are reported, with the load average before and after.
 - ``train_forward``: ``completion_logprobs`` with gradient plus the backward of their sum, in
   micro-batches (SmolLM2: 16 sequences, chunk 1024; tiny: the whole batch), on the "after"
   rollouts; tokens/s counts completion tokens. Exactness: max |Δ logp| and the largest
-  gradient difference relative to the largest gradient.
+  gradient difference relative to the largest gradient. ``after_recompute`` forces the
+  lm-head recomputation in the backward (``recompute=True``; the default keeps the
+  probabilities below 1 GiB): ``recompute_cost_median`` is how much faster keeping is.
 - ``hf_generate``: ``model.generate(do_sample=True)`` on the prompts repeated G times, the
   sampler TRL uses.
 - ``compiled_generate`` (``--compile``): "after" with ``model.forward`` under
@@ -99,7 +101,9 @@ def _generate(hf: Any, model, tok, prompts, cfg) -> tuple[Any, float]:
     return roll, time.perf_counter() - t0
 
 
-def _train_forward(logprobs: Any, model, roll, cfg) -> tuple[torch.Tensor, list, float]:
+def _train_forward(
+    logprobs: Any, model, roll, cfg, **options: Any
+) -> tuple[torch.Tensor, list, float]:
     n = roll.completion_ids.shape[0]
     micro = cfg["micro"] or n
     parts = []
@@ -110,7 +114,7 @@ def _train_forward(logprobs: Any, model, roll, cfg) -> tuple[torch.Tensor, list,
         lp = logprobs.completion_logprobs(
             model, roll.prompt_ids[m], roll.prompt_mask[m], roll.completion_ids[m],
             roll.completion_mask[m].float(), chunk=cfg["chunk"], group_size=cfg["group"],
-            entropy=True,
+            entropy=True, **options,
         )  # fmt: skip
         lp.logp.sum().backward()
         parts.append(lp.logp.detach())
@@ -169,7 +173,7 @@ def measure(
     model, tok, prompts = _load(model_name, cfg)
     now = {"hf": hf, "logprobs": logprobs}
     gen: dict[str, list[float]] = {"before": [], "after": []}
-    fwd: dict[str, list[float]] = {"before": [], "after": []}
+    fwd: dict[str, list[float]] = {"before": [], "after": [], "after_recompute": []}
     rolls, outs = {}, {}
     _generate(hf, model, tok, prompts[:1], {**cfg, "max_new": 2})  # warm-up
     load0 = os.getloadavg()[0]
@@ -180,9 +184,14 @@ def measure(
     roll = rolls["after"]
     roll = replace(roll, **{k: getattr(roll, k).clone() for k in
                             ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")})  # fmt: skip
+    sides = (
+        ("before", base, {}),
+        ("after", now, {}),
+        ("after_recompute", now, {"recompute": True}),
+    )
     for _ in range(repeats):
-        for side, mods in (("before", base), ("after", now)):
-            logp, grads, dt = _train_forward(mods["logprobs"], model, roll, cfg)
+        for side, mods, options in sides:
+            logp, grads, dt = _train_forward(mods["logprobs"], model, roll, cfg, **options)
             outs[side] = (logp, grads)
             fwd[side].append(dt)
     same = torch.equal(rolls["before"].completion_ids, rolls["after"].completion_ids)
@@ -213,6 +222,10 @@ def measure(
         out[part]["speedup_median"] = round(
             after["tokens_per_s_median"] / before["tokens_per_s_median"], 3
         )
+    again = out["train_forward"]["after_recompute"]
+    out["train_forward"]["recompute_cost_median"] = round(
+        out["train_forward"]["after"]["tokens_per_s_median"] / again["tokens_per_s_median"], 3
+    )
     if compiled:
         out["compiled_generate"] = _compiled(
             model, tok, prompts, cfg, repeats, rolls["after"].completion_ids
