@@ -156,13 +156,17 @@ def weights_checksum(model) -> float:
 
 
 def train_prompts(args: argparse.Namespace, task, tok) -> list[tuple[str, Any]]:
-    """(rendered prompt, reference) of every step, in the order grouprl's loop draws them."""
-    from grouprl.train.loop import prompt_seed
+    """(rendered prompt, reference) of every step, in the order grouprl's loop draws them
+    (its own prompt source, ``grouprl.train.prompts.Prompts``, for the preset's sampler)."""
+    from grouprl import presets
+    from grouprl.train.prompts import Prompts
 
+    sampler = presets.get(args.preset).sampler
+    source = Prompts(task, sampler=sampler, pool_size=0, seed=args.seed)
     out = []
     for step in range(1, args.steps + 1):  # the loop increments run.step before the step
-        for ex in task.examples("train", args.prompts, prompt_seed(args.seed, step, 0)):
-            out.append((task.render(ex, tok), ex.reference))
+        examples, _ = source.draw(args.prompts, step, 0)
+        out += [(task.render(ex, tok), ex.reference) for ex in examples]
     return out
 
 
@@ -697,12 +701,20 @@ def worker(args: argparse.Namespace) -> None:
 # ---- the parent: pre-flight, the two runs, the comparison -------------------------------------
 
 
-def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """``{row: {grouprl, trl, equal}}`` over the union of rows (a missing row differs)."""
+def compare(
+    a: dict[str, Any], b: dict[str, Any], *, observed: bool = False
+) -> dict[str, dict[str, Any]]:
+    """``{row: {grouprl, trl, equal}}`` over the union of rows (a missing row differs).
+
+    ``observed``: rows a trainer never produced (e.g. no gradient pass ran because every
+    group collapsed) are ``equal: None``, not compared, rather than a difference.
+    """
     table = {}
     for key in list(dict.fromkeys([*a, *b])):
         va, vb = a.get(key, "<missing>"), b.get(key, "<missing>")
-        same = json.dumps(va, sort_keys=True) == json.dumps(vb, sort_keys=True)
+        same: bool | None = json.dumps(va, sort_keys=True) == json.dumps(vb, sort_keys=True)
+        if observed and "<missing>" in (va, vb):
+            same = None
         table[key] = {"grouprl": va, "trl": vb, "equal": same}
     return table
 
@@ -713,7 +725,7 @@ def differing(table: dict[str, dict[str, Any]]) -> list[str]:
         f"{key}: grouprl {json.dumps(r['grouprl'], sort_keys=True)} "
         f"vs TRL {json.dumps(r['trl'], sort_keys=True)}"
         for key, r in table.items()
-        if not r["equal"]
+        if r["equal"] is False
     ]
 
 
@@ -896,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
     out["train_rewards"] = {w: r["train_rewards"] for w, r in res.items()}
     if len(res) == 2:
         g, t = res["grouprl"], res["trl"]
-        observed = compare(g["observed"], t["observed"])
+        observed = compare(g["observed"], t["observed"], observed=True)
         out["observed"] = observed
         out["settings"] = compare(g["settings"], t["settings"])  # read again after training
         out["ratios"] = _ratios(g, t)

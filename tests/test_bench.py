@@ -90,7 +90,7 @@ def test_settings_table_printed_under_the_ratios_even_when_the_run_failed(tmp_pa
     assert outcome["result"]["settings_equal"] is False
     bench.print_table({"vs_trl": outcome}, quick=False)
     out = capsys.readouterr().out
-    assert "settings read back from each trainer (2/3 equal)" in out
+    assert "settings read back from each trainer (1 of 3 differ)" in out
     assert "cpu bfloat16" in out and "autocast in forward passes" in out
 
 

@@ -238,14 +238,15 @@ def _vs_trl_rows(res: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def settings_rows(res: dict[str, Any]) -> list[tuple[str, Any, Any, bool]]:
-    """vs_trl's settings and observed rows: (setting, grouprl, TRL, equal)."""
+def settings_rows(res: dict[str, Any]) -> list[tuple[str, Any, Any, bool | None]]:
+    """vs_trl's settings and observed rows: (setting, grouprl, TRL, equal; None = one side
+    never observed it)."""
     out = []
     for section in ("settings", "observed"):
         for key, row in (res.get(section) or {}).items():
             if isinstance(row, dict) and "equal" in row:
                 label = key if section == "settings" else f"observed: {key}"
-                out.append((label, row.get("grouprl"), row.get("trl"), bool(row["equal"])))
+                out.append((label, row.get("grouprl"), row.get("trl"), row["equal"]))
     return out
 
 
@@ -388,16 +389,18 @@ def _show(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
 
 
-def _settings_table(name: str, rows: list[tuple[str, Any, Any, bool]]) -> Any:
+def _settings_table(name: str, rows: list[tuple[str, Any, Any, bool | None]]) -> Any:
     """The settings each trainer ran with, read back from its live objects; differences red."""
     from rich.table import Table
 
-    same = sum(1 for *_, equal in rows if equal)
-    table = Table(title=f"{name}: settings read back from each trainer ({same}/{len(rows)} equal)")
+    differ = sum(1 for *_, equal in rows if equal is False)
+    table = Table(
+        title=f"{name}: settings read back from each trainer ({differ} of {len(rows)} differ)"
+    )
     for col in ("setting", "grouprl", "TRL", "equal"):
         table.add_column(col, overflow="fold")
     for key, g, t, equal in rows:
-        style = None if equal else "red"
+        style = "red" if equal is False else None
         table.add_row(key, _show(g), _show(t), _fmt(equal), style=style)
     return table
 
