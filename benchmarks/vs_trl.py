@@ -336,7 +336,8 @@ class Probe:
     Per pass: gradient on or off, with or without a KV cache (decode steps have one; a
     prefill or a scoring forward has none), rows × tokens, and the autocast state, torch
     threads, parameter dtype, train mode, active dropout and gradient checkpointing at that
-    moment; for cache-less passes without gradient (prefills) the prompt lengths.
+    moment; for cache-less passes without gradient (prefills) the prompt lengths. No-gradient
+    passes are the rollouts' (and grouprl's statistics-only forwards of collapsed groups).
     """
 
     def __init__(self, model) -> None:
@@ -362,8 +363,7 @@ class Probe:
         grad = torch.is_grad_enabled()
         kind = "grad" if grad else ("no_grad_cached" if cached else "no_grad_uncached")
         self.passes[kind] += 1
-        phase = "training forward" if grad else "generation"
-        self._note(f"autocast in {phase}", _autocast_state())
+        self._note(f"autocast in {'gradient' if grad else 'no-gradient'} passes", _autocast_state())
         self._note("parameter dtype in forward", _param_dtypes(module))
         self._note("torch threads in forward", torch.get_num_threads())
         checkpointing = bool(getattr(module, "gradient_checkpointing", False) and module.training)
@@ -371,9 +371,7 @@ class Probe:
         if grad:
             self.grad_tokens += rows * length
             self.train_mode.add(bool(module.training))  # information: dropout is what counts
-            self._note(
-                "dropout in training forward", _dropout_p(module) if module.training else 0.0
-            )
+            self._note("dropout in gradient passes", _dropout_p(module) if module.training else 0.0)
         elif not cached and ids is not None:
             mask = kwargs.get("attention_mask")
             if mask is not None and mask.dim() == 2:
