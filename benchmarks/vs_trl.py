@@ -336,7 +336,8 @@ class Probe:
     Per pass: gradient on or off, with or without a KV cache (decode steps have one; a
     prefill or a scoring forward has none), rows × tokens, and the autocast state, torch
     threads, parameter dtype, train mode, active dropout and gradient checkpointing at that
-    moment; for cache-less passes without gradient (prefills) the prompt lengths. No-gradient
+    moment; for the rollouts' prefills (whole-model passes without gradient or cache) the
+    prompt lengths. No-gradient
     passes are the rollouts' (and grouprl's statistics-only forwards of collapsed groups).
     """
 
@@ -348,7 +349,11 @@ class Probe:
         self.train_mode: set[bool] = set()
         self.seen: dict[str, set] = {}
         self.prompt_lengths: list[int] = []
-        self._handle = self.decoder.register_forward_pre_hook(self._hook, with_kwargs=True)
+        self._handles = [
+            self.decoder.register_forward_pre_hook(self._hook, with_kwargs=True),
+            # the rollouts call the whole model (grouprl's log-probs call the decoder alone)
+            model.register_forward_pre_hook(self._prompts, with_kwargs=True),
+        ]
 
     def _note(self, key: str, value: Any) -> None:
         self.seen.setdefault(key, set()).add(json.dumps(value))
@@ -372,16 +377,25 @@ class Probe:
             self.grad_tokens += rows * length
             self.train_mode.add(bool(module.training))  # information: dropout is what counts
             self._note("dropout in gradient passes", _dropout_p(module) if module.training else 0.0)
-        elif not cached and ids is not None:
-            mask = kwargs.get("attention_mask")
-            if mask is not None and mask.dim() == 2:
-                self.prompt_lengths += mask.sum(-1).tolist()
-            else:
-                self.prompt_lengths += [length] * rows
+
+    def _prompts(self, module, args, kwargs) -> None:
+        """Prompt lengths of the rollouts' prefills: whole-model passes, no gradient, no cache."""
+        import torch
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        past = kwargs.get("past_key_values")
+        if torch.is_grad_enabled() or ids is None or (past is not None and past.get_seq_length()):
+            return
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            self.prompt_lengths += mask.sum(-1).tolist()
+        else:
+            self.prompt_lengths += [ids.shape[1]] * ids.shape[0]
 
     def close(self) -> dict[str, Any]:
         """Observed rows (compared) and pass counts (information: a trainer's choice)."""
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
         rows = {k: sorted(json.loads(v) for v in vs) for k, vs in sorted(self.seen.items())}
         lengths = self.prompt_lengths
         rows["prompt tokens per sequence (mean, max)"] = (
