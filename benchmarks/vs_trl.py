@@ -444,6 +444,7 @@ def grouprl_config(args: argparse.Namespace, out: Path):
             "run.progress=false",
             "run.tensorboard=false",
             "run.report=false",
+            "run.save_final=false",  # TRL writes nothing at the end either
             f"run.threads={args.threads}",
             *args.grouprl_set,
         ],
