@@ -1,7 +1,7 @@
 """Where a training step's time goes: generate, score, log-probs, backward, optimizer, diagnostics.
 
     python benchmarks/train_step.py                       # tiny maze model and SmolLM2
-    python benchmarks/train_step.py --models tiny --steps 10
+    python benchmarks/train_step.py --models tiny --steps 10 --threads 1 0
 
 Each model runs in its own subprocess (so peak memory is that model's), through the real
 loop (``grouprl.train.loop.train``) with sinks reduced to metrics.jsonl, for ``--warmup``
@@ -14,7 +14,11 @@ the measured steps. Printed as JSON:
 - ``diagnostics_frac = diagnostics / step`` (target ≤ 0.01);
 - ``peak_rss_mb``: the subprocess's peak resident memory (``ru_maxrss``).
 
-Benchmark on an idle machine: another busy process slows torch 4–10× (docs/models.md).
+``--threads`` runs every model once per thread count (default ``1 0``: one thread, and
+``run.threads=0``, torch's own default, which is ``torch_default_threads`` in the JSON), so
+the default of ``run.threads`` can be judged on the machine at hand; ``load_average`` is
+recorded before and after each child. Benchmark on an idle machine: another busy process
+slows torch 4–10× (docs/models.md).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ STAGES = ("generate", "score", "logprobs", "backward", "optimizer", "diagnostics
 
 
 def _child(model: str, steps: int, warmup: int, threads: int) -> dict:
+    import torch
+
     from grouprl.train.config import load_config
     from grouprl.train.loop import train
     from grouprl.train.sinks import read_jsonl
@@ -83,6 +89,7 @@ def _child(model: str, steps: int, warmup: int, threads: int) -> dict:
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "wall_seconds_incl_load": round(wall, 2),
         "threads": threads,
+        "threads_used": torch.get_num_threads(),
         "targets": {"ratio": 1.15, "diagnostics_frac": 0.01},
     }
 
@@ -92,33 +99,38 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1, 0], help="run.threads values (0 = torch's)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(_child(args.child, args.steps, args.warmup, args.threads)))
+        print(json.dumps(_child(args.child, args.steps, args.warmup, args.threads[0])))
         return
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     results = []
     for model in args.models:
-        cmd = [
-            sys.executable,
-            __file__,
-            "--child",
-            model,
-            "--steps",
-            str(args.steps),
-            "--warmup",
-            str(args.warmup),
-            "--threads",
-            str(args.threads),
-        ]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            results.append({"model": model, "error": proc.stderr.strip().splitlines()[-3:]})
-            continue
-        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    print(json.dumps({"benchmark": "train_step", "results": results}, indent=1))
+        for threads in args.threads:
+            cmd = [sys.executable, __file__, "--child", model, "--steps", str(args.steps),
+                   "--warmup", str(args.warmup), "--threads", str(threads)]  # fmt: skip
+            load = os.getloadavg()[0]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = proc.stderr.strip().splitlines()[-3:]
+                results.append({"model": model, "threads": threads, "error": tail})
+                continue
+            res = json.loads(proc.stdout.strip().splitlines()[-1])
+            res["load_average"] = [load, os.getloadavg()[0]]
+            results.append(res)
+    import torch
+
+    out = {
+        "benchmark": "train_step",
+        "torch_default_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "results": results,
+    }
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,31 +1,44 @@
-"""grouprl's trainer vs TRL's GRPOTrainer on the same model, task, batch and budget; prints JSON.
+"""grouprl's trainer vs TRL's GRPOTrainer at equal settings, proven from both trainers' live objects.
 
-    python benchmarks/vs_trl.py [--steps 20] [--prompts 16] [--group 8] [--max-new 32] [--quick]
+    python benchmarks/vs_trl.py --model smollm2     # SmolLM2-135M-Instruct, basic_arithmetic
+    python benchmarks/vs_trl.py --model tiny        # the 205k-parameter maze Llama after SFT
+    python benchmarks/vs_trl.py --settings-only     # build both trainers, compare, stop
+    python benchmarks/vs_trl.py --quick             # smoke sizes
 
-Both trainers start from the same weights (the tiny maze Llama, 205k parameters, built from a
-config, after the cached SFT warm start grouprl's ``train`` uses), train on the maze task with
-the ``grpo`` preset (TRL: the equivalent ``GRPOConfig`` from
-``grouprl.integrations.trl.trl_loss_settings``: loss_type "grpo", ε = 0.2, β = 0), P prompts ×
-G completions per step, one AdamW step per generation batch (lr, betas, eps, weight decay, grad
-clip 1.0 equal), temperature 1, top-p 1, the same completion length and number of steps, one
-torch thread each. Each trainer runs in its own child process (so that its peak RSS is its own),
-one after the other. Measured per trainer:
+Both trainers start from the same weights, train on the same task with the ``grpo`` preset
+(TRL: the equivalent ``GRPOConfig`` from ``grouprl.integrations.trl.trl_loss_settings``),
+P prompts × G completions per step, one AdamW step per generation batch, in fp32 on the CPU
+with no autocast (TRL's ``GRPOConfig`` defaults ``bf16=True``, which on a CPU means
+``torch.autocast("cpu", bfloat16)``, and ``gradient_checkpointing=True``; both are turned off
+here), the same micro-batch, sampling, completion length, threads and steps. Each trainer runs
+in its own child process (its peak RSS is its own), one after the other.
 
-- ``samples_per_s`` / ``tokens_per_s``: completions and generated completion tokens per second
-  of the ``train()`` call (rollout + scoring + update + logging; model building excluded;
-  TRL's trainer construction is reported separately as ``init_s``);
-- ``peak_rss_mib``: the child's peak resident set size (``resource.getrusage``);
-- ``train_reward_last``: mean training reward over the last quarter of the steps;
-- ``eval``: mean reward and pass@1 of the final policy on the same held-out mazes with the same
-  sampler and random stream (grouprl's HF rollout for both), and of the starting policy.
+Equal settings, shown: each child builds its trainer and reads the settings back from the
+trainer's live objects (TRL: ``trainer.args``, ``trainer.accelerator.autocast()``,
+``trainer.generation_config``, the optimizer's ``param_groups``, ``model.config``,
+``torch.get_num_threads()``; grouprl: the ``Run`` that ``grouprl.train.state.setup`` builds
+from the same config: ``run.cfg``, ``run.autocast()``, ``run.optimizer``, ``run.model``). A
+forward pre-hook on the decoder records what every forward pass of the timed run actually ran
+with (parameter dtype, autocast, threads, train mode, dropout, gradient checkpointing, prompt
+lengths) and counts the passes. The table goes into the JSON; a row that differs stops the run
+before anything is timed (rows compared from the construction) or fails it after (rows observed
+during the run), with a message listing the rows.
 
-Ratios are grouprl / TRL. Target (issue 8): samples/s ratio >= 1.5 with eval reward at least
-TRL's minus two standard errors.
+Measured per trainer: ``samples_per_s`` / ``tokens_per_s`` (completions and generated tokens
+per second of ``train()``; model loading, TRL's trainer construction and grouprl's final
+checkpoint write excluded: TRL saves nothing with ``save_strategy="no"``), ``peak_rss_mib``
+(the child's ``ru_maxrss``; grouprl's taken before that checkpoint write, which is reported
+separately), the per-phase time split (generate, score, forward, backward,
+optimizer), the training reward, and (``--eval-prompts`` > 0) the held-out reward of the final
+policy under one sampler (grouprl's rollout for both). Ratios are grouprl / TRL. The machine's
+load average before and after each child is in the JSON: numbers taken on a busy machine are
+provisional.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -43,30 +56,124 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
 
+MODELS: dict[str, dict[str, Any]] = {
+    # the maze miniature: 16 mazes x 8, 32 tokens, after the cached SFT warm start
+    "tiny": {
+        "task": "maze",
+        "sft_steps": 1400,
+        "prompts": 16,
+        "group": 8,
+        "max_new": 32,
+        "steps": 20,
+        "lr": 5e-5,
+        "micro": 0,
+        "chunk": 2048,
+        "eval_prompts": 128,
+        "eval_samples": 8,
+        "verify_timeout": 0.0,
+    },
+    # SmolLM2-135M-Instruct on one-digit arithmetic with the chat template (issue 14)
+    "smollm2": {
+        "task": "basic_arithmetic",
+        "sft_steps": 0,
+        "prompts": 8,
+        "group": 8,
+        "max_new": 64,
+        "steps": 5,
+        "lr": 2e-6,
+        "micro": 16,
+        "chunk": 1024,
+        "eval_prompts": 0,
+        "eval_samples": 8,
+        "verify_timeout": 0.0,
+    },
+}
+"""Per-model defaults [OURS]: grouprl's own defaults for that model (config.PROFILES), with
+``micro`` sequences per forward/backward (0 = the whole batch) on both sides."""
+
+QUICK: dict[str, dict[str, Any]] = {
+    "tiny": {"steps": 3, "prompts": 4, "group": 4, "max_new": 16, "sft_steps": 0,
+             "eval_prompts": 16, "eval_samples": 4},
+    "smollm2": {"steps": 1, "prompts": 2, "group": 4, "max_new": 8, "micro": 4,
+                "eval_prompts": 0},
+}  # fmt: skip
+"""``--quick`` sizes (smoke: seconds for tiny, about a minute for SmolLM2)."""
+
 
 def _rss_mib() -> float:
     """Peak RSS of this process in MiB (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def machine() -> dict[str, Any]:
+    """CPU model, the SIMD flags that decide fp32/bf16 speed, cores, load, versions."""
+    model, flags = "?", set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model == "?":
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+    return {
+        "cpu_model": model,
+        "cpu_flags": [f for f in wanted if f in flags],
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+# ---- the starting policy and the task ---------------------------------------------------------
+
+
 def build(args: argparse.Namespace):
-    """The starting policy, its tokenizer and the maze task (identical in both children)."""
+    """The starting policy, its tokenizer and the task (identical in both children)."""
     import torch
 
     from grouprl import models, tasks
-    from grouprl.train import sft
 
-    task = tasks.get("maze")
+    task = tasks.get(args.task)
+    name = "tiny" if args.model == "tiny" else args.model
     # [OURS] the start is fixed (init and SFT seed 0: the cached warm start `grouprl train`
     # uses); --seed changes only the RL runs (prompt order, sampling).
-    model, tok = models.load("tiny", task=task, dtype=torch.float32, seed=0)
+    model, tok = models.load(
+        name, task=task, dtype=torch.float32, seed=0, attn_implementation="sdpa"
+    )
     if args.sft_steps > 0:
+        from grouprl.train import sft
+
         model = sft.warm_start(model, tok, task, steps=args.sft_steps, seed=0, progress=False)
     return model.eval(), tok, task
 
 
-def evaluate(model, tok, task, args: argparse.Namespace) -> dict[str, float]:
-    """Mean reward and pass@1 on ``--eval-prompts`` held-out mazes × ``--eval-samples``."""
+def weights_checksum(model) -> float:
+    """Sum of every parameter in float64: equal starting weights give equal sums."""
+    import torch
+
+    with torch.no_grad():
+        return float(sum(p.double().sum() for p in model.parameters()))
+
+
+def train_prompts(args: argparse.Namespace, task, tok) -> list[tuple[str, Any]]:
+    """(rendered prompt, reference) of every step, in the order grouprl's loop draws them
+    (its own prompt source, ``grouprl.train.prompts.Prompts``, for the preset's sampler)."""
+    from grouprl import presets
+    from grouprl.train.prompts import Prompts
+
+    sampler = presets.get(args.preset).sampler
+    source = Prompts(task, sampler=sampler, pool_size=0, seed=args.seed)
+    out = []
+    for step in range(1, args.steps + 1):  # the loop increments run.step before the step
+        examples, _ = source.draw(args.prompts, step, 0)
+        out += [(task.render(ex, tok), ex.reference) for ex in examples]
+    return out
+
+
+def evaluate(model, tok, task, args: argparse.Namespace) -> dict[str, float] | None:
+    """Mean reward and pass@1 on ``--eval-prompts`` held-out examples × ``--eval-samples``."""
+    if args.eval_prompts <= 0:
+        return None
     import torch
 
     from grouprl.rollout import hf
@@ -87,29 +194,249 @@ def evaluate(model, tok, task, args: argparse.Namespace) -> dict[str, float]:
     }
 
 
-# ---- the two trainers ----------------------------------------------------------------------
+# ---- settings, read back from live objects ---------------------------------------------------
 
 
-def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, Any]:
+def _autocast_state() -> str:
+    """``off`` or ``cpu <dtype>``: the autocast state of the calling code, on the CPU."""
+    import torch
+
+    if not torch.is_autocast_enabled("cpu"):
+        return "off"
+    return f"cpu {str(torch.get_autocast_dtype('cpu')).removeprefix('torch.')}"
+
+
+def _param_dtypes(model) -> str:
+    return ",".join(sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()}))
+
+
+def _dropout_p(model) -> float:
+    """The largest dropout probability in the model: Dropout modules and attention dropout."""
+    import torch
+
+    ps = [m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)]
+    ps.append(float(getattr(model.config, "attention_dropout", 0.0) or 0.0))
+    return float(max(ps))
+
+
+def _optimizer(opt) -> dict[str, Any]:
+    """Class and the distinct hyper-parameter sets of an optimizer's param groups."""
+    inner = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps it
+    keys = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+    groups = {
+        json.dumps({k: g.get(k) for k in keys}, sort_keys=True, default=list)
+        for g in inner.param_groups
+    }
+    return {"class": type(inner).__name__, "groups": [json.loads(g) for g in sorted(groups)]}
+
+
+def _trainable(model) -> int:
+    return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
+
+
+_SCALE_REWARDS = {"grpo": "group", "dr_grpo": "none"}
+"""grouprl estimator -> the TRL ``scale_rewards`` that computes the same advantage."""
+
+_OVERLONG = {None: "kept", "mask": "masked", "soft": "soft penalty"}
+
+
+def grouprl_settings(run) -> dict[str, Any]:
+    """The settings table of a grouprl ``Run`` (``grouprl.train.state.setup``)."""
+    import torch
+
+    from grouprl.integrations.trl import trl_loss_settings
+    from grouprl.rollout import hf
+
+    cfg, model, o, s = run.cfg, run.model, run.cfg.optim, run.cfg.sampling
+    with run.autocast():
+        autocast = _autocast_state()
+    per_step = cfg.batch_size // o.minibatches
+    return {
+        "parameter dtype": _param_dtypes(model),
+        "autocast in forward passes": autocast,
+        "attention implementation": model.config._attn_implementation,
+        "torch threads": torch.get_num_threads(),
+        "prompts per step": s.prompts_per_step,
+        "group size": s.group_size,
+        "sequences per forward/backward (micro-batch)": o.micro_batch_size or per_step,
+        "max completion tokens": s.max_new_tokens,
+        "prompt truncation": "none",
+        "temperature": s.temperature,
+        "top-p": s.top_p,
+        "top-k": "off",  # grouprl's sampler has no top-k, min-p or repetition penalty
+        "min-p": "off",
+        "repetition penalty": 1.0,
+        "EOS token ids": hf._eos_ids(model, run.tokenizer),
+        "optimizer": _optimizer(run.optimizer),
+        "lr schedule": "constant, no warm-up",  # the loop has no scheduler
+        "grad clip (global norm)": o.grad_clip if o.grad_clip > 0 else "off",
+        "epochs per generation batch": o.ppo_epochs,
+        "optimizer steps per epoch": o.minibatches,
+        "gradient checkpointing": bool(getattr(model, "is_gradient_checkpointing", False)),
+        "dropout probability (modules, attention)": _dropout_p(model),
+        "loss": trl_loss_settings(run.preset),
+        "advantage (TRL scale_rewards)": _SCALE_REWARDS.get(run.preset.estimator, "other"),
+        "truncated completions": _OVERLONG.get(run.preset.overlong, run.preset.overlong),
+        "trainable parameters": _trainable(model),
+    }
+
+
+def trl_settings(trainer) -> dict[str, Any]:
+    """The same table from a live ``GRPOTrainer`` (after ``create_optimizer``)."""
+    import torch
+
+    a, gen = trainer.args, trainer.generation_config
+    with trainer.accelerator.autocast():
+        autocast = _autocast_state()
+    warm = float(a.warmup_steps or 0) + float(getattr(a, "warmup_ratio", 0) or 0)
+    schedule = str(getattr(a.lr_scheduler_type, "value", a.lr_scheduler_type))
+    eos = gen.eos_token_id if isinstance(gen.eos_token_id, list) else [gen.eos_token_id]
+    return {
+        "parameter dtype": _param_dtypes(trainer.model),
+        "autocast in forward passes": autocast,
+        "attention implementation": trainer.model.config._attn_implementation,
+        "torch threads": torch.get_num_threads(),
+        "prompts per step": a.generation_batch_size // trainer.num_generations,
+        "group size": trainer.num_generations,
+        "sequences per forward/backward (micro-batch)": a.per_device_train_batch_size,
+        "max completion tokens": gen.max_new_tokens,
+        "prompt truncation": getattr(a, "max_prompt_length", None) or "none",
+        "temperature": gen.temperature,
+        "top-p": gen.top_p,
+        "top-k": gen.top_k or "off",
+        "min-p": gen.min_p or "off",
+        "repetition penalty": gen.repetition_penalty,
+        "EOS token ids": sorted(int(i) for i in eos),
+        "optimizer": _optimizer(trainer.optimizer),
+        "lr schedule": f"{schedule}, no warm-up" if warm == 0 else f"{schedule}, warm-up {warm}",
+        "grad clip (global norm)": a.max_grad_norm if a.max_grad_norm > 0 else "off",
+        "epochs per generation batch": trainer.num_iterations,
+        "optimizer steps per epoch": a.steps_per_generation // a.gradient_accumulation_steps,
+        # the Trainer switches it on inside train(): its argument says what it will do
+        "gradient checkpointing": bool(
+            a.gradient_checkpointing or getattr(trainer.model, "is_gradient_checkpointing", False)
+        ),
+        "dropout probability (modules, attention)": _dropout_p(trainer.model),
+        "loss": {
+            "loss_type": trainer.loss_type,
+            "epsilon": trainer.epsilon_low,
+            "epsilon_high": trainer.epsilon_high,
+            "importance_sampling_level": trainer.importance_sampling_level,
+            "beta": trainer.beta,
+        },
+        "advantage (TRL scale_rewards)": trainer.scale_rewards,
+        "truncated completions": "masked" if trainer.mask_truncated_completions else "kept",
+        "trainable parameters": _trainable(trainer.model),
+    }
+
+
+class Probe:
+    """A forward pre-hook on the decoder: what every forward pass actually ran with.
+
+    Per pass: gradient on or off, with or without a KV cache (decode steps have one; a
+    prefill or a scoring forward has none), rows × tokens, and the autocast state, torch
+    threads, parameter dtype, train mode, active dropout and gradient checkpointing at that
+    moment; for the rollouts' prefills (whole-model passes without gradient or cache) the
+    prompt lengths. No-gradient
+    passes are the rollouts' (and grouprl's statistics-only forwards of collapsed groups).
+    """
+
+    def __init__(self, model) -> None:
+        inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+        self.decoder = inner.base_model
+        self.passes = {"grad": 0, "no_grad_cached": 0, "no_grad_uncached": 0}
+        self.grad_tokens = 0
+        self.train_mode: set[bool] = set()
+        self.seen: dict[str, set] = {}
+        self.prompt_lengths: list[int] = []
+        self._handles = [
+            self.decoder.register_forward_pre_hook(self._hook, with_kwargs=True),
+            # the rollouts call the whole model (grouprl's log-probs call the decoder alone)
+            model.register_forward_pre_hook(self._prompts, with_kwargs=True),
+        ]
+
+    def _note(self, key: str, value: Any) -> None:
+        self.seen.setdefault(key, set()).add(json.dumps(value))
+
+    def _hook(self, module, args, kwargs) -> None:
+        import torch
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        rows, length = (ids.shape[0], ids.shape[1]) if ids is not None else (0, 0)
+        past = kwargs.get("past_key_values")
+        cached = past is not None and past.get_seq_length() > 0
+        grad = torch.is_grad_enabled()
+        kind = "grad" if grad else ("no_grad_cached" if cached else "no_grad_uncached")
+        self.passes[kind] += 1
+        self._note(f"autocast in {'gradient' if grad else 'no-gradient'} passes", _autocast_state())
+        self._note("parameter dtype in forward", _param_dtypes(module))
+        self._note("torch threads in forward", torch.get_num_threads())
+        checkpointing = bool(getattr(module, "gradient_checkpointing", False) and module.training)
+        self._note("gradient checkpointing active", checkpointing)
+        if grad:
+            self.grad_tokens += rows * length
+            self.train_mode.add(bool(module.training))  # information: dropout is what counts
+            self._note("dropout in gradient passes", _dropout_p(module) if module.training else 0.0)
+
+    def _prompts(self, module, args, kwargs) -> None:
+        """Prompt lengths of the rollouts' prefills: whole-model passes, no gradient, no cache."""
+        import torch
+
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        past = kwargs.get("past_key_values")
+        if torch.is_grad_enabled() or ids is None or (past is not None and past.get_seq_length()):
+            return
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.dim() == 2:
+            self.prompt_lengths += mask.sum(-1).tolist()
+        else:
+            self.prompt_lengths += [ids.shape[1]] * ids.shape[0]
+
+    def close(self) -> dict[str, Any]:
+        """Observed rows (compared) and pass counts (information: a trainer's choice)."""
+        for handle in self._handles:
+            handle.remove()
+        rows = {k: sorted(json.loads(v) for v in vs) for k, vs in sorted(self.seen.items())}
+        lengths = self.prompt_lengths
+        rows["prompt tokens per sequence (mean, max)"] = (
+            [round(sum(lengths) / len(lengths), 3), max(lengths)] if lengths else None
+        )
+        counts = {**self.passes, "grad_tokens": self.grad_tokens,
+                  "train_mode_in_training_forward": sorted(self.train_mode)}  # fmt: skip
+        return {"observed": rows, "forward_passes": counts}
+
+
+# ---- the two trainers -------------------------------------------------------------------------
+
+
+def grouprl_config(args: argparse.Namespace, out: Path):
     from grouprl.train.config import load_config
-    from grouprl.train.loop import train
 
-    cfg = load_config(
+    return load_config(
         None,
         [
-            "model.name=tiny",
+            f"model.name={args.model}",
             "model.warm_start=false",
-            "task.name=maze",
+            "model.dtype=float32",
+            "model.autocast=none",
+            "model.attention=sdpa",
+            "model.device=cpu",
+            f"task.name={args.task}",
             f"sampling.prompts_per_step={args.prompts}",
             f"sampling.group_size={args.group}",
             f"sampling.max_new_tokens={args.max_new}",
             "sampling.temperature=1.0",
             "sampling.top_p=1.0",
-            "sampling.verify_timeout_s=0",
+            f"sampling.verify_timeout_s={args.verify_timeout}",
             f"algorithm.preset={args.preset}",
             f"optim.steps={args.steps}",
             f"optim.lr={args.lr}",
             "optim.grad_clip=1.0",
+            "optim.ppo_epochs=1",
+            "optim.minibatches=1",
+            f"optim.micro_batch_size={args.micro}",
+            f"optim.logprob_chunk={args.chunk}",
+            "optim.entropy=true",
             "eval.every=0",
             f"run.out={out}",
             "run.every=0",
@@ -117,183 +444,319 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
             "run.progress=false",
             "run.tensorboard=false",
             "run.report=false",
-            "run.threads=1",
+            "run.save_final=false",  # TRL writes nothing at the end either
+            f"run.threads={args.threads}",
+            *args.grouprl_set,
         ],
     )
+
+
+def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, Any]:
+    from grouprl.train import loop
+    from grouprl.train.sinks import read_jsonl
+    from grouprl.train.state import setup
+
+    cfg = grouprl_config(args, out)
+    settings = grouprl_settings(setup(cfg, model=model, tokenizer=tok, task=task))
+    if args.settings_only:
+        return {"settings": settings}
+    probe = Probe(model)
+    saving = _checkpoint_meter(loop)  # the final checkpoint: TRL runs with save_strategy="no"
     t0 = time.perf_counter()
-    train(cfg, model=model, tokenizer=tok, task=task)
-    wall = time.perf_counter() - t0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
-    rows = [r for r in rows if "reward/mean" in r or "reward_mean" in r]
+    loop.train(cfg, model=model, tokenizer=tok, task=task)
+    checkpoint = saving["seconds"]
+    wall = time.perf_counter() - t0 - checkpoint
+    rows = [r for r in read_jsonl(out / "metrics.jsonl") if "reward/mean" in r]
     n = args.prompts * args.group
-    rewards = [r.get("reward/mean", r.get("reward_mean")) for r in rows]
-    tokens = sum(r["length/mean"] * n for r in rows)
-    phases = {
-        k[5:]: sum(r.get(k, 0.0) for r in rows)
-        for k in (
-            "time/generate",
-            "time/score",
-            "time/logprobs",
-            "time/backward",
-            "time/optimizer",
-            "time/diagnostics",
-            "time/step",
-        )
-    }
+    stages = ("generate", "score", "logprobs", "backward", "optimizer")
+    phases = {k: sum(r.get(f"time/{k}", 0.0) for r in rows) for k in stages}
+    phases["forward"] = phases.pop("logprobs")
     return {
+        "settings": settings,
+        **probe.close(),
         "wall_s": wall,
         "init_s": 0.0,
+        "checkpoint_s_excluded": checkpoint,
+        "peak_rss_before_checkpoint_mib": saving["peak_before_mib"],
         "steps": len(rows),
-        "completion_tokens": tokens,
-        "train_rewards": rewards,
+        "completion_tokens": sum(r["length/mean"] * n for r in rows),
+        "train_rewards": [r["reward/mean"] for r in rows],
+        "collapsed_group_frac": [r.get("acr/rate") for r in rows],  # all-equal rewards
         "phase_s": phases,
     }
 
 
-def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, Any]:
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+def _checkpoint_meter(loop: Any) -> dict[str, Any]:
+    """Wrap the loop's ``save_checkpoint``: its seconds, and the peak RSS before the first save
+    (grouprl writes a checkpoint at the last step; TRL here writes none)."""
+    meter: dict[str, Any] = {"seconds": 0.0, "peak_before_mib": None}
+    save = getattr(loop, "save_checkpoint", None)
+    if save is None:
+        return meter
+
+    def measured(*a: Any, **k: Any) -> Any:
+        if meter["peak_before_mib"] is None:
+            meter["peak_before_mib"] = _rss_mib()
+        t0 = time.perf_counter()
+        try:
+            return save(*a, **k)
+        finally:
+            meter["seconds"] += time.perf_counter() - t0
+
+    loop.save_checkpoint = measured
+    return meter
+
+
+def _value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+class _PhaseTimer:
+    """Seconds inside wrapped callables, per phase (TRL's trainer methods)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, obj: Any, name: str, phase: str) -> None:
+        fn = getattr(obj, name)
+
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - t0
+
+        setattr(obj, name, timed)
+
+
+def _optimizer_callback(timer: _PhaseTimer):
+    from transformers import TrainerCallback
+
+    class OptimizerTime(TrainerCallback):
+        t0 = 0.0
+
+        def on_pre_optimizer_step(self, *a: Any, **k: Any) -> None:
+            self.t0 = time.perf_counter()
+
+        def on_optimizer_step(self, *a: Any, **k: Any) -> None:
+            dt = time.perf_counter() - self.t0
+            timer.seconds["optimizer"] = timer.seconds.get("optimizer", 0.0) + dt
+
+    return OptimizerTime()
+
+
+def trl_config(args: argparse.Namespace, out: Path):
+    from trl import GRPOConfig
 
     from grouprl import presets
     from grouprl.integrations.trl import trl_loss_settings
 
-    loss = trl_loss_settings(presets.get(args.preset))
-    if loss is None:
+    preset = presets.get(args.preset)
+    loss = trl_loss_settings(preset)
+    if loss is None or preset.estimator not in _SCALE_REWARDS:
         raise SystemExit(f"preset {args.preset} has no TRL-native equivalent")
-    examples = task.examples("train", args.steps * args.prompts, args.seed)
-    data = Dataset.from_dict(
-        {
-            "prompt": [task.render(ex, tok) for ex in examples],
-            "maze": [ex.prompt for ex in examples],
-        }
-    )
-
-    def maze_reward(prompts, completions, maze, **kwargs):
-        return [task.verify(c, m) for c, m in zip(completions, maze)]
-
-    config = GRPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=args.prompts * args.group,
-        gradient_accumulation_steps=1,
-        num_generations=args.group,
-        max_completion_length=args.max_new,
-        temperature=1.0,
-        top_p=1.0,
-        max_steps=args.steps,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
-        adam_beta1=0.9,
-        adam_beta2=0.999,
-        adam_epsilon=1e-8,
-        max_grad_norm=1.0,
-        optim="adamw_torch",
-        num_iterations=1,
-        logging_steps=1,
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        seed=args.seed,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
+    n = args.prompts * args.group
+    micro = args.micro or n
+    if n % micro:
+        raise SystemExit(f"--micro {micro} must divide prompts x group = {n}")
+    fields: dict[str, Any] = {
+        "output_dir": str(out),
+        "per_device_train_batch_size": micro,
+        "gradient_accumulation_steps": n // micro,  # one optimizer step per generation batch
+        "num_generations": args.group,
+        "max_completion_length": args.max_new,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "repetition_penalty": 1.0,
+        "max_steps": args.steps,
+        "learning_rate": args.lr,
+        "lr_scheduler_type": "constant",
+        "warmup_steps": 0,
+        "weight_decay": 0.0,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "adam_epsilon": 1e-8,
+        "max_grad_norm": 1.0,
+        "optim": "adamw_torch",
+        "num_iterations": 1,
+        "bf16": False,  # fp32 on the CPU: GRPOConfig's default bf16=True means bf16 autocast
+        "fp16": False,
+        "gradient_checkpointing": False,  # GRPOConfig's default is True; grouprl has none
+        "disable_dropout": True,  # grouprl trains in eval mode (dropout off)
+        "shuffle_dataset": False,  # the prompts in grouprl's order
+        "scale_rewards": _SCALE_REWARDS[preset.estimator],
+        "mask_truncated_completions": preset.overlong == "mask",
+        "logging_steps": 1,
+        "report_to": [],
+        "use_cpu": True,
+        "save_strategy": "no",
+        "seed": args.seed,
+        "dataloader_num_workers": 0,
+        "disable_tqdm": True,
+        "log_completions": False,
         **loss,
-    )
+    }
+    for item in args.trl_set:
+        key, _, value = item.partition("=")
+        fields[key.strip()] = _value(value)
+    return GRPOConfig(**fields)
+
+
+def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, Any]:
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    pairs = train_prompts(args, task, tok)
+    data = Dataset.from_dict({"prompt": [p for p, _ in pairs], "row": list(range(len(pairs)))})
+    references = [ref for _, ref in pairs]
+
+    def task_reward(prompts, completions, row, **kwargs):
+        out = []
+        for text, i in zip(completions, row):
+            try:
+                out.append(float(task.verify(text, references[i])))
+            except Exception:  # unscorable, as grouprl's NaN
+                out.append(None)
+        return out
+
+    timer = _PhaseTimer()
     t0 = time.perf_counter()
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=maze_reward,
-        args=config,
+        reward_funcs=task_reward,
+        args=trl_config(args, out),
         train_dataset=data,
         processing_class=tok,
+        callbacks=[_optimizer_callback(timer)],
     )
     init = time.perf_counter() - t0
+    if args.settings_only:
+        trainer.create_optimizer()
+        return {"settings": trl_settings(trainer)}
+    timer.wrap(trainer, "_generate_single_turn", "generate")
+    timer.wrap(trainer, "_calculate_rewards", "score")
+    timer.wrap(trainer, "compute_loss", "forward")
+    timer.wrap(trainer.accelerator, "backward", "backward")
+    probe = Probe(model)
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "reward" in h]
     n = args.prompts * args.group
     return {
+        "settings": trl_settings(trainer),
+        **probe.close(),
         "wall_s": wall,
         "init_s": init,
         "steps": len(logs),
         "completion_tokens": sum(h["completions/mean_length"] * n for h in logs),
         "train_rewards": [h["reward"] for h in logs],
+        "collapsed_group_frac": [h.get("frac_reward_zero_std") for h in logs],
+        "phase_s": {k: timer.seconds.get(k, 0.0) for k in _PHASES},
         "model": trainer.model,
     }
 
 
-_PROFILE_POINTS = {
-    "generate (HF generate / grouprl rollout)": ("generate",),
-    "reward / verify": ("maze_reward", "score", "verify"),
-    "policy forward (log-probs)": ("completion_logprobs", "_get_per_token_logps_and_entropies"),
-    "loss": ("_compute_loss", "objective"),
-    "backward": ("backward",),
-    "optimizer step": ("step",),
-}
-"""Label -> function names whose cumulative time is reported [OURS: the stages both share]."""
-
-
-def _top_functions(prof, wall: float) -> dict[str, Any]:
-    """Cumulative seconds of the shared stages and the 12 costliest functions (cProfile)."""
-    import pstats
-
-    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
-    stages = {}
-    for label, names in _PROFILE_POINTS.items():
-        best = 0.0
-        for (file, _, name), (_, _, _, ct, _) in stats.items():
-            if name in names and ("torch/optim" in file or name != "step"):
-                best = max(best, ct)
-        stages[label] = best
-    top = sorted(stats.items(), key=lambda kv: -kv[1][3])[:40]
-    rows = [
-        {"function": f"{Path(f).name}:{line}({name})", "cum_s": ct, "self_s": tt}
-        for (f, line, name), (_, _, tt, ct, _) in top
-        if "profile" not in f and not f.startswith("<") and not name.startswith("<")
-    ][:12]
-    return {"wall_s_profiled": wall, "stages_cum_s": stages, "top_cumulative": rows}
+_PHASES = ("generate", "score", "forward", "backward", "optimizer")
+"""The per-phase split both trainers report: generate (the sampler), score (the reward),
+forward (grouprl: the training forward with its log-probs; TRL: ``compute_loss``), backward
+(grouprl: the loss and its backward; TRL: ``accelerator.backward``), optimizer (clip excluded
+for TRL, included for grouprl); the rest of the wall time is bookkeeping."""
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Child process: build, (eval before), train with one library, eval after; JSON to stdout."""
+    """Child process: build, train with one library, evaluate; JSON on stdout."""
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()
     model, tok, task = build(args)
+    checksum = weights_checksum(model)
     before = evaluate(model, tok, task, args) if args.eval_before else None
     rss0 = _rss_mib()
+    fn = run_grouprl if args.worker == "grouprl" else run_trl
     with tempfile.TemporaryDirectory() as tmp:
-        fn = run_grouprl if args.worker == "grouprl" else run_trl
-        if args.profile:
-            import cProfile
-
-            prof = cProfile.Profile()
-            res = prof.runcall(fn, args, model, tok, task, Path(tmp))
-            res["profile"] = _top_functions(prof, res["wall_s"])
-        else:
-            res = fn(args, model, tok, task, Path(tmp))
+        res = fn(args, model, tok, task, Path(tmp))
+    res["settings"]["initial weights (float64 sum)"] = checksum
+    res["settings"]["task"] = args.task
+    if args.settings_only:
+        print("@@RESULT@@" + json.dumps(res))
+        return
     trained = res.pop("model", model)
-    peak = _rss_mib()
-    after = evaluate(trained.eval(), tok, task, args)
+    peak_all = _rss_mib()
+    peak = res.get("peak_rss_before_checkpoint_mib") or peak_all
     n = args.prompts * args.group
     k = max(1, len(res["train_rewards"]) // 4)
+    phases = res["phase_s"]
+    phases["other"] = max(0.0, res["wall_s"] - sum(phases.values()))
     out = {
         **res,
         "samples_per_s": res["steps"] * n / res["wall_s"],
         "tokens_per_s": res["completion_tokens"] / res["wall_s"],
+        "s_per_step": res["wall_s"] / max(res["steps"], 1),
         "peak_rss_mib": peak,
+        "peak_rss_incl_checkpoint_mib": peak_all,
         "rss_before_train_mib": rss0,
+        "train_reward_mean": sum(res["train_rewards"]) / max(len(res["train_rewards"]), 1),
         "train_reward_last": sum(res["train_rewards"][-k:]) / k,
-        "eval": after,
+        "eval": evaluate(trained.eval(), tok, task, args),
         "eval_before": before,
+        "load_average_before": list(load0),
+        "load_average_after": list(os.getloadavg()),
     }
     print("@@RESULT@@" + json.dumps(out))
 
 
-def _child(args: argparse.Namespace, which: str) -> dict[str, Any]:
+# ---- the parent: pre-flight, the two runs, the comparison -------------------------------------
+
+
+def compare(
+    a: dict[str, Any], b: dict[str, Any], *, observed: bool = False
+) -> dict[str, dict[str, Any]]:
+    """``{row: {grouprl, trl, equal}}`` over the union of rows (a missing row differs).
+
+    ``observed``: rows a trainer never produced (e.g. no gradient pass ran because every
+    group collapsed) are ``equal: None``, not compared, rather than a difference.
+    """
+    table = {}
+    for key in list(dict.fromkeys([*a, *b])):
+        va, vb = a.get(key, "<missing>"), b.get(key, "<missing>")
+        same: bool | None = json.dumps(va, sort_keys=True) == json.dumps(vb, sort_keys=True)
+        if observed and "<missing>" in (va, vb):
+            same = None
+        table[key] = {"grouprl": va, "trl": vb, "equal": same}
+    return table
+
+
+def differing(table: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per row that differs: ``row: grouprl X vs TRL Y``."""
+    return [
+        f"{key}: grouprl {json.dumps(r['grouprl'], sort_keys=True)} "
+        f"vs TRL {json.dumps(r['trl'], sort_keys=True)}"
+        for key, r in table.items()
+        if r["equal"] is False
+    ]
+
+
+class SettingsDiffer(SystemExit):
+    """The two trainers do not run with equal settings; the message lists the rows."""
+
+    def __init__(self, when: str, rows: list[str]) -> None:
+        super().__init__(
+            f"vs_trl: settings differ {when} ({len(rows)} row(s)), the comparison would not be "
+            "like with like: " + "; ".join(rows)
+        )
+
+
+def _child(args: argparse.Namespace, which: str, settings_only: bool) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", which, *args.passthrough]
-    if which == "grouprl":
+    if settings_only:
+        cmd.append("--settings-only")
+    elif which == "grouprl" and args.eval_prompts > 0:
         cmd.append("--eval-before")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     for line in proc.stdout.splitlines():
@@ -304,42 +767,124 @@ def _child(args: argparse.Namespace, which: str) -> dict[str, Any]:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--prompts", type=int, default=16, help="prompts per step (P)")
-    ap.add_argument("--group", type=int, default=8, help="completions per prompt (G)")
-    ap.add_argument("--max-new", type=int, default=32, help="max completion tokens")
-    ap.add_argument(
-        "--lr", type=float, default=5e-5, help="AdamW lr (grouprl train's maze default)"
-    )
+    ap.add_argument("--model", choices=list(MODELS), default="tiny")
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--prompts", type=int, help="prompts per step (P)")
+    ap.add_argument("--group", type=int, help="completions per prompt (G)")
+    ap.add_argument("--max-new", type=int, help="max completion tokens")
+    ap.add_argument("--micro", type=int, help="sequences per forward/backward (0 = all)")
+    ap.add_argument("--chunk", type=int, help="grouprl's log-prob chunk (tokens)")
+    ap.add_argument("--lr", type=float)
     ap.add_argument("--preset", default="grpo")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sft-steps", type=int, default=1400, help="SFT warm start (0 = none)")
-    ap.add_argument("--eval-prompts", type=int, default=128)
-    ap.add_argument("--eval-samples", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, both trainers")
+    ap.add_argument("--sft-steps", type=int, help="SFT warm start of the tiny model (0 = none)")
+    ap.add_argument("--eval-prompts", type=int, help="held-out prompts (0 = no eval)")
+    ap.add_argument("--eval-samples", type=int)
     ap.add_argument("--only", choices=("grouprl", "trl"), help="run one trainer only")
-    ap.add_argument("--profile", action="store_true", help="cProfile each trainer (slower)")
+    ap.add_argument("--settings-only", action="store_true", help="compare settings; no training")
+    ap.add_argument("--quick", action="store_true", help="smoke sizes (QUICK)")
     ap.add_argument(
-        "--quick", action="store_true", help="3 steps of 4 x 4, no SFT, 16 eval prompts (smoke)"
+        "--trl-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a GRPOConfig field (e.g. bf16=true: the run then fails)",
     )
+    ap.add_argument("--grouprl-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                    help="override a grouprl config field")  # fmt: skip
     ap.add_argument("--worker", choices=("grouprl", "trl"), help=argparse.SUPPRESS)
     ap.add_argument("--eval-before", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.quick:
-        args.steps, args.prompts, args.group, args.max_new = 3, 4, 4, 16
-        args.sft_steps, args.eval_prompts, args.eval_samples = 0, 16, 4
+    defaults = {**MODELS[args.model], **(QUICK[args.model] if args.quick else {})}
+    for key, value in defaults.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     args.passthrough = [
+        f"--model={args.model}",
         f"--steps={args.steps}",
         f"--prompts={args.prompts}",
         f"--group={args.group}",
         f"--max-new={args.max_new}",
+        f"--micro={args.micro}",
+        f"--chunk={args.chunk}",
         f"--lr={args.lr}",
         f"--preset={args.preset}",
         f"--seed={args.seed}",
+        f"--threads={args.threads}",
         f"--sft-steps={args.sft_steps}",
         f"--eval-prompts={args.eval_prompts}",
         f"--eval-samples={args.eval_samples}",
-    ] + (["--profile"] if args.profile else [])
+        *[f"--trl-set={s}" for s in args.trl_set],
+        *[f"--grouprl-set={s}" for s in args.grouprl_set],
+    ]
     return args
+
+
+def _ratios(g: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
+    ratios = {
+        "samples_per_s": g["samples_per_s"] / t["samples_per_s"],
+        "tokens_per_s": g["tokens_per_s"] / t["tokens_per_s"],
+        "peak_rss": g["peak_rss_mib"] / t["peak_rss_mib"],
+    }
+    if g.get("eval") and t.get("eval"):
+        ratios["eval_reward_diff"] = g["eval"]["reward"] - t["eval"]["reward"]
+        ratios["eval_reward_diff_se"] = math.hypot(g["eval"]["reward_se"], t["eval"]["reward_se"])
+    return ratios
+
+
+TARGETS = {"samples_per_s": 2.5, "peak_rss": 0.5}
+"""Issue 14's targets: >= 2.5x TRL's samples/s, <= 0.5x its peak memory, equal settings."""
+
+
+def _targets(ratios: dict[str, Any]) -> dict[str, bool]:
+    out = {
+        "samples_per_s_ge_2.5x": ratios["samples_per_s"] >= TARGETS["samples_per_s"],
+        "peak_rss_le_0.5x": ratios["peak_rss"] <= TARGETS["peak_rss"],
+    }
+    if "eval_reward_diff" in ratios:
+        out["eval_reward_not_worse"] = (
+            ratios["eval_reward_diff"] >= -2 * ratios["eval_reward_diff_se"]
+        )
+    return out
+
+
+def _setting(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "model": args.model,
+        "task": args.task,
+        "sft_steps": args.sft_steps,
+        "preset": args.preset,
+        "prompts_per_step": args.prompts,
+        "group_size": args.group,
+        "samples_per_step": args.prompts * args.group,
+        "max_new_tokens": args.max_new,
+        "micro_batch": args.micro or args.prompts * args.group,
+        "steps": args.steps,
+        "lr": args.lr,
+        "threads": args.threads,
+        "dtype": "float32, no autocast (both)",
+        "eval": f"{args.eval_prompts} held-out x {args.eval_samples} samples, T=1"
+        if args.eval_prompts > 0
+        else "none (training reward only)",
+        "command": "python benchmarks/vs_trl.py " + " ".join(sys.argv[1:]),
+    }
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+    import trl
+
+    import grouprl
+
+    return {
+        "grouprl": getattr(grouprl, "__version__", "?"),
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,56 +892,47 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(args)
         return 0
-    import torch
-    import trl
-
-    import grouprl
-
     which = [args.only] if args.only else ["grouprl", "trl"]
-    res = {w: _child(args, w) for w in which}
+    load0 = os.getloadavg()
+    # pre-flight: both trainers built, their settings read back and compared, nothing timed
+    pre = {w: _child(args, w, settings_only=True)["settings"] for w in which}
+    table = compare(pre["grouprl"], pre["trl"]) if len(pre) == 2 else None
     out: dict[str, Any] = {
         "benchmark": "vs_trl",
-        "setting": {
-            "model": "tiny maze Llama (models.load('tiny', task=maze))",
-            "sft_steps": args.sft_steps,
-            "task": "maze 5x5",
-            "preset": args.preset,
-            "prompts_per_step": args.prompts,
-            "group_size": args.group,
-            "samples_per_step": args.prompts * args.group,
-            "max_new_tokens": args.max_new,
-            "steps": args.steps,
-            "lr": args.lr,
-            "threads": 1,
-            "eval": f"{args.eval_prompts} held-out mazes x {args.eval_samples} samples, T=1",
-        },
-        "versions": {
-            "grouprl": getattr(grouprl, "__version__", "?"),
-            "trl": trl.__version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        },
-        "load_average_1m": os.getloadavg()[0],
-        "cpus": os.cpu_count(),
-        "results": {
-            w: {k: v for k, v in r.items() if k != "train_rewards"} for w, r in res.items()
-        },
-        "train_rewards": {w: r["train_rewards"] for w, r in res.items()},
+        "setting": _setting(args),
+        "versions": _versions(),
+        "machine": machine(),
+        "settings": table or {w: s for w, s in pre.items()},
+        "settings_equal": table is not None and not differing(table),
     }
+    if table is not None and differing(table):
+        print(json.dumps(out, indent=2))
+        raise SettingsDiffer("before training (read from the trainers)", differing(table))
+    if args.settings_only:
+        print(json.dumps(out, indent=2))
+        return 0
+    res = {w: _child(args, w, settings_only=False) for w in which}
+    out["load_average_before"] = list(load0)
+    out["load_average_after"] = list(os.getloadavg())
+    out["results"] = {
+        w: {k: v for k, v in r.items() if k not in ("train_rewards", "settings", "observed")}
+        for w, r in res.items()
+    }
+    out["train_rewards"] = {w: r["train_rewards"] for w, r in res.items()}
     if len(res) == 2:
         g, t = res["grouprl"], res["trl"]
-        se = math.hypot(g["eval"]["reward_se"], t["eval"]["reward_se"])
-        out["ratios"] = {
-            "samples_per_s": g["samples_per_s"] / t["samples_per_s"],
-            "tokens_per_s": g["tokens_per_s"] / t["tokens_per_s"],
-            "peak_rss": g["peak_rss_mib"] / t["peak_rss_mib"],
-            "eval_reward_diff": g["eval"]["reward"] - t["eval"]["reward"],
-            "eval_reward_diff_se": se,
-        }
-        out["targets_met"] = {
-            "samples_per_s_ge_1.5x": out["ratios"]["samples_per_s"] >= 1.5,
-            "eval_reward_not_worse": out["ratios"]["eval_reward_diff"] >= -2 * se,
-        }
+        observed = compare(g["observed"], t["observed"], observed=True)
+        out["observed"] = observed
+        out["settings"] = compare(g["settings"], t["settings"])  # read again after training
+        out["ratios"] = _ratios(g, t)
+        out["targets"] = TARGETS
+        out["targets_met"] = _targets(out["ratios"])
+        rows = differing(out["settings"]) + differing(observed)
+        out["settings_equal"] = not rows
+        print(json.dumps(out, indent=2))
+        if rows:
+            raise SettingsDiffer("in the timed runs", rows)
+        return 0
     print(json.dumps(out, indent=2))
     return 0
 

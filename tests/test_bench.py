@@ -1,7 +1,11 @@
 """``grouprl bench``: JSON parsing of script output, table rows, subset runs and failure rows."""
 
+import importlib.util
 import json
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -17,36 +21,93 @@ def test_last_json_takes_the_final_top_level_object_after_log_lines():
     assert bench._last_json("[1, 2]") is None  # a list is not a result object
 
 
-def test_vs_trl_rows_carry_both_sides_ratios_and_targets():
-    res = {
-        "results": {
-            "grouprl": {
-                "samples_per_s": 30.0,
-                "tokens_per_s": 300.0,
-                "peak_rss_mib": 500.0,
-                "eval": {"reward": 0.2},
-            },
-            "trl": {
-                "samples_per_s": 10.0,
-                "tokens_per_s": 120.0,
-                "peak_rss_mib": 800.0,
-                "eval": {"reward": 0.25},
-            },
+VS_TRL = {
+    "setting": {"model": "smollm2"},
+    "results": {
+        "grouprl": {
+            "samples_per_s": 30.0,
+            "tokens_per_s": 300.0,
+            "peak_rss_mib": 500.0,
+            "steps": 2,
+            "phase_s": {"generate": 4.0, "forward": 2.0, "backward": 6.0, "optimizer": 1.0},
+            "train_reward_mean": 0.4,
+            "eval": {"reward": 0.2},
         },
-        "ratios": {"samples_per_s": 3.0, "tokens_per_s": 2.5, "peak_rss": 0.625},
-        "targets_met": {"samples_per_s_ge_1.5x": True, "eval_reward_not_worse": False},
-    }
-    rows = {r["metric"]: r for r in bench.rows_for("vs_trl", {"ok": True, "result": res})}
-    assert rows["samples/s"] == {
-        "metric": "samples/s",
+        "trl": {
+            "samples_per_s": 10.0,
+            "tokens_per_s": 120.0,
+            "peak_rss_mib": 800.0,
+            "steps": 2,
+            "phase_s": {"generate": 10.0, "forward": 8.0, "backward": 16.0, "optimizer": 1.0},
+            "train_reward_mean": 0.3,
+            "eval": {"reward": 0.25},
+        },
+    },
+    "ratios": {"samples_per_s": 3.0, "tokens_per_s": 2.5, "peak_rss": 0.625},
+    "targets_met": {
+        "samples_per_s_ge_2.5x": True,
+        "peak_rss_le_0.5x": False,
+        "eval_reward_not_worse": False,
+    },
+    "settings_equal": False,
+    "settings": {
+        "temperature": {"grouprl": 1.0, "trl": 1.0, "equal": True},
+        "autocast in forward passes": {"grouprl": "off", "trl": "cpu bfloat16", "equal": False},
+    },
+    "observed": {"torch threads in forward": {"grouprl": [1], "trl": [1], "equal": True}},
+}
+
+
+def test_vs_trl_rows_carry_both_sides_ratios_phases_and_targets():
+    rows = {r["metric"]: r for r in bench.rows_for("vs_trl", {"ok": True, "result": VS_TRL})}
+    assert rows["smollm2: samples/s"] == {
+        "metric": "smollm2: samples/s",
         "grouprl": 30.0,
         "peer": 10.0,
         "ratio": 3.0,
         "target": True,
     }
-    assert rows["peak RSS (MiB)"]["ratio"] == 0.625
-    assert rows["eval reward after training"]["peer"] == 0.25
-    assert rows["eval reward after training"]["target"] is False
+    assert rows["smollm2: peak RSS (MiB)"]["ratio"] == 0.625
+    assert rows["smollm2: peak RSS (MiB)"]["target"] is False
+    # phases are per step: 6 s of backward over 2 steps
+    assert rows["smollm2: backward s/step"]["grouprl"] == 3.0
+    assert rows["smollm2: backward s/step"]["peer"] == 8.0
+    assert rows["smollm2: eval reward after training"]["target"] is False
+    assert rows["smollm2: settings equal (table below)"]["target"] is False
+
+
+def test_settings_table_printed_under_the_ratios_even_when_the_run_failed(tmp_path, capsys):
+    assert bench.settings_rows(VS_TRL) == [
+        ("temperature", 1.0, 1.0, True),
+        ("autocast in forward passes", "off", "cpu bfloat16", False),
+        ("observed: torch threads in forward", [1], [1], True),
+    ]
+    # a script that prints its JSON and then fails, as vs_trl does on differing settings
+    body = f"import json, sys; print(json.dumps({VS_TRL!r})); sys.exit('settings differ')\n"
+    _script(tmp_path, "vs_trl", body)
+    outcome = bench.run_script(tmp_path / "vs_trl.py", [], timeout=60)
+    assert outcome["ok"] is False and "settings differ" in outcome["error"]
+    assert outcome["result"]["settings_equal"] is False
+    bench.print_table({"vs_trl": outcome}, quick=False)
+    out = capsys.readouterr().out
+    assert "settings read back from each trainer (1 of 3 differ)" in out
+    assert "cpu bfloat16" in out and "autocast in forward passes" in out
+
+
+def test_model_flag_reaches_the_scripts_that_take_a_model(tmp_path):
+    for name in ("vs_trl", "train_step", "advantages"):
+        _script(tmp_path, name, "import json, sys; print(json.dumps({'argv': sys.argv[1:]}))\n")
+    parser = cli.argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(
+        ["vs_trl", "train_step", "advantages", "--model", "smollm2", "--dir", str(tmp_path),
+         "--json", str(tmp_path / "o.json")]
+    )  # fmt: skip
+    assert bench.run(args) == 0
+    got = json.loads((tmp_path / "o.json").read_text())
+    assert got["vs_trl"]["result"]["argv"] == ["--model", "smollm2"]
+    assert got["train_step"]["result"]["argv"] == ["--models", "smollm2"]
+    assert got["advantages"]["result"]["argv"] == []
 
 
 def test_advantages_rows_use_the_vectorised_peer_and_the_2x_target():
@@ -158,3 +219,58 @@ def test_installed_package_without_benchmarks_says_where_they_are(tmp_path, monk
         bench.find_dir()
     assert "not part of the installed package" in str(exc.value)
     assert "--dir" in str(exc.value)
+
+
+# ---- benchmarks/vs_trl.py: the settings comparison ----------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _vs_trl_module():
+    spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "benchmarks" / "vs_trl.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vs_trl_compare_lists_every_differing_row_and_missing_rows():
+    vs = _vs_trl_module()
+    a = {"dtype": "float32", "opt": {"lr": 1e-6, "betas": [0.9, 0.999]}, "only_a": 1}
+    b = {"dtype": "float32", "opt": {"betas": [0.9, 0.999], "lr": 2e-6}, "only_b": 2}
+    table = vs.compare(a, b)
+    assert [k for k, r in table.items() if r["equal"]] == ["dtype"]
+    rows = vs.differing(table)
+    assert rows == [
+        'opt: grouprl {"betas": [0.9, 0.999], "lr": 1e-06} vs TRL {"betas": [0.9, 0.999], '
+        '"lr": 2e-06}',
+        'only_a: grouprl 1 vs TRL "<missing>"',
+        'only_b: grouprl "<missing>" vs TRL 2',
+    ]
+    err = vs.SettingsDiffer("before training", rows)
+    assert "3 row(s)" in str(err.code) and "only_b" in str(err.code)
+
+
+@pytest.mark.slow
+def test_vs_trl_settings_are_equal_and_a_changed_trl_default_fails_the_run():
+    """Both trainers built on the tiny model, settings read back: all equal; TRL's own
+    defaults (bf16 autocast, gradient checkpointing) make the run fail, naming the rows."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "vs_trl.py"), "--quick", "--settings-only"]
+    ok = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    res = json.loads(ok.stdout)
+    assert res["settings_equal"] is True
+    table = res["settings"]
+    assert table["autocast in forward passes"] == {"grouprl": "off", "trl": "off", "equal": True}
+    assert table["gradient checkpointing"]["trl"] is False
+    assert table["initial weights (float64 sum)"]["equal"]
+    bad = subprocess.run(
+        [*cmd, "--trl-set", "bf16=true", "--trl-set", "gradient_checkpointing=true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert bad.returncode != 0
+    message = bad.stderr.strip().splitlines()[-1]
+    assert "settings differ before training" in message and "(2 row(s))" in message
+    assert 'autocast in forward passes: grouprl "off" vs TRL "cpu bfloat16"' in message
+    assert "gradient checkpointing: grouprl false vs TRL true" in message

@@ -253,3 +253,57 @@ def test_per_prompt_temperature_bad_input(char_model):
     with pytest.raises(ValueError, match="logprob_temperature"):
         Sampling(logprob_temperature=0.0)
     assert Sampling.of({"logprob_temperature": 1.0}).logprob_temperature == 1.0
+
+
+def _gqa_char_model(attn: str = "sdpa"):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    _, tok = models.load("tiny:d=32,layers=2,heads=2", seed=0)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval(), tok
+
+
+def test_gqa_attention_gives_the_same_tokens_and_logp(monkeypatch):
+    """Grouped key/value heads read in the kernel (enable_gqa) = transformers' repeat_kv path:
+    same tokens for the same seed, same behaviour log-probs; the config is restored."""
+    from grouprl.rollout.hf import gqa_attention
+
+    model, tok = _gqa_char_model()
+    s = Sampling(1.0, 1.0, 12)
+    sdpa, flags = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(*args, **kwargs):
+        flags.append((kwargs.get("enable_gqa", False), kwargs.get("attn_mask") is not None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    fast = generate(model, tok, PROMPTS, 4, s, torch.Generator().manual_seed(5))
+    assert flags and all(gqa for gqa, _ in flags) and any(m for _, m in flags)  # masked + GQA
+    flags.clear()
+    plain = generate.__wrapped__(model, tok, PROMPTS, 4, s, torch.Generator().manual_seed(5))
+    assert not any(gqa for gqa, m in flags if m)  # transformers repeats K/V when masked
+    assert torch.equal(fast.completion_ids, plain.completion_ids)
+    torch.testing.assert_close(fast.old_logp, plain.old_logp, atol=1e-6, rtol=0)
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.allclose(fast.old_logp, recompute_logp(model, fast, 1.0), atol=1e-5, rtol=0)
+    with pytest.raises(RuntimeError), gqa_attention(model) as switched:
+        assert switched and model.config._attn_implementation != "sdpa"
+        raise RuntimeError("boom")
+    assert model.config._attn_implementation == "sdpa"  # restored on an exception too
+
+
+def test_gqa_attention_leaves_other_models_alone(char_model):
+    from grouprl.rollout.hf import gqa_attention
+
+    model, _, _ = char_model  # as many key/value heads as query heads
+    eager, _ = _gqa_char_model("eager")
+    for m in (model, eager):
+        before = m.config._attn_implementation
+        with gqa_attention(m) as switched:
+            assert not switched and m.config._attn_implementation == before

@@ -65,6 +65,7 @@ def test_yaml_and_overrides_load_into_the_same_classes(tmp_path):
         (["algorithm.not_a_field=1"], "unknown algorithm override(s) ['not_a_field']"),
         (["eval.samples=4"], "pass@k needs n >= k"),
         (["model.dtype=int8"], "model.dtype must be"),
+        (["run.threads=-1"], "run.threads must be >= 0 (0 = torch's default)"),
     ],
 )
 def test_bad_configs_fail_at_load_with_the_fix(overrides, message):
@@ -151,3 +152,19 @@ def test_preset_minibatches_that_do_not_divide_the_prompts_take_the_largest_divi
         C.load_config(None, ["optim.ppo_epochs=0"])
     with pytest.raises(C.ConfigError, match=r"optim\.minibatches must be int"):
         C.load_config(None, ["optim.minibatches=two"])
+
+
+def test_threads_zero_keeps_torchs_own_thread_count(monkeypatch):
+    """run.threads defaults to 0: setup leaves torch's thread count alone; 1 sets it."""
+    import torch
+
+    from grouprl.train.state import setup
+
+    assert C.load_config().run.threads == 0
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    base = ["model.warm_start=false", "sampling.prompts_per_step=2", "sampling.group_size=2"]
+    setup(C.load_config(None, base))
+    assert calls == []
+    setup(C.load_config(None, [*base, "run.threads=1"]))
+    assert calls == [1]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from grouprl.train.logprobs import completion_logprobs, position_ids
+from grouprl.train.logprobs import completion_logprobs, length_buckets, position_ids
 
 
 def _model(vocab: int = 5000, seed: int = 0):
@@ -111,3 +113,172 @@ def test_shared_prompt_forward_matches_the_plain_one(t):
     shared.logp.sum().backward()
     for p, r in zip(model.parameters(), ref):
         torch.testing.assert_close(p.grad, r, atol=1e-5, rtol=1e-4)
+
+
+# ---- length buckets, the fused head, GQA attention ------------------------------------------
+
+
+def test_length_buckets_known_answer():
+    # lengths 10, 9, 2 with overhead 3 (a bucket of b rows, longest L, costs b·(L-1) + 3):
+    #   {10,9,2}: 3·9+3 = 30   {10,9},{2}: 2·9+3 + 1·1+3 = 25   {10},{9,2}: 9+3 + 2·8+3 = 31
+    #   {10},{9},{2}: 9+3 + 8+3 + 1+3 = 27   -> the best is {10, 9}, {2}
+    assert length_buckets([10, 9, 2], overhead=3) == [[0, 1], [2]]
+    # free calls: one bucket per distinct length; rows of length 0 or 1 need no decoder call
+    assert length_buckets([5, 0, 2, 5, 1, 2], overhead=0) == [[0, 3], [2, 5]]
+    assert length_buckets([5, 0, 2, 5, 1, 2], overhead=100) == [[0, 2, 3, 5]]
+    assert length_buckets([1, 0], overhead=0) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), min_size=1, max_size=20),
+    st.floats(0, 50, allow_nan=False),
+)
+def test_length_buckets_partition_and_beat_the_simple_splits(lengths, overhead):
+    buckets = length_buckets(lengths, overhead)
+    rows = sorted(r for b in buckets for r in b)
+    assert rows == [i for i, x in enumerate(lengths) if x > 1]  # a partition of the long rows
+
+    def cost(bs):
+        return sum(len(b) * (max(lengths[r] for r in b) - 1) + overhead for b in bs)
+
+    long_rows = [i for i, x in enumerate(lengths) if x > 1]
+    if long_rows:
+        one = [long_rows]
+        per_length = [[i for i in long_rows if lengths[i] == v] for v in set(lengths) if v > 1]
+        assert cost(buckets) <= min(cost(one), cost(per_length)) + 1e-9
+
+
+def _gqa_model(vocab: int = 300, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped: 2 query heads per key/value head
+        max_position_embeddings=64,
+    )
+    cfg._attn_implementation = "sdpa"
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_trimmed_buckets_match_the_padded_forward(gqa):
+    """Length buckets (forced: overhead 0) = one padded forward = the plain forward."""
+    vocab, g = 300, 3
+    model = _gqa_model(vocab) if gqa else _model(vocab)
+    prompt, pmask, comp, cmask = _batch(vocab)
+    prompt, pmask = prompt[[1, 1, 1, 4, 4, 4]], pmask[[1, 1, 1, 4, 4, 4]]  # 2 groups of 3
+    comp = torch.cat([comp, comp[:1]])
+    cmask = torch.tensor(
+        [
+            [1, 1, 1, 1, 1, 1, 1],  # full
+            [1, 1, 0, 0, 0, 0, 0],  # short
+            [0, 0, 0, 0, 0, 0, 0],  # empty (e.g. masked as truncated)
+            [1, 1, 1, 0, 1, 0, 0],  # a hole: needs positions up to 5
+            [1, 0, 0, 0, 0, 0, 0],  # one token: no decoder call beyond the prompt
+            [1, 1, 1, 1, 0, 0, 0],
+        ]
+    )
+    runs = {}
+    for name, kw in {
+        "plain": {},
+        "padded": {"group_size": g, "trim": False},
+        "trimmed": {"group_size": g, "bucket_overhead": 0.0},
+    }.items():
+        model.zero_grad()
+        out = completion_logprobs(model, prompt, pmask, comp, cmask, entropy=True, **kw)
+        out.logp.sum().backward()
+        runs[name] = (out, [p.grad.clone() for p in model.parameters()])
+    for name in ("padded", "trimmed"):
+        out, grads = runs[name]
+        torch.testing.assert_close(out.logp, runs["plain"][0].logp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.entropy, runs["plain"][0].entropy, atol=1e-5, rtol=0)
+        assert (out.logp[cmask == 0] == 0).all()
+        for p, r in zip(grads, runs["plain"][1]):
+            torch.testing.assert_close(p, r, atol=1e-5, rtol=1e-4)
+
+
+def test_bucketing_runs_fewer_decoder_tokens():
+    """The trimmed forward feeds the decoder fewer tokens than the padded one (hook count)."""
+    vocab, g = 300, 3
+    model = _model(vocab)
+    prompt, pmask, comp, cmask = _batch(vocab)
+    prompt, pmask = prompt[[1, 1, 1, 4, 4, 4]], pmask[[1, 1, 1, 4, 4, 4]]
+    comp = torch.cat([comp, comp[:1]])
+    cmask = torch.zeros(6, 7, dtype=torch.long)
+    cmask[0] = 1  # one long row, five of length 2
+    cmask[1:, :2] = 1
+    seen = []
+    hook = model.model.register_forward_pre_hook(
+        lambda m, a, k: seen.append(k["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        for trim in (False, True):
+            seen.clear()
+            completion_logprobs(
+                model, prompt, pmask, comp, cmask, group_size=g, trim=trim, bucket_overhead=0.0
+            )
+            tokens = sum(seen)
+            if trim:
+                # prompts 2x6, then a bucket of 1 row x 6 tokens and one of 5 rows x 1 token
+                assert tokens == 2 * 6 + 1 * 6 + 5 * 1
+            else:
+                assert tokens == 2 * 6 + 6 * 6  # prompts, then every row to the longest
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_fused_head_equals_the_autograd_path_twice_with_retain_graph(recompute, monkeypatch):
+    """The fused head's values and gradients equal log_softmax + gather (the fallback path),
+    and a second backward through a retained graph gives the same gradients (the kept
+    probabilities are not overwritten; diagnostics.reward_kl_balance backpropagates twice)."""
+    from grouprl.train import logprobs as lp_mod
+
+    vocab = 700
+    model = _model(vocab)
+    batch = _batch(vocab)
+
+    def grads(out, retain):
+        model.zero_grad()
+        (out.logp * torch.linspace(0.5, 2, out.logp.shape[1])).sum().backward(retain_graph=retain)
+        return [p.grad.clone() for p in model.parameters()]
+
+    fused = completion_logprobs(
+        model, *batch, temperature=0.8, chunk=4, entropy=True, recompute=recompute
+    )
+    first, second = grads(fused, True), grads(fused, False)
+    monkeypatch.setattr(lp_mod, "_fused_head", lambda head, h: False)
+    plain = completion_logprobs(model, *batch, temperature=0.8, chunk=4, entropy=True)
+    torch.testing.assert_close(fused.logp, plain.logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fused.entropy, plain.entropy, atol=1e-5, rtol=0)
+    for a, b, c in zip(first, second, grads(plain, False)):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+        torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-4)
+
+
+def test_keep_bytes_decides_recompute(monkeypatch):
+    """recompute=None keeps the [M, V] probabilities below keep_bytes, recomputes above."""
+    from grouprl.train import logprobs as lp_mod
+
+    calls = []
+    original = lp_mod._HeadLogProb.apply
+
+    def spy(*args):
+        calls.append(args[5])  # the `keep` flag
+        return original(*args)
+
+    monkeypatch.setattr(lp_mod._HeadLogProb, "apply", spy)
+    model = _model(300)
+    batch = _batch(300)
+    m = int(batch[3].sum())  # completion tokens
+    completion_logprobs(model, *batch, keep_bytes=m * 300 * 4)
+    completion_logprobs(model, *batch, keep_bytes=m * 300 * 4 - 1)
+    with torch.no_grad():
+        completion_logprobs(model, *batch, keep_bytes=0)  # no gradient: nothing to keep for
+    assert calls == [True, False, True]

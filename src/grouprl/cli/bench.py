@@ -3,11 +3,14 @@
     grouprl bench                         # advantages, train_step, vs_trl at their full sizes
     grouprl bench --quick                 # small sizes (about a minute in all)
     grouprl bench advantages vs_trl       # a subset, by script name
+    grouprl bench vs_trl --model smollm2  # vs TRL on SmolLM2-135M (default: the tiny maze model)
     grouprl bench --json bench.json       # also write every script's JSON
 
 The scripts live in the repository's ``benchmarks/`` folder, not in the installed package: it is
 found in the working directory, next to a source checkout, or given with ``--dir``; each runs in its own process, so that one's memory and threads do not
 affect the next. A script that is missing, fails or times out is a row saying so, not a crash.
+vs_trl's settings table (every setting read back from both trainers, equal or not) is printed
+under the ratios, also when the script stopped because a setting differed.
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BENCHMARKS", "QUICK_ARGS", "add_arguments", "rows_for", "run", "run_script"]
+__all__ = [
+    "BENCHMARKS",
+    "MODEL_FLAGS",
+    "QUICK_ARGS",
+    "add_arguments",
+    "rows_for",
+    "run",
+    "run_script",
+    "settings_rows",
+]
 
 
 BENCHMARKS: tuple[str, ...] = ("advantages", "train_step", "vs_trl")
@@ -34,6 +46,9 @@ QUICK_ARGS: dict[str, list[str]] = {
     "vs_trl": ["--quick"],
 }
 """``--quick`` arguments per script [OURS]: sizes that finish in seconds on a laptop CPU."""
+
+MODEL_FLAGS: dict[str, str] = {"vs_trl": "--model", "train_step": "--models"}
+"""How ``grouprl bench --model NAME`` reaches each script that takes a model."""
 
 Row = dict[str, Any]
 
@@ -47,6 +62,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"benchmarks to run (default: {' '.join(BENCHMARKS)}); any benchmarks/NAME.py works",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (seconds each)")
+    parser.add_argument(
+        "--model",
+        choices=("tiny", "smollm2"),
+        default=None,
+        help="model for vs_trl and train_step (vs_trl default: tiny; smollm2 = SmolLM2-135M)",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="benchmarks folder")
     parser.add_argument("--json", type=Path, default=None, help="write all results here")
     parser.add_argument(
@@ -107,11 +128,14 @@ def run_script(path: Path, args: list[str], timeout: float) -> dict[str, Any]:
     result = _last_json(proc.stdout)
     if proc.returncode != 0 or result is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return {
+        failed = {
             "ok": False,
             "seconds": seconds,
-            "error": f"exit {proc.returncode}: " + " | ".join(tail)[-300:],
+            "error": f"exit {proc.returncode}: " + " | ".join(tail)[-600:],
         }
+        if result is not None:  # e.g. vs_trl's settings table when a setting differed
+            failed["result"] = result
+        return failed
     return {"ok": True, "seconds": seconds, "result": result}
 
 
@@ -141,48 +165,97 @@ def _vs_trl_rows(res: dict[str, Any]) -> list[Row]:
     g, t = r.get("grouprl", {}), r.get("trl", {})
     ratio = res.get("ratios", {})
     met = res.get("targets_met", {})
+    model = res.get("setting", {}).get("model", "?")
 
     def pick(d: dict, *keys: str) -> Any:
         for k in keys:
             d = d.get(k, {}) if isinstance(d, dict) else {}
         return d if not isinstance(d, dict) else None
 
-    return [
+    rows = [
         {
-            "metric": "samples/s",
+            "metric": f"{model}: samples/s",
             "grouprl": pick(g, "samples_per_s"),
             "peer": pick(t, "samples_per_s"),
             "ratio": ratio.get("samples_per_s"),
-            "target": met.get("samples_per_s_ge_1.5x"),
+            "target": met.get("samples_per_s_ge_2.5x"),
         },
         {
-            "metric": "tokens/s",
+            "metric": f"{model}: tokens/s",
             "grouprl": pick(g, "tokens_per_s"),
             "peer": pick(t, "tokens_per_s"),
             "ratio": ratio.get("tokens_per_s"),
             "target": None,
         },
         {
-            "metric": "peak RSS (MiB)",
+            "metric": f"{model}: peak RSS (MiB)",
             "grouprl": pick(g, "peak_rss_mib"),
             "peer": pick(t, "peak_rss_mib"),
             "ratio": ratio.get("peak_rss"),
-            "target": None,
-        },
-        {
-            "metric": "eval reward after training",
-            "grouprl": pick(g, "eval", "reward"),
-            "peer": pick(t, "eval", "reward"),
-            "ratio": None,
-            "target": met.get("eval_reward_not_worse"),
+            "target": met.get("peak_rss_le_0.5x"),
         },
     ]
+    for phase in ("generate", "forward", "backward", "optimizer"):
+        gs, ts = pick(g, "phase_s", phase), pick(t, "phase_s", phase)
+        steps_g, steps_t = g.get("steps") or 1, t.get("steps") or 1
+        rows.append(
+            {
+                "metric": f"{model}: {phase} s/step",
+                "grouprl": None if gs is None else gs / steps_g,
+                "peer": None if ts is None else ts / steps_t,
+                "ratio": None,
+                "target": None,
+            }
+        )
+    rows.append(
+        {
+            "metric": f"{model}: train reward (mean)",
+            "grouprl": pick(g, "train_reward_mean"),
+            "peer": pick(t, "train_reward_mean"),
+            "ratio": None,
+            "target": None,
+        }
+    )
+    if pick(g, "eval", "reward") is not None:
+        rows.append(
+            {
+                "metric": f"{model}: eval reward after training",
+                "grouprl": pick(g, "eval", "reward"),
+                "peer": pick(t, "eval", "reward"),
+                "ratio": None,
+                "target": met.get("eval_reward_not_worse"),
+            }
+        )
+    rows.append(
+        {
+            "metric": f"{model}: settings equal (table below)",
+            "grouprl": None,
+            "peer": None,
+            "ratio": None,
+            "target": res.get("settings_equal"),
+        }
+    )
+    return rows
+
+
+def settings_rows(res: dict[str, Any]) -> list[tuple[str, Any, Any, bool | None]]:
+    """vs_trl's settings and observed rows: (setting, grouprl, TRL, equal; None = one side
+    never observed it)."""
+    out = []
+    for section in ("settings", "observed"):
+        for key, row in (res.get(section) or {}).items():
+            if isinstance(row, dict) and "equal" in row:
+                label = key if section == "settings" else f"observed: {key}"
+                out.append((label, row.get("grouprl"), row.get("trl"), row["equal"]))
+    return out
 
 
 def _train_step_rows(res: dict[str, Any]) -> list[Row]:
     rows: list[Row] = []
     for r in res.get("results", []):
         sec, tgt, m = r.get("seconds", {}), r.get("targets", {}), r.get("model", "?")
+        if "threads" in r:
+            m = f"{m}, {r.get('threads_used', r['threads'])} thr"
         n = r.get("sequences_per_step", 0)
         rows.append(
             {
@@ -306,6 +379,30 @@ def print_table(outcomes: dict[str, dict[str, Any]], quick: bool) -> None:
             )
         table.add_section()
     console.print(table)
+    for name, outcome in outcomes.items():
+        rows = settings_rows(outcome.get("result") or {})
+        if rows:
+            console.print(_settings_table(name, rows))
+
+
+def _show(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+
+
+def _settings_table(name: str, rows: list[tuple[str, Any, Any, bool | None]]) -> Any:
+    """The settings each trainer ran with, read back from its live objects; differences red."""
+    from rich.table import Table
+
+    differ = sum(1 for *_, equal in rows if equal is False)
+    table = Table(
+        title=f"{name}: settings read back from each trainer ({differ} of {len(rows)} differ)"
+    )
+    for col in ("setting", "grouprl", "TRL", "equal"):
+        table.add_column(col, overflow="fold")
+    for key, g, t, equal in rows:
+        style = "red" if equal is False else None
+        table.add_row(key, _show(g), _show(t), _fmt(equal), style=style)
+    return table
 
 
 def _extra_args(items: list[str]) -> dict[str, list[str]]:
@@ -337,6 +434,8 @@ def run(args: argparse.Namespace) -> int:
             }
             continue
         script_args = (QUICK_ARGS.get(name, []) if args.quick else []) + extra.get(name, [])
+        if getattr(args, "model", None) and name in MODEL_FLAGS:
+            script_args += [MODEL_FLAGS[name], args.model]
         print(f"running {name} {' '.join(script_args)}".rstrip(), file=sys.stderr, flush=True)
         outcomes[name] = run_script(path, script_args, args.timeout)
     print_table(outcomes, args.quick)

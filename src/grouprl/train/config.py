@@ -212,8 +212,11 @@ class CheckpointConfig:
     tensorboard: bool = True
     wandb: bool = False
     report: bool = True
-    threads: int = 1
-    """torch threads; one thread per process was faster than two on a loaded 2-core box."""
+    threads: int = 0
+    """torch threads; 0 = torch's own default (its intra-op pool: one thread per physical
+    core), a positive number sets ``torch.set_num_threads``. [OURS] issue 14: the former
+    default of 1 was faster on a loaded 2-core machine, but trains on one core of a
+    workstation; ``benchmarks/train_step.py`` measures both."""
     save_final: bool = True
     """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
     of a finished run (``grouprl.train.export``), loadable by transformers, TRL and vLLM."""
@@ -361,6 +364,8 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.max_unscorable_frac must be in [0, 1]")
     if o.lr <= 0:
         raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
+    if cfg.run.threads < 0:
+        raise ConfigError(f"run.threads must be >= 0 (0 = torch's default), got {cfg.run.threads}")
     _check_model_runtime(cfg.model)
     if e.every and (e.samples < max(e.ks) or e.prompts < 1):
         raise ConfigError(

@@ -357,7 +357,8 @@ def optimizer_step(
     non-finite loss or gradient skips the step (counted; K in a row is a TrainingError).
     """
     cfg, p = run.cfg, run.preset
-    micro = list(rows.split(cfg.optim.micro_batch_size or len(rows)))
+    size = cfg.optim.micro_batch_size or len(rows)
+    micro = list(rows.split(size))
     totals = losses.step_totals(
         [batch.mask[m] for m in micro], keep=[keep[m] for m in micro],
         max_len=max(cfg.sampling.max_new_tokens, batch.mask.shape[1]),
@@ -365,11 +366,22 @@ def optimizer_step(
     if totals.is_empty:  # no kept token: nothing to learn from
         log.empty += 1
         return
+    # [OURS] groups whose every loss term is 0 (dropped, or zero advantage without a KL term)
+    # run their forward without gradient, for the logged statistics only: no backward
+    active = gradient_rows(
+        rows, adv=adv, keep=keep, kl_weight=kl_weight, beta=p.beta, g=batch.group_size
+    )
+    micro = [(m, grad) for grad in (True, False) for m in rows[active == grad].split(size)]
+    micro = [(m, grad) for m, grad in micro if len(m)]
+    if not active.any():  # the gradient is exactly 0; AdamW still takes its step, as before
+        for q in run.model.parameters():
+            if q.requires_grad:
+                q.grad = torch.zeros_like(q)
     step_losses: dict[str, float] = {}
     step_policy: dict[str, float] = {}
     finite = True
-    for m in micro:
-        with timer("logprobs"), run.autocast():
+    for m, grad in micro:
+        with timer("logprobs"), run.autocast(), torch.set_grad_enabled(grad):
             lp = completion_logprobs(
                 run.model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
                 batch.mask[m], temperature=batch.temperature, group_size=batch.group_size,
@@ -378,7 +390,7 @@ def optimizer_step(
         if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
             finite = False
             break
-        with timer("backward"):
+        with timer("backward"), torch.set_grad_enabled(grad):
             # per-sequence bounds [N] (AGPO's per-prompt ε) follow the micro-batch's rows
             params = {k: v[m] if isinstance(v, torch.Tensor) else v for k, v in clip.items()}
             obj = losses.objective(
@@ -390,10 +402,11 @@ def optimizer_step(
             if not torch.isfinite(obj.loss):
                 finite = False
                 break
-            if balance:
+            if balance and grad:
                 log.balance = _balance(run, obj)
                 balance = False
-            obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
+            if grad:
+                obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
         weight = len(m) / len(rows)
         for key, value in obj.stats.items():
             if key in _LOSS_STATS:
@@ -418,6 +431,29 @@ def optimizer_step(
         log.losses[key] = log.losses.get(key, 0.0) + value
     for key, value in step_policy.items():
         log.policy[key] = log.policy.get(key, 0.0) + value
+
+
+def gradient_rows(
+    rows: torch.Tensor,
+    *,
+    adv: torch.Tensor,
+    keep: torch.Tensor,
+    kl_weight: torch.Tensor,
+    beta: float,
+    g: int,
+) -> torch.Tensor:
+    """``[n]`` bool: the rows of groups where some row's loss has a gradient.
+
+    A row's loss terms are the surrogate, ∝ its advantage (every registered surrogate is
+    ``-A·f(ratio)`` or ``-A·w·logp``), and β·kl_weight·KL; a dropped row (``keep`` False) has
+    none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
+    and its gradient (GRPO's collapsed groups: all rewards equal). Decided per group, since a
+    group's rows share one prompt forward. ``rows`` holds whole groups (``group_rows``). The
+    loop passes no entropy bonus to ``losses.objective``; one would make every row live.
+    """
+    adv_r, keep_r, kl_r = adv[rows], keep[rows], kl_weight[rows]  # [n]
+    live = keep_r & ((adv_r != 0) | ((beta > 0) & (kl_r != 0)))  # [n]
+    return live.view(-1, g).any(-1).repeat_interleave(g)  # [n]
 
 
 _LOSS_STATS = {"pg_loss": "pg", "kl_loss": "kl"}

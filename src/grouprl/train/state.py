@@ -197,7 +197,8 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     """Build the run (or restore it from the latest good checkpoint when ``run.resume``)."""
     cfg.validate(check_names=task is None or model is None)
     device = resolve_device(cfg.model.device)
-    torch.set_num_threads(cfg.run.threads)
+    if cfg.run.threads > 0:  # 0: torch's own default
+        torch.set_num_threads(cfg.run.threads)
     _seed_everything(cfg.run.seed)
     preset = cfg.algorithm.resolve()
     if task is None:
