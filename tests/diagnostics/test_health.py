@@ -134,7 +134,7 @@ def test_stall_advice_agrees_with_our_maze_and_acr_evidence():
     # the maze miniature, and that dapo spends the rollouts it drops. Check those claims
     # against the committed results, so new results that contradict the advice fail here.
     root = Path(__file__).resolve().parents[2] / "reproductions"
-    maze = json.loads((root / "maze" / "results.json").read_text())
+    maze = json.loads((root / "maze" / "low_success" / "results.json").read_text())
     rows = {r["preset"]: r for r in maze["table"] if r["preset"] != "SFT start (base)"}
     assert len(rows) == 7
     ks = [k for k in rows["avspo"] if k.startswith("pass@")]

@@ -25,6 +25,7 @@ COMMON = [
     "eval.samples=4",
     "eval.ks=[1,4]",
     "algorithm.preset=avspo",
+    "run.threads=1",  # the uninterrupted reference runs in this process, on one thread
 ]
 
 DRIVER = """

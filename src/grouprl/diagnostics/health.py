@@ -33,7 +33,7 @@ STALL_ADVICE: dict[str, str] = {
 }
 """What the ``acr_stall`` warning recommends, by what dominates the collapsed groups. It
 follows our own evidence (docs/diagnostics.md, "Health rules"): on the maze miniature
-(reproductions/maze, 12,800 rollouts × 5 seeds) avspo had the lowest pass@k of the seven
+(reproductions/maze/low_success, 12,800 rollouts × 5 seeds) avspo had the lowest pass@k of the seven
 presets at every k from 1 to 64 (pass@1 +0.015 over the SFT start, grpo +0.036), and dapo took
 27 optimizer steps to grpo's 100 for the same rollouts; in the ACR simulation (reproductions/acr,
 GRPO's ACR calibrated to the ACR paper's 28-45 %) virtual samples cut the groups without
