@@ -222,7 +222,7 @@ def _dropout_p(model) -> float:
 def _optimizer(opt) -> dict[str, Any]:
     """Class and the distinct hyper-parameter sets of an optimizer's param groups."""
     inner = getattr(opt, "optimizer", opt)  # accelerate's AcceleratedOptimizer wraps it
-    keys = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize")
+    keys = ("lr", "betas", "eps", "weight_decay", "amsgrad", "maximize", "fused", "foreach")
     groups = {
         json.dumps({k: g.get(k) for k in keys}, sort_keys=True, default=list)
         for g in inner.param_groups
@@ -581,7 +581,7 @@ def trl_config(args: argparse.Namespace, out: Path):
         "adam_beta2": 0.999,
         "adam_epsilon": 1e-8,
         "max_grad_norm": 1.0,
-        "optim": "adamw_torch",
+        "optim": "adamw_torch_fused",  # transformers' default for torch >= 2.8; grouprl optim.fused
         "num_iterations": 1,
         "bf16": False,  # fp32 on the CPU: GRPOConfig's default bf16=True means bf16 autocast
         "fp16": False,

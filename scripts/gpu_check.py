@@ -276,7 +276,7 @@ def run_trl(model: Any, tok: Any, rows: list, args: argparse.Namespace, out: Pat
         warmup_steps=0,
         weight_decay=0.0,
         max_grad_norm=1.0,
-        optim="adamw_torch",
+        optim="adamw_torch_fused",  # transformers' default; grouprl optim.fused
         num_iterations=1,
         logging_steps=1,
         report_to=[],

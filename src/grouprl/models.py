@@ -315,7 +315,19 @@ def check_spec(spec: str) -> str:
         return "folder"
     if spec.startswith((".", "/", "~")):
         raise ModelError(f"model path {spec!r} does not exist; {_CHOICES}")
+    if _offline() and not _hub_cached(spec):  # offline: only the local HF cache can serve it
+        raise ModelError(_no_hub(spec, FileNotFoundError("not in the local HF cache")))
     return "hub"
+
+
+def _hub_cached(spec: str) -> bool:
+    """Whether the local HF cache holds ``spec``'s ``config.json`` (nothing is downloaded)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        return isinstance(try_to_load_from_cache(spec, "config.json"), str)
+    except Exception:  # a malformed repo id: not cached
+        return False
 
 
 def load(

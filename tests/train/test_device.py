@@ -218,3 +218,34 @@ def test_a_checkpoint_from_another_device_type_reseeds_the_generator(tmp_path, c
     want = torch.Generator().manual_seed(5 * 1_000_003 + 3).get_state()
     assert torch.equal(run.gen.get_state(), want)
     assert "written on cuda:0 and this run is on cpu" in capsys.readouterr().out
+
+
+def test_adamw_is_fused_where_torch_has_the_kernel_and_updates_like_the_loop(tmp_path):
+    cfg, inj = make(tmp_path)
+    run = setup(cfg, **inj)
+    assert run.optimizer.param_groups[0]["fused"] is True  # optim.fused defaults on; CPU fp32
+    cfg_off, inj_off = make(tmp_path / "off", "optim.fused=false")
+    assert not setup(cfg_off, **inj_off).optimizer.param_groups[0]["fused"]
+    # the same update as the for-loop AdamW (torch's reference) up to rounding
+    torch.manual_seed(0)
+    w = [torch.nn.Parameter(torch.randn(40, 30)), torch.nn.Parameter(torch.randn(30))]
+    w2 = [torch.nn.Parameter(p.detach().clone()) for p in w]
+    fused = torch.optim.AdamW(w, lr=1e-2, weight_decay=0.1, fused=True)
+    loop = torch.optim.AdamW(w2, lr=1e-2, weight_decay=0.1, foreach=False)
+    for _ in range(5):
+        g = [torch.randn_like(p) for p in w]
+        for p, q, gi in zip(w, w2, g):
+            p.grad, q.grad = gi.clone(), gi.clone()
+        fused.step()
+        loop.step()
+    for p, q in zip(w, w2):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adamw_support_is_read_from_the_parameters():
+    from grouprl.train.state import fused_adamw_supported
+
+    assert fused_adamw_supported([torch.zeros(2), torch.zeros(3, dtype=torch.bfloat16)])
+    assert not fused_adamw_supported([torch.zeros(2, device="meta")])
+    assert not fused_adamw_supported([torch.zeros(2, dtype=torch.int64)])
+    assert not fused_adamw_supported([])

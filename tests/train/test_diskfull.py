@@ -151,6 +151,51 @@ def test_report_full_disk_removes_the_partial_report(tmp_path, monkeypatch):
     assert _steps(run / "metrics.jsonl") == [1, 2]
 
 
+def test_export_full_disk_removes_the_partial_export_and_resume_writes_it(tmp_path, monkeypatch):
+    import transformers
+
+    real = transformers.PreTrainedModel.save_pretrained
+
+    def partial(self, folder, *args, **kwargs):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"half")
+        raise ENOSPC
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", partial)
+    run = tmp_path / "run"
+    cfg, inj = make(run, "optim.steps=2", "run.save_final=true")
+    with pytest.raises(DiskFullError) as info:
+        train(cfg, **inj)
+    message = str(info.value)
+    assert f"while writing {run / 'final'} at step 2" in message
+    assert "The partial export was removed" in message
+    assert f"Last good checkpoint: {run / 'checkpoints/step_00000002'} (step 2)" in message
+    assert not any(p.name.startswith((".tmp-final", "final")) for p in run.iterdir())
+    monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", real)
+    cfg, inj = make(run, "optim.steps=2", "run.save_final=true", "run.resume=true")
+    assert train(cfg, **inj).step == 2
+    assert (run / "final/config.json").is_file()
+    assert _steps(run / "metrics.jsonl") == [1, 2]
+
+
+def test_tensorboard_full_disk_is_the_same_message(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")  # an optional extra, not our module
+    from torch.utils.tensorboard import SummaryWriter
+
+    def full(self, *args, **kwargs):
+        raise ENOSPC
+
+    monkeypatch.setattr(SummaryWriter, "add_scalar", full)
+    run = tmp_path / "run"
+    cfg, inj = make(run, "optim.steps=2", "run.tensorboard=true")
+    with pytest.raises(DiskFullError) as info:
+        train(cfg, **inj)
+    message = str(info.value)
+    assert f"while writing {run / 'tb'} at step 1" in message  # eval.every=0: no step-0 row
+    assert "metrics.jsonl holds every step up to this one" in message
+    assert _steps(run / "metrics.jsonl") == [1]  # written before TensorBoard, and whole
+
+
 def test_config_yaml_full_disk_keeps_the_old_file(tmp_path, monkeypatch):
     Sinks(tmp_path, {"a": 1}, total_steps=1, tensorboard=False, progress=False).close(report=False)
     real = Path.write_text

@@ -216,3 +216,40 @@ def test_resume_when_every_checkpoint_is_corrupt_is_refused(tmp_path, capsys):
     with pytest.raises(resume.ResumeError, match=r"1 checkpoint\(s\) rejected"):
         train(cfg, **inj)
     assert "checkpoint rejected" in capsys.readouterr().err
+
+
+def test_a_new_run_in_a_folder_that_holds_a_run_is_refused_and_touches_nothing(tmp_path):
+    """Without the guard the earlier run's step-4 checkpoint outranked the new run's step 2:
+    keep-last pruning deleted the new checkpoints and --resume continued the old run."""
+    cfg, inj = make(tmp_path, "optim.steps=4", "run.every=2")
+    train(cfg, **inj)
+    before = _files(tmp_path)
+    cfg, inj = make(tmp_path, "optim.steps=2", "run.every=2", "run.seed=1")
+    with pytest.raises(resume.ResumeError) as info:
+        train(cfg, **inj)
+    message = str(info.value)
+    assert f"{tmp_path} already holds a run (2 checkpoints, 4 logged steps)" in message
+    assert "--resume" in message and "--overwrite" in message and "--out" in message
+    assert _files(tmp_path) == before
+
+
+def test_overwrite_deletes_the_earlier_run_and_starts_clean(tmp_path, capsys):
+    cfg, inj = make(tmp_path, "optim.steps=4", "run.every=2")
+    train(cfg, **inj)
+    (tmp_path / "notes.txt").write_text("mine")  # not a run output: left alone
+    cfg, inj = make(tmp_path, "optim.steps=2", "run.every=2", "run.overwrite=true")
+    assert train(cfg, **inj).step == 2
+    assert "--overwrite: deleted the earlier run" in capsys.readouterr().out
+    assert [r["step"] for r in _rows(tmp_path) if r["step"] >= 1] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002"]
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    # and --resume now continues the new run, not the deleted one
+    cfg, inj = make(tmp_path, "optim.steps=3", "run.every=2", "run.resume=true")
+    assert train(cfg, **inj).step == 3
+    assert [r["step"] for r in _rows(tmp_path) if r["step"] >= 1] == [1, 2, 3]
+
+
+def test_a_new_run_after_only_the_step0_evaluation_needs_no_overwrite(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/pass@1": 0.25}\n')
+    cfg, inj = make(tmp_path, "optim.steps=1")
+    assert train(cfg, **inj).step == 1

@@ -53,9 +53,11 @@ def test_unreadable_config_files(tmp_path, capsys):
 
 
 def test_a_hub_id_neither_cached_nor_reachable_is_one_line_and_exit_2(tmp_path, capsys):
-    argv = ["train", *TINY_MAZE_ARGS, "--model", "someorg/not-cached", "--out", str(tmp_path)]
+    out = tmp_path / "run"
+    argv = ["train", *TINY_MAZE_ARGS, "--model", "someorg/not-cached", "--out", str(out)]
     assert cli.main(argv) == 2
     assert "model 'someorg/not-cached' is not a folder" in _one_line_error(capsys)
+    assert not out.exists()  # refused before the run folder was made
 
 
 def test_a_folder_in_use_is_refused_by_the_command(tmp_path, capsys):
@@ -81,6 +83,17 @@ def test_resume_refusals_exit_2(tmp_path, capsys):
     assert "holds a run (1 step in metrics.jsonl) but no usable checkpoint" in (
         _one_line_error(capsys)
     )
+
+
+def test_a_second_fresh_run_in_a_used_folder_is_refused_until_overwrite(tmp_path, capsys):
+    argv = ["train", *TINY_MAZE_ARGS, "--steps", "1", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert cli.main(argv) == 2
+    err = _one_line_error(capsys)
+    assert "already holds a run (1 checkpoint, 1 logged step)" in err
+    assert "--overwrite" in err
+    assert cli.main([*argv, "--overwrite"]) == 0
 
 
 def test_resume_anyway_flag_sets_both_fields():

@@ -77,6 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="--resume even when the configuration changes the experiment (model, task, "
         "preset, group size, lr, seed...); the change is recorded in metrics.jsonl and the report",
     )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start a new run in an --out that holds one, deleting its checkpoints, metrics, "
+        "report and final/ (without it, such a folder is refused)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="plain log lines, no bar")
     add_data_arguments(parser)
 
@@ -164,6 +170,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         out.append("run.resume=true")
     if args.resume_anyway:
         out.append("run.resume_anyway=true")
+    if args.overwrite:
+        out.append("run.overwrite=true")
     if args.no_progress:
         out.append("run.progress=false")
     return out + data_overrides(args) + list(args.overrides)

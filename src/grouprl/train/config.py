@@ -159,6 +159,13 @@ class OptimConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0
     """Global-norm clip (verl and TRL default 1.0); <= 0 disables clipping."""
+    fused: bool = True
+    """AdamW's fused implementation (``torch.optim.AdamW(fused=True)``), the same update as the
+    for-loop one up to rounding. transformers' Trainer (and so TRL) defaults to it
+    (``optim="adamw_torch_fused"``). [OURS, measured] one AdamW step over SmolLM2-135M's
+    parameters on one CPU thread: 0.58 s for-loop, 0.50 s foreach, 0.077 s fused. Used where
+    torch supports it (every parameter a floating-point tensor on the CPU or a CUDA device),
+    else the default implementation."""
     ppo_epochs: int | None = None
     """Passes over each generation batch; None = the preset's (``Preset.ppo_epochs``: AGPO's
     code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
@@ -205,6 +212,9 @@ class CheckpointConfig:
     resume_anyway: bool = False
     """With ``resume``: continue even when the configuration changes the experiment; the
     changed fields are recorded in metrics.jsonl and the report (``grouprl.train.resume``)."""
+    overwrite: bool = False
+    """A new run (no ``resume``) in a folder that already holds a run deletes that run's
+    outputs first instead of refusing (``grouprl.train.resume.fresh_start``)."""
     every: int = 50
     """Checkpoint every this many steps (and at the end and on SIGINT/SIGTERM); 0 = only those."""
     keep_last: int = 2

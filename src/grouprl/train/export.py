@@ -116,9 +116,23 @@ def save_run(run: Any, say: Any = print) -> list[Path]:
         "task": cfg.task.name,
         "task_params": dict(cfg.task.params),
     }
-    out = save_final(
-        run.model, run.tokenizer, run.run_dir, merge_lora=cfg.run.merge_lora, meta=meta
-    )
+    try:
+        out = save_final(
+            run.model, run.tokenizer, run.run_dir, merge_lora=cfg.run.merge_lora, meta=meta
+        )
+    except OSError as err:  # a full disk: the message train.diskfull gives every writer
+        from grouprl.train.diskfull import DiskFullError, is_disk_full
+
+        if not is_disk_full(err):
+            raise
+        raise DiskFullError(
+            Path(run.run_dir) / FINAL,
+            step=run.step,
+            ckpt_dir=Path(run.run_dir) / "checkpoints",
+            cleaned="The partial export was removed; the final checkpoint is complete, so "
+            "--resume only writes the export again.",
+            cause=err,
+        ) from err
     for folder in out:
         say(f"final policy: {folder} (save_pretrained + tokenizer)")
     return out

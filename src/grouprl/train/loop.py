@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from grouprl import advantages, diagnostics, losses
-from grouprl.train import filters
+from grouprl.train import filters, resume
 from grouprl.train.batch import Batch, Round, evaluate, group_rows, join_rounds, sample_groups
 from grouprl.train.config import RunConfig
 from grouprl.train.logprobs import completion_logprobs
@@ -66,9 +66,13 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
     """Run (or resume) training with ``cfg``; ``injected`` may pass model/tokenizer/task.
 
     The run folder is locked for the whole run (``train.runlock``): a second run on it
-    raises ``RunFolderBusy`` before anything is loaded or written.
+    raises ``RunFolderBusy`` before anything is loaded or written. A new run in a folder
+    that holds an earlier one raises ``ResumeError`` unless ``run.overwrite``
+    (``train.resume.fresh_start``).
     """
     with RunLock(cfg.run.out):  # one run per folder
+        if not cfg.run.resume:
+            resume.fresh_start(cfg)
         return _train(cfg, **injected)
 
 

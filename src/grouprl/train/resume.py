@@ -34,9 +34,11 @@ from typing import Any
 __all__ = [
     "BOOKKEEPING_FIELDS",
     "EXPERIMENT_FIELDS",
+    "RUN_OUTPUTS",
     "ResumeError",
     "changes",
     "check",
+    "fresh_start",
     "no_checkpoint",
     "report_blocks",
 ]
@@ -93,6 +95,7 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
 BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "optim.steps",  # how far to go (no schedule depends on it)
     "optim.logprob_chunk",  # the same projection in other chunks: rounding only
+    "optim.fused",  # the same AdamW update in one kernel: rounding only
     "model.attention",  # sdpa or eager: the same attention, rounding only
     "optim.max_nonfinite_steps",  # a guard: it may stop the run, it changes no number
     "optim.entropy",  # logs the policy entropy; no loss term uses it
@@ -102,6 +105,7 @@ BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "run.out",  # a run folder may be moved
     "run.resume",
     "run.resume_anyway",
+    "run.overwrite",
     "run.every",
     "run.keep_last",
     "run.progress",
@@ -255,6 +259,68 @@ def check(
     }
 
 
+RUN_OUTPUTS: tuple[str, ...] = (
+    "checkpoints",
+    "metrics.jsonl",
+    "rewards.jsonl",
+    "config.yaml",
+    "tb",
+    "report.html",
+    "final",
+    "final_merged",
+)
+"""What a run writes into its folder (``train.sinks``, ``train.checkpoint``,
+``train.export``): what ``--overwrite`` deletes. Anything else in the folder is left."""
+
+
+def _held_run(run_dir: Path) -> tuple[int, int, int]:
+    """(checkpoints, logged steps, logged groups) in ``run_dir``; the step-0 evaluation
+    row does not count as a step."""
+    from grouprl.train.checkpoint import list_checkpoints
+    from grouprl.train.sinks import read_jsonl
+
+    ckpts = len(list_checkpoints(run_dir / "checkpoints"))
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    steps = sum(isinstance(r, dict) and r.get("step", 0) >= 1 for r in rows)
+    groups = len(read_jsonl(run_dir / "rewards.jsonl"))
+    return ckpts, steps, groups
+
+
+def fresh_start(cfg: Any, *, log: Callable[[str], None] = print) -> None:
+    """A new run (no ``--resume``) in ``run.out``: refuse a folder that holds a run [OURS].
+
+    Starting a run over an earlier one would delete its metrics and, worse, mix two runs'
+    checkpoints: the earlier run's later steps would outrank the new run's, so keep-last
+    pruning deletes the new checkpoints and a later ``--resume`` continues the old run.
+    A folder with a checkpoint or a logged step (the step-0 evaluation does not count)
+    raises :class:`ResumeError` naming the three ways on; with ``run.overwrite``
+    (``--overwrite``) the earlier run's outputs (:data:`RUN_OUTPUTS`) are deleted first.
+    """
+    import shutil
+
+    run_dir = Path(cfg.run.out)
+    ckpts, steps, groups = _held_run(run_dir)
+    if not (ckpts or steps or groups):
+        return
+    held = (
+        f"{ckpts} checkpoint{'' if ckpts == 1 else 's'}, "
+        f"{steps} logged step{'' if steps == 1 else 's'}"
+    )
+    if not cfg.run.overwrite:
+        raise ResumeError(
+            f"{run_dir} already holds a run ({held}). Continue it with --resume; start "
+            "over with --overwrite (deletes its checkpoints, metrics, report and final/ "
+            "export); or keep it and pass another --out."
+        )
+    for name in RUN_OUTPUTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    log(f"--overwrite: deleted the earlier run in {run_dir} ({held})")
+
+
 def no_checkpoint(cfg: Any, *, log: Callable[[str], None] = print) -> None:
     """``--resume`` found no usable checkpoint: start a new run, or refuse [OURS].
 
@@ -262,14 +328,8 @@ def no_checkpoint(cfg: Any, *, log: Callable[[str], None] = print) -> None:
     step; the step-0 evaluation does not count) starts a new run and says so; a folder that holds a logged run raises
     ``ResumeError``: starting again would replace its metrics.jsonl and rewards.jsonl.
     """
-    from grouprl.train.checkpoint import list_checkpoints
-    from grouprl.train.sinks import read_jsonl
-
     run_dir = Path(cfg.run.out)
-    rejected = len(list_checkpoints(run_dir / "checkpoints"))  # none of them was usable
-    rows = read_jsonl(run_dir / "metrics.jsonl")
-    steps = sum(isinstance(r, dict) and r.get("step", 0) >= 1 for r in rows)  # not the step-0 eval
-    groups = len(read_jsonl(run_dir / "rewards.jsonl"))
+    rejected, steps, groups = _held_run(run_dir)  # none of the checkpoints was usable
     if not (steps or groups or rejected):
         log(
             f"resume: no checkpoint in {run_dir} and nothing logged there yet: "
@@ -286,7 +346,8 @@ def no_checkpoint(cfg: Any, *, log: Callable[[str], None] = print) -> None:
         f"--resume: {run_dir} holds a run ({steps} step{'' if steps == 1 else 's'} in "
         "metrics.jsonl) but no usable "
         f"checkpoint ({why}). Starting again would replace its metrics. To start over in "
-        "this folder, run without --resume; to keep it, pass another --out."
+        "this folder, run with --overwrite instead of --resume (it deletes that run's "
+        "outputs); to keep it, pass another --out."
     )
 
 

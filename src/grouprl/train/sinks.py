@@ -20,6 +20,7 @@ full disk cut short is removed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -202,9 +203,12 @@ class Sinks:
         self._note = {}
         self._step = step
         if self._tb is not None:
-            for key, value in metrics.items():
-                if math.isfinite(value):
-                    self._tb.add_scalar(key, value, step)
+            try:
+                for key, value in metrics.items():
+                    if math.isfinite(value):
+                        self._tb.add_scalar(key, value, step)
+            except OSError as err:
+                self._tensorboard_full(err, step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
         if self._bar is not None:
@@ -240,6 +244,23 @@ class Sinks:
                 cause=err,
             ) from err
 
+    def _tensorboard_full(self, err: OSError, step: int) -> None:
+        """TensorBoard's writer failed: a full disk becomes ``DiskFullError`` (the writer is
+        dropped, so closing does not fail again); any other error goes on."""
+        if not is_disk_full(err):
+            raise err
+        tb, self._tb = self._tb, None
+        with contextlib.suppress(Exception):
+            tb.close()
+        raise DiskFullError(
+            self.run_dir / "tb",
+            step=step,
+            ckpt_dir=self.run_dir / "checkpoints",
+            cleaned="metrics.jsonl holds every step up to this one; the TensorBoard events may "
+            "lack the last values (a resumed run writes them again from its checkpoint).",
+            cause=err,
+        ) from err
+
     def print(self, message: str) -> None:
         """A line above the progress bar (or on stdout without one)."""
         if self._bar is not None:
@@ -255,7 +276,10 @@ class Sinks:
         for f in (self._metrics, self._rewards):
             f.close()
         if self._tb is not None:
-            self._tb.close()
+            try:
+                self._tb.close()
+            except OSError as err:
+                self._tensorboard_full(err, self._step)
         if self._wandb is not None:
             self._wandb.finish()
         if not report:

@@ -213,12 +213,14 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     model.to(device)
     reference = make_reference(model, beta=preset.beta, lora=cfg.model.lora_rank > 0)
     o = cfg.optim
+    trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
+        trainable,
         lr=o.lr,
         betas=o.betas,
         eps=o.eps,
         weight_decay=o.weight_decay,
+        fused=True if o.fused and fused_adamw_supported(trainable) else None,
     )
     run = Run(
         cfg,
@@ -299,3 +301,12 @@ def graceful_stop() -> Iterator[_StopFlag]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def fused_adamw_supported(params: list[torch.Tensor]) -> bool:
+    """Whether ``torch.optim.AdamW(fused=True)`` accepts ``params`` (``OptimConfig.fused``):
+    floating-point tensors on the CPU or a CUDA device (torch's fused kernels exist for
+    those); a meta or MPS parameter keeps the default implementation."""
+    return bool(params) and all(
+        p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
+    )
