@@ -71,6 +71,8 @@ def test_step_metrics_hand_derived():
         # σ of the two live groups is s for both: mean s, coefficient of variation 0
         "regime/sigma_mean": s,
         "regime/sigma_cv": 0.0,
+        # mixed groups 2 ([1, 0, 1, 0]: μ̂ 0.5, counts) and 3 (one 1 of 3 valid: μ̂ 1/3)
+        "regime/mixed_hi_frac": 0.5,
     }
     m = step_metrics(r, adv)
     assert list(m) == list(STEP_METRIC_KEYS) == list(expected)
@@ -117,6 +119,7 @@ def test_step_metrics_second_hand_built_batch():
         "scale/inv_max": 4.0,
         "regime/sigma_mean": sigma_mean,
         "regime/sigma_cv": abs(s0 - s2) / 2 / sigma_mean,  # population std of two values
+        "regime/mixed_hi_frac": 0.0,  # mixed groups 0 and 2 have μ̂ 0.25 and 0.375
     }
     assert list(m) == list(expected)
     for key, want in expected.items():
@@ -188,3 +191,21 @@ def test_step_metrics_properties(rows, rnd):
     mp = step_metrics(rp, advantages.compute("grpo", rp))
     for k in m:
         assert mp[k] == pytest.approx(m[k], rel=1e-6, abs=1e-9), k
+
+
+def test_mixed_hi_frac_rescales_by_the_reward_range_and_ignores_collapsed_groups():
+    # rewards in [-1, 1]: group means 0.5 -> μ̂ 0.75 (counts), -0.5 -> 0.25, 0.0 -> 0.5
+    # (counts: the boundary is inclusive); the all-correct group is collapsed and left out
+    r = torch.tensor(
+        [[1.0, 1.0, 1.0, -1.0], [-1.0, -1.0, -1.0, 1.0], [1.0, -1.0, 1.0, -1.0], [1.0] * 4]
+    )
+    adv = _adv([[0.0] * 4] * 4, scale=[1.0] * 4, kl_weight=[1.0] * 4)
+    m = step_metrics(r, adv, reward_range=(-1.0, 1.0))
+    assert m["regime/mixed_hi_frac"] == pytest.approx(2 / 3)
+    # every group collapsed: no mixed group, 0.0 (never NaN in metrics.jsonl)
+    assert (
+        step_metrics(torch.ones(2, 4), _adv([[0.0] * 4] * 2, scale=[1.0] * 2, kl_weight=[1.0] * 2))[
+            "regime/mixed_hi_frac"
+        ]
+        == 0.0
+    )

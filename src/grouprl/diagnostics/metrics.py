@@ -35,6 +35,7 @@ STEP_METRIC_KEYS: tuple[str, ...] = (
     "scale/inv_max",
     "regime/sigma_mean",
     "regime/sigma_cv",
+    "regime/mixed_hi_frac",
 )
 """Every key :func:`step_metrics` returns, in order (docs/diagnostics.md is the glossary)."""
 
@@ -62,6 +63,11 @@ def step_metrics(
       free of NaN; ``adv/updated_frac`` = 0 says why].
     - ``regime/sigma_mean``, ``regime/sigma_cv``: mean σ_q over non-collapsed groups and its
       coefficient of variation across them (["Why GRPO needs normalization"] + [OURS]).
+    - ``regime/mixed_hi_frac``: of the mixed (non-collapsed) groups, the fraction whose mean
+      valid reward, rescaled to [0, 1] by ``reward_range``, is ≥ 0.5: the groups where
+      F-GRPO's focal weight (1 − μ̂)^γ scales the update by 2^-γ or less (F-GRPO §4, with
+      μ̂ the group's success rate). [OURS] the F-GRPO audit: the focal weight only matters
+      when this share is large (reproductions/maze required ≥ 0.5); 0.0 with no mixed group.
 
     Cost: a handful of batched reductions over ``[P, G]`` and one host transfer at the end
     (no Python loop over groups, one ``.tolist()``), far below 1 % of a training step.
@@ -86,6 +92,10 @@ def step_metrics(
     tail = torch.nan_to_num(inverse_scale_tail(adv, (0.5, 0.95, 0.99, 1.0)), nan=0.0).to(f)  # [4]
 
     s_mean, s_cv = sigma_mean_cv(split["sigma"], ~split["collapsed"])
+    mixed = ~split["collapsed"]  # [P]; a mixed group has >= 2 valid rewards
+    lo, hi = float(reward_range[0]), float(reward_range[1])
+    mu = (vals.sum(1) / valid.sum(1).clamp_min(1) - lo) / (hi - lo)  # [P] success rate
+    mixed_hi = (mixed & (mu >= 0.5)).sum().to(f) / mixed.sum().clamp_min(1).to(f)
 
     step = {  # 0-dim tensors; one host transfer below
         "acr/rate": frac["collapsed"],
@@ -110,5 +120,6 @@ def step_metrics(
         "scale/inv_max": tail[3],
         "regime/sigma_mean": s_mean,
         "regime/sigma_cv": s_cv,
+        "regime/mixed_hi_frac": mixed_hi,
     }
     return to_floats(step)
