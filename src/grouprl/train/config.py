@@ -151,7 +151,8 @@ class OptimConfig:
     steps: int = 300
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the maze miniature (300 GRPO steps, 32 x 8):
-    5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 -> 0.334/0.385);
+    5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 -> 0.334/0.385; 0.192,
+    0.335/0.390 with fused AdamW at two threads, docs/training.md);
     2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate (0.10-0.16)
     and pass@16 fall to 0.28; 1e-4 was in between."""
     weight_decay: float = 0.0
