@@ -35,6 +35,14 @@ def _steps(path):
     return sorted({r["step"] for r in _no_torn_line(path)})
 
 
+def _full_disk_message(run: Path, *overrides: str) -> str:
+    """Train in ``run`` until the injected ENOSPC stops it; the DiskFullError's message."""
+    cfg, inj = make(run, *overrides)
+    with pytest.raises(DiskFullError) as info:
+        train(cfg, **inj)
+    return str(info.value)
+
+
 def _partial_write(target: Path, nbytes: int = 7):
     """A stand-in for ``sinks._write_all`` that writes ``nbytes`` of a line to ``target``
     (a torn line on disk, as a full disk leaves it) and raises ENOSPC."""
@@ -93,10 +101,7 @@ def test_checkpoint_full_disk_removes_the_partial_folder_and_names_the_last_good
 
     run = tmp_path / "run"
     monkeypatch.setattr(ckpt, "_fsync_write", full_at_step_2_optimizer)
-    cfg, inj = make(run, *common)
-    with pytest.raises(DiskFullError) as info:
-        train(cfg, **inj)
-    message = str(info.value)
+    message = _full_disk_message(run, *common)
     assert "disk full (No space left on device) while writing" in message
     assert f".tmp-step_00000002-{os.getpid()}/optimizer.pt at step 2" in message
     assert "The partial checkpoint" in message and "was removed" in message
@@ -119,11 +124,8 @@ def test_checkpoint_full_disk_removes_the_partial_folder_and_names_the_last_good
 @pytest.mark.parametrize("name", ["metrics.jsonl", "rewards.jsonl"])
 def test_jsonl_full_disk_leaves_no_torn_line(tmp_path, monkeypatch, name):
     run = tmp_path / "run"
-    cfg, inj = make(run, "optim.steps=3", "run.every=1")
     monkeypatch.setattr(sinks, "_write_all", _partial_write(run / name))
-    with pytest.raises(DiskFullError) as info:
-        train(cfg, **inj)
-    message = str(info.value)
+    message = _full_disk_message(run, "optim.steps=3", "run.every=1")
     assert f"while writing {run / name} at step 1" in message
     assert f"{name} was cut back to its last whole line" in message
     assert "Last good checkpoint: none yet" in message
@@ -140,10 +142,7 @@ def test_report_full_disk_removes_the_partial_report(tmp_path, monkeypatch):
 
     monkeypatch.setattr(html, "write_page", partial_page)
     run = tmp_path / "run"
-    cfg, inj = make(run, "optim.steps=2", "run.report=true")
-    with pytest.raises(DiskFullError) as info:
-        train(cfg, **inj)
-    message = str(info.value)
+    message = _full_disk_message(run, "optim.steps=2", "run.report=true")
     assert f"while writing {run / 'report.html'} at step 2" in message
     assert "The partial report.html was removed" in message
     assert f"Last good checkpoint: {run / 'checkpoints/step_00000002'} (step 2)" in message
@@ -163,10 +162,7 @@ def test_export_full_disk_removes_the_partial_export_and_resume_writes_it(tmp_pa
 
     monkeypatch.setattr(transformers.PreTrainedModel, "save_pretrained", partial)
     run = tmp_path / "run"
-    cfg, inj = make(run, "optim.steps=2", "run.save_final=true")
-    with pytest.raises(DiskFullError) as info:
-        train(cfg, **inj)
-    message = str(info.value)
+    message = _full_disk_message(run, "optim.steps=2", "run.save_final=true")
     assert f"while writing {run / 'final'} at step 2" in message
     assert "The partial export was removed" in message
     assert f"Last good checkpoint: {run / 'checkpoints/step_00000002'} (step 2)" in message
@@ -187,10 +183,7 @@ def test_tensorboard_full_disk_is_the_same_message(tmp_path, monkeypatch):
 
     monkeypatch.setattr(SummaryWriter, "add_scalar", full)
     run = tmp_path / "run"
-    cfg, inj = make(run, "optim.steps=2", "run.tensorboard=true")
-    with pytest.raises(DiskFullError) as info:
-        train(cfg, **inj)
-    message = str(info.value)
+    message = _full_disk_message(run, "optim.steps=2", "run.tensorboard=true")
     assert f"while writing {run / 'tb'} at step 1" in message  # eval.every=0: no step-0 row
     assert "metrics.jsonl holds every step up to this one" in message
     assert _steps(run / "metrics.jsonl") == [1]  # written before TensorBoard, and whole

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from grouprl.train.logprobs import completion_logprobs, length_buckets, position_ids
 
 
-def _model(vocab: int = 5000, seed: int = 0):
+def _model(vocab: int = 5000, seed: int = 0, *, kv_heads: int = 4, attn: str | None = None):
+    """A 2-layer Llama; ``kv_heads=2`` groups 2 query heads per key/value head (GQA)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -20,9 +21,11 @@ def _model(vocab: int = 5000, seed: int = 0):
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=4,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=64,
     )
+    if attn is not None:
+        cfg._attn_implementation = attn
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -149,28 +152,11 @@ def test_length_buckets_partition_and_beat_the_simple_splits(lengths, overhead):
         assert cost(buckets) <= min(cost(one), cost(per_length)) + 1e-9
 
 
-def _gqa_model(vocab: int = 300, seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # grouped: 2 query heads per key/value head
-        max_position_embeddings=64,
-    )
-    cfg._attn_implementation = "sdpa"
-    return LlamaForCausalLM(cfg).eval()
-
-
 @pytest.mark.parametrize("gqa", [False, True])
 def test_trimmed_buckets_match_the_padded_forward(gqa):
     """Length buckets (forced: overhead 0) = one padded forward = the plain forward."""
     vocab, g = 300, 3
-    model = _gqa_model(vocab) if gqa else _model(vocab)
+    model = _model(vocab, kv_heads=2, attn="sdpa") if gqa else _model(vocab)
     prompt, pmask, comp, cmask = _batch(vocab)
     prompt, pmask = prompt[[1, 1, 1, 4, 4, 4]], pmask[[1, 1, 1, 4, 4, 4]]  # 2 groups of 3
     comp = torch.cat([comp, comp[:1]])

@@ -361,10 +361,8 @@ def optimizer_step(
     non-finite loss or gradient skips the step (counted; K in a row is a TrainingError).
     """
     cfg, p = run.cfg, run.preset
-    size = cfg.optim.micro_batch_size or len(rows)
-    micro = list(rows.split(size))
-    totals = losses.step_totals(
-        [batch.mask[m] for m in micro], keep=[keep[m] for m in micro],
+    totals = losses.step_totals(  # counts over the whole minibatch, whatever the split
+        batch.mask[rows], keep=keep[rows],
         max_len=max(cfg.sampling.max_new_tokens, batch.mask.shape[1]),
     )  # fmt: skip
     if totals.is_empty:  # no kept token: nothing to learn from
@@ -375,8 +373,10 @@ def optimizer_step(
     active = gradient_rows(
         rows, adv=adv, keep=keep, kl_weight=kl_weight, beta=p.beta, g=batch.group_size
     )
-    micro = [(m, grad) for grad in (True, False) for m in rows[active == grad].split(size)]
-    micro = [(m, grad) for m, grad in micro if len(m)]
+    size = cfg.optim.micro_batch_size or len(rows)
+    micro = [
+        (m, grad) for grad in (True, False) for m in rows[active == grad].split(size) if len(m)
+    ]
     if not active.any():  # the gradient is exactly 0; AdamW still takes its step, as before
         for q in run.model.parameters():
             if q.requires_grad:
