@@ -244,9 +244,11 @@ def test_overwrite_deletes_the_earlier_run_and_starts_clean(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002"]
     assert (tmp_path / "notes.txt").read_text() == "mine"
     # and --resume now continues the new run, not the deleted one
+    capsys.readouterr()
     cfg, inj = make(tmp_path, "optim.steps=3", "run.every=2", "run.resume=true")
     assert train(cfg, **inj).step == 3
     assert [r["step"] for r in _rows(tmp_path) if r["step"] >= 1] == [1, 2, 3]
+    assert "run.overwrite" not in capsys.readouterr().out  # how a run started is no change
 
 
 def test_a_new_run_after_only_the_step0_evaluation_needs_no_overwrite(tmp_path):

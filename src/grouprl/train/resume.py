@@ -237,7 +237,7 @@ def check(
             )
         )
     kept = changes(recorded, now, BOOKKEEPING_FIELDS)
-    for name in ("run.resume", "run.resume_anyway"):  # the flags that asked for this
+    for name in ("run.resume", "run.resume_anyway", "run.overwrite"):  # how it was started
         kept.pop(name, None)
     if kept:
         log("resume: changed since the checkpoint (allowed, no effect on the math):")
