@@ -155,9 +155,7 @@ def score(
             texts, references, completion_ids, step=run.step, max_steps=run.cfg.optim.steps,
             timeout_s=s.verify_timeout_s, max_unscorable_frac=s.max_unscorable_frac,
         )  # fmt: skip
-        _log_errors(run, out.unscorable, out.errors)
-        return out
-    if s.verify_timeout_s > 0:
+    elif s.verify_timeout_s > 0:
         out = score_batch(
             run.task.verify,
             texts,
@@ -166,24 +164,23 @@ def score(
             max_unscorable_frac=s.max_unscorable_frac,
             reward_range=tuple(run.task.reward_range),
         )
-        _log_errors(run, out.unscorable, out.errors)
-        return out
-    values, errors = [], []
-    for text, ref in zip(texts, references):
-        try:
-            values.append(float(run.task.verify(text, ref)))
-            if math.isnan(values[-1]):
-                errors.append("the verifier returned NaN")
-        except Exception as err:
-            values.append(math.nan)
-            errors.append(f"{type(err).__name__}: {err}")
-    out = BatchScores(values, sum(math.isnan(v) for v in values), errors[:5])
-    if out.unscorable_frac > s.max_unscorable_frac:
-        raise UnscorableError(
-            f"{out.unscorable_frac:.0%} of {len(values)} completions could not be scored, "
-            f"above sampling.max_unscorable_frac={s.max_unscorable_frac}; first errors: "
-            f"{errors[:5]}. Fix the verifier before training."
-        )
+    else:
+        values, errors = [], []
+        for text, ref in zip(texts, references):
+            try:
+                values.append(float(run.task.verify(text, ref)))
+                if math.isnan(values[-1]):
+                    errors.append("the verifier returned NaN")
+            except Exception as err:
+                values.append(math.nan)
+                errors.append(f"{type(err).__name__}: {err}")
+        out = BatchScores(values, sum(math.isnan(v) for v in values), errors[:5])
+        if out.unscorable_frac > s.max_unscorable_frac:
+            raise UnscorableError(
+                f"{out.unscorable_frac:.0%} of {len(values)} completions could not be scored, "
+                f"above sampling.max_unscorable_frac={s.max_unscorable_frac}; first errors: "
+                f"{errors[:5]}. Fix the verifier before training."
+            )
     _log_errors(run, out.unscorable, out.errors)
     return out
 

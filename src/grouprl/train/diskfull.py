@@ -22,15 +22,20 @@ DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 """errno values that mean "no room to write": no space left, disk quota exceeded."""
 
 
-def is_disk_full(err: BaseException | None) -> bool:
-    """True when ``err``, or an exception it was raised from or during, is a full disk."""
+def _disk_full_cause(err: BaseException | None) -> OSError | None:
+    """The full-disk ``OSError`` in ``err``'s chain of causes and contexts, if any."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
         if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
-            return True
+            return err
         err = err.__cause__ or err.__context__
-    return False
+    return None
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """True when ``err``, or an exception it was raised from or during, is a full disk."""
+    return _disk_full_cause(err) is not None
 
 
 def last_checkpoint(ckpt_dir: str | Path) -> Path | None:
@@ -42,11 +47,8 @@ def last_checkpoint(ckpt_dir: str | Path) -> Path | None:
 
 
 def _strerror(err: BaseException | None) -> str:
-    while err is not None:
-        if isinstance(err, OSError) and err.errno in DISK_FULL_ERRNOS:
-            return err.strerror or "no space left on device"
-        err = err.__cause__ or err.__context__
-    return "no space left on device"
+    found = _disk_full_cause(err)
+    return found.strerror if found is not None and found.strerror else "no space left on device"
 
 
 class DiskFullError(RuntimeError):
