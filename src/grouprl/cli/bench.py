@@ -172,69 +172,34 @@ def _vs_trl_rows(res: dict[str, Any]) -> list[Row]:
             d = d.get(k, {}) if isinstance(d, dict) else {}
         return d if not isinstance(d, dict) else None
 
+    def row(metric: str, ours: Any, peer: Any, ratio_: Any = None, target: Any = None) -> Row:
+        return {"metric": f"{model}: {metric}", "grouprl": ours, "peer": peer,
+                "ratio": ratio_, "target": target}  # fmt: skip
+
+    def both(*keys: str) -> tuple[Any, Any]:
+        return pick(g, *keys), pick(t, *keys)
+
     rows = [
-        {
-            "metric": f"{model}: samples/s",
-            "grouprl": pick(g, "samples_per_s"),
-            "peer": pick(t, "samples_per_s"),
-            "ratio": ratio.get("samples_per_s"),
-            "target": met.get("samples_per_s_ge_2.5x"),
-        },
-        {
-            "metric": f"{model}: tokens/s",
-            "grouprl": pick(g, "tokens_per_s"),
-            "peer": pick(t, "tokens_per_s"),
-            "ratio": ratio.get("tokens_per_s"),
-            "target": None,
-        },
-        {
-            "metric": f"{model}: peak RSS (MiB)",
-            "grouprl": pick(g, "peak_rss_mib"),
-            "peer": pick(t, "peak_rss_mib"),
-            "ratio": ratio.get("peak_rss"),
-            "target": met.get("peak_rss_le_0.5x"),
-        },
-    ]
+        row("samples/s", *both("samples_per_s"), ratio.get("samples_per_s"),
+            met.get("samples_per_s_ge_2.5x")),
+        row("tokens/s", *both("tokens_per_s"), ratio.get("tokens_per_s")),
+        row("peak RSS (MiB)", *both("peak_rss_mib"), ratio.get("peak_rss"),
+            met.get("peak_rss_le_0.5x")),
+    ]  # fmt: skip
+    steps_g, steps_t = g.get("steps") or 1, t.get("steps") or 1
     for phase in ("generate", "forward", "backward", "optimizer"):
-        gs, ts = pick(g, "phase_s", phase), pick(t, "phase_s", phase)
-        steps_g, steps_t = g.get("steps") or 1, t.get("steps") or 1
+        gs, ts = both("phase_s", phase)
         rows.append(
-            {
-                "metric": f"{model}: {phase} s/step",
-                "grouprl": None if gs is None else gs / steps_g,
-                "peer": None if ts is None else ts / steps_t,
-                "ratio": None,
-                "target": None,
-            }
-        )
-    rows.append(
-        {
-            "metric": f"{model}: train reward (mean)",
-            "grouprl": pick(g, "train_reward_mean"),
-            "peer": pick(t, "train_reward_mean"),
-            "ratio": None,
-            "target": None,
-        }
-    )
+            row(f"{phase} s/step", None if gs is None else gs / steps_g,
+                None if ts is None else ts / steps_t)
+        )  # fmt: skip
+    rows.append(row("train reward (mean)", *both("train_reward_mean")))
     if pick(g, "eval", "reward") is not None:
         rows.append(
-            {
-                "metric": f"{model}: eval reward after training",
-                "grouprl": pick(g, "eval", "reward"),
-                "peer": pick(t, "eval", "reward"),
-                "ratio": None,
-                "target": met.get("eval_reward_not_worse"),
-            }
-        )
-    rows.append(
-        {
-            "metric": f"{model}: settings equal (table below)",
-            "grouprl": None,
-            "peer": None,
-            "ratio": None,
-            "target": res.get("settings_equal"),
-        }
-    )
+            row("eval reward after training", *both("eval", "reward"),
+                target=met.get("eval_reward_not_worse"))
+        )  # fmt: skip
+    rows.append(row("settings equal (table below)", None, None, target=res.get("settings_equal")))
     return rows
 
 
