@@ -114,3 +114,28 @@ def test_rollout_mismatch_state_survives_a_checkpoint():
     h2 = diagnostics.RunHealth()
     h2.load_state_dict(h.state_dict())
     assert _feed(h2, [2], 2.5e-3) == []  # already said, not doubled
+
+
+def test_diagnose_shows_a_grouprl_runs_mismatch(tmp_path, capsys):
+    import json
+
+    from grouprl.cli import main
+
+    rows = [
+        {"step": 1, "mismatch/kl_k3": 2e-4, "mismatch/ratio_p99": 1.1, "reward/mean": 0.1},
+        {"step": 2, "mismatch/kl_k3": 3e-3, "mismatch/ratio_p99": 1.9, "corr/weight_mean": 0.97},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["diagnose", str(tmp_path), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "Rollout vs trainer mismatch (grouprl log, 2 steps)" in out
+    assert out.count("[rollout_mismatch] step 2") == 1  # replayed once, not twice
+    summary = mismatch.summarize(rows)
+    kl = next(r for r in summary if r["quantity"] == "mismatch/kl_k3")
+    assert kl == {
+        "quantity": "mismatch/kl_k3",
+        "steps": 2,
+        "first": 2e-4,
+        "last": 3e-3,
+        "max": 3e-3,
+    }

@@ -151,3 +151,36 @@ def test_grouprl_loss_path_applies_trls_vllm_correction_as_trls_loss_does(tmp_pa
     # ... and reached our loss: rows zeroed (masked or off-policy) or weights != 1
     applied = torch.cat([w[m.bool()] for w, m in b.weights])
     assert (applied != 1).float().mean() > 0.1
+
+
+@pytest.mark.slow
+def test_grouprl_diagnose_reads_trls_mismatch_metrics_from_its_checkpoint(tmp_path, capsys):
+    from grouprl.cli import main
+    from grouprl.diagnostics import external
+
+    args = config(
+        tmp_path, log_completions=True, save_strategy="steps", save_steps=3, save_only_model=True
+    )
+    trainer = TRLWithInjectedVLLM(  # TRL's own trainer: only TRL's sampling/* metrics
+        model=tiny_model(),
+        reward_funcs=RecordingReward(),
+        args=args,
+        train_dataset=dataset(),
+        processing_class=tiny_tokenizer(),
+        noise=0.6,
+    )
+    trainer.train()
+    logged = [
+        h for h in trainer.state.log_history if "sampling/importance_sampling_ratio/mean" in h
+    ]
+    log = external.load_mismatch(tmp_path)
+    assert log.source == "trl" and not log.metrics_only  # the completions log is there too
+    assert len(log.rows) == len(logged) == 3
+    for row, h in zip(log.rows, logged):
+        assert row["corr/weight_mean"] == h["sampling/importance_sampling_ratio/mean"]
+        assert row["mismatch/logp_diff_max"] == h["sampling/sampling_logp_difference/max"]
+    assert main(["diagnose", str(tmp_path), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "Per-step collapse" in out  # the groups of TRL's completions log
+    assert "Rollout vs trainer mismatch (trl log, 3 steps)" in out
+    assert "mismatch/logp_diff_mean" in out and "corr/weight_mean" in out

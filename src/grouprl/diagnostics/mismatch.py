@@ -32,7 +32,15 @@ import torch
 from grouprl.losses.correction import NAN_ROLLOUT, SAFETY_BOUND
 from grouprl.types import to_floats
 
-__all__ = ["MISMATCH_KEYS", "effective_sample_size", "mismatch_metrics", "quantiles"]
+__all__ = [
+    "MISMATCH_KEYS",
+    "PEER_KEYS",
+    "effective_sample_size",
+    "from_peer_log",
+    "mismatch_metrics",
+    "quantiles",
+    "summarize",
+]
 
 QUANTILES = {"p01": 0.01, "p50": 0.5, "p99": 0.99}
 
@@ -162,3 +170,78 @@ def mismatch_metrics(
     seq = quantiles(seq_lr[rows], {"p01": 0.01, "p99": 0.99})
     out.update({f"seq_log_ratio_{k}": v for k, v in seq.items()})
     return {f"mismatch/{k}": v for k, v in to_floats(out).items()}
+
+
+# --------------------------------------------------------------------------- logged runs
+PEER_KEYS: dict[str, dict[str, str]] = {
+    "trl": {
+        "sampling/sampling_logp_difference/mean": "mismatch/logp_diff_mean",
+        "sampling/sampling_logp_difference/max": "mismatch/logp_diff_max",
+        "sampling/importance_sampling_ratio/min": "corr/weight_min",
+        "sampling/importance_sampling_ratio/mean": "corr/weight_mean",
+        "sampling/importance_sampling_ratio/max": "corr/weight_max",
+    },
+    "verl": {
+        "rollout_corr/kl": "mismatch/kl_k1",
+        "rollout_corr/k3_kl": "mismatch/kl_k3",
+        "rollout_corr/chi2_token": "mismatch/chi2_token",
+        "rollout_corr/chi2_seq": "mismatch/chi2_seq",
+        "rollout_corr/training_ppl": "mismatch/ppl_train",
+        "rollout_corr/rollout_ppl": "mismatch/ppl_rollout",
+        "rollout_corr/ppl_ratio": "mismatch/ppl_ratio",
+        "rollout_corr/log_ppl_abs_diff": "mismatch/log_ppl_abs_diff",
+        "rollout_corr/rollout_is_mean": "corr/weight_mean",
+        "rollout_corr/rollout_is_min": "corr/weight_min",
+        "rollout_corr/rollout_is_max": "corr/weight_max",
+        "rollout_corr/rollout_is_eff_sample_size": "corr/ess",
+        "rollout_corr/rollout_rs_masked_fraction": "corr/rejected_frac",
+    },
+}
+"""Metric names TRL 1.16 (``GRPOTrainer``'s ``sampling/*``, truncated ratios) and verl 0.9.1
+(``rollout_corr_helper``'s ``rollout_corr/*``) log -> ours. TRL runs through
+:class:`grouprl.integrations.trl.GroupRLGRPOTrainer` also log ``grouprl/mismatch/*`` and
+``grouprl/corr/*`` (ours, prefixed)."""
+
+
+def from_peer_log(source: str, metrics: dict[str, float]) -> dict[str, float]:
+    """One logged step of ``source`` (``"grouprl"``, ``"trl"``, ``"verl"``) in our key names:
+    ``mismatch/*`` and ``corr/*`` only (empty when the step logged none)."""
+    out: dict[str, float] = {}
+    names = PEER_KEYS.get(source, {})
+    for key, value in metrics.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        ours = names.get(key) or key.removeprefix("grouprl/")
+        if ours.startswith(("mismatch/", "corr/")):
+            out[ours] = float(value)
+    return out
+
+
+SUMMARY_KEYS = (
+    "mismatch/kl_k1",
+    "mismatch/kl_k3",
+    "mismatch/chi2_token",
+    "mismatch/ppl_ratio",
+    "mismatch/ess_token",
+    "mismatch/logp_diff_mean",
+    "mismatch/logp_diff_max",
+    "mismatch/ratio_p01",
+    "mismatch/ratio_p99",
+    "mismatch/ratio_max",
+    "corr/weight_mean",
+    "corr/weight_max",
+    "corr/zeroed_frac",
+    "corr/rejected_frac",
+)
+
+
+def summarize(rows: list[dict[str, float]]) -> list[dict[str, object]]:
+    """``[{quantity, steps, first, last, max}]`` over the logged steps, for the keys of
+    :data:`SUMMARY_KEYS` that at least one step holds (rows already in our key names)."""
+    out: list[dict[str, object]] = []
+    for key in SUMMARY_KEYS:
+        vals = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if vals:
+            row = {"quantity": key, "steps": len(vals), "first": vals[0], "last": vals[-1]}
+            out.append({**row, "max": max(vals)})
+    return out
