@@ -151,20 +151,22 @@ def _trl_files(path: Path) -> list[Path]:
     return _numbered(sub if sub.is_dir() else path, TRL_FILE)
 
 
-def _looks_like_verl_line(path: Path) -> bool:
+def _first_object(path: Path) -> dict | None:
+    """The first non-empty line of a JSONL file as a dict (None if unreadable or not one)."""
     try:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 if line.strip():
                     obj = json.loads(line)
-                    return (
-                        isinstance(obj, dict)
-                        and "rewards" not in obj
-                        and all(k in obj for k in VERL_KEYS)
-                    )
+                    return obj if isinstance(obj, dict) else None
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return False
+        return None
+    return None
+
+
+def _looks_like_verl_line(path: Path) -> bool:
+    obj = _first_object(path)
+    return obj is not None and "rewards" not in obj and all(k in obj for k in VERL_KEYS)
 
 
 def detect(path: str | Path) -> str | None:
@@ -421,19 +423,8 @@ def _is_verl_metrics_file(path: Path) -> bool:
     """A verl ``FileLogger`` JSONL: every line ``{"step": n, "data": {metric: value}}``."""
     if not path.is_file() or path.suffix != ".jsonl":
         return False
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    obj = json.loads(line)
-                    return (
-                        isinstance(obj, dict)
-                        and "step" in obj
-                        and isinstance(obj.get("data"), dict)
-                    )
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return False
+    obj = _first_object(path)
+    return obj is not None and "step" in obj and isinstance(obj.get("data"), dict)
 
 
 def _trl_state(path: Path) -> Path | None:
