@@ -50,10 +50,11 @@ GROUPRL_AXES: dict[str, tuple[str, str]] = {
     "surrogate": ("grouprl.losses", "SURROGATES"),
     "aggregation": ("grouprl.losses", "AGGREGATIONS"),
     "kl": ("grouprl.losses", "KL_ESTIMATORS"),
+    "correction": ("grouprl.losses", "CORRECTIONS"),
     "preset": ("grouprl.presets", "PRESETS"),
 }
 """Token key -> the registry ``grouprl list`` prints (cli/listing.py SECTIONS)."""
-GROUPRL_COMPLETE = ("estimator", "transform", "surrogate", "aggregation", "kl")
+GROUPRL_COMPLETE = ("estimator", "transform", "surrogate", "aggregation", "kl", "correction")
 """Axes whose every entry needs a row (a preset is a combination, not a method)."""
 GROUPRL_CALLABLES: dict[str, tuple[str, str]] = {
     "objective": ("grouprl.losses", "objective"),
