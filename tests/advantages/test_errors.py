@@ -14,7 +14,7 @@ R = torch.tensor([[1.0, 0.0, 0.0]])
     "rewards, match",
     [
         (torch.tensor([1.0, 0.0]), "2-D"),
-        (torch.zeros(2, 2, 2), "2-D"),
+        (torch.zeros(2, 2, 2, 2), "2-D"),
         (torch.tensor([[1, 0]]), "floating point"),
         (torch.zeros(0, 4), "empty"),
         (torch.tensor([[1.0, math.inf]]), "infinite"),
