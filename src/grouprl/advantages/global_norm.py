@@ -98,12 +98,6 @@ def whiten(
     return out, mu, s
 
 
-def _weights(rewards: torch.Tensor, weighting: str, lengths: torch.Tensor | None):
-    if weighting == "sample":
-        return None
-    return lengths.to(rewards.dtype)  # [P, G]
-
-
 def _result(values, valid, rewards, scale, collapsed, zeroed_groups, **stats) -> Advantages:
     """Advantages of a batch-normalised estimator. ``zeroed_groups [P]`` (or None) get 0;
     ``updated`` = groups with a valid reward that are not zeroed (they all carry a gradient)."""
@@ -123,6 +117,15 @@ def _result(values, valid, rewards, scale, collapsed, zeroed_groups, **stats) ->
         stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
         updated=live,
     )
+
+
+def _whitened(x, rewards, valid, m, lengths, weighting, eps_mode, eps, ddof, zero_collapsed):
+    """The batch-whitened ``x [P, G]`` as Advantages (collapsed groups zeroed on request)."""
+    check_whiten_args(weighting, eps_mode, lengths)
+    w = None if weighting == "sample" else lengths.to(rewards.dtype)
+    values, mu, s = whiten(x, valid, weights=w, ddof=ddof, eps=eps, eps_mode=eps_mode)
+    zeroed = m.collapsed if zero_collapsed else None
+    return _result(values, valid, rewards, s, m.collapsed, zeroed, batch_mean=float(mu))
 
 
 def reinforce_pp_global(
@@ -150,17 +153,8 @@ def reinforce_pp_global(
     whose rewards are all equal is *not* zeroed: it is compared with the batch. ``scale`` =
     the batch scale s; ``stats["collapsed_frac"]`` counts groups with σ_q < tau (no effect).
     """
-    check_whiten_args(weighting, eps_mode, lengths)
     m = group_moments(rewards, valid, ddof, tau)
-    values, mu, s = whiten(
-        rewards,
-        valid,
-        weights=_weights(rewards, weighting, lengths),
-        ddof=ddof,
-        eps=eps,
-        eps_mode=eps_mode,
-    )
-    return _result(values, valid, rewards, s, m.collapsed, None, batch_mean=float(mu))
+    return _whitened(rewards, rewards, valid, m, lengths, weighting, eps_mode, eps, ddof, False)
 
 
 def reinforce_pp_baseline(
@@ -188,19 +182,9 @@ def reinforce_pp_baseline(
     the token-weighted mean of u is (``zero_collapsed=False`` reproduces them). This was
     grouprl's ``reinforce_pp`` estimator, which stays as an alias. scale = s.
     """
-    check_whiten_args(weighting, eps_mode, lengths)
     m = group_moments(rewards, valid, ddof, tau)
     u = m.dev  # [P, G], 0 at invalid entries
-    values, mu, s = whiten(
-        u,
-        valid,
-        weights=_weights(rewards, weighting, lengths),
-        ddof=ddof,
-        eps=eps,
-        eps_mode=eps_mode,
-    )
-    zeroed = m.collapsed if zero_collapsed else None
-    return _result(values, valid, rewards, s, m.collapsed, zeroed, batch_mean=float(mu))
+    return _whitened(u, rewards, valid, m, lengths, weighting, eps_mode, eps, ddof, zero_collapsed)
 
 
 def flash_reinforce(
@@ -261,15 +245,7 @@ def gdpo(
     ``zero_collapsed`` [OURS]: a group whose combined rewards are all equal (every function
     collapsed in it) gets 0, not the residual (0 − μ_B)/s both peers leave. scale = s.
     """
-    check_whiten_args(weighting, eps_mode, lengths)
     m = group_moments(rewards, valid, ddof, tau)
-    values, mu, s = whiten(
-        rewards,
-        valid,
-        weights=_weights(rewards, weighting, lengths),
-        ddof=ddof,
-        eps=eps,
-        eps_mode=eps_mode,
+    return _whitened(
+        rewards, rewards, valid, m, lengths, weighting, eps_mode, eps, ddof, zero_collapsed
     )
-    zeroed = m.collapsed if zero_collapsed else None
-    return _result(values, valid, rewards, s, m.collapsed, zeroed, batch_mean=float(mu))
