@@ -14,9 +14,9 @@ import ast
 import importlib.util
 import itertools
 import logging
+import typing
 from pathlib import Path
 from types import SimpleNamespace
-from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ def root() -> Path | None:
     spec = importlib.util.find_spec("openrlhf")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def available() -> bool:
@@ -58,10 +58,10 @@ def load(rel: str, names: set[str], cls: str | None = None, **scope) -> dict:
         "np": np,
         "itertools": itertools,
         "logger": logging.getLogger("openrlhf-ref"),
-        "Tuple": Tuple,
-        "List": List,
-        "Optional": Optional,
-        "Union": Union,
+        "Tuple": tuple,  # OpenRLHF's annotations: typing.Tuple[...] / List[...] / Optional[...]
+        "List": list,
+        "Optional": typing.Optional,
+        "Union": typing.Union,
         **scope,
     }
     exec(compile(module, str(path), "exec"), ns)

@@ -52,6 +52,7 @@ from grouprl.advantages.transforms import (
 from grouprl.types import Advantages
 
 __all__ = [
+    "ALIASES",
     "DEFAULT_DELTA_RES",
     "ESTIMATORS",
     "REWARD_COMBINATIONS",
@@ -102,6 +103,10 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
 that read per-sample inputs declare them as keyword parameters: ``lengths [P, G]``
 (completion tokens: ``opo``, and ``weighting="token"``) and ``baseline [P]`` (``remax``).
 """
+
+ALIASES: dict[str, str] = {"reinforce_pp": "reinforce_pp_baseline"}
+"""Old name -> current name: ``reinforce_pp`` was REINFORCE++-baseline's name until issue 22,
+when REINFORCE++ without a group baseline (``reinforce_pp_global``) joined it."""
 
 INPUTS = ("lengths", "baseline")
 """Per-batch inputs an estimator may read, passed by :func:`compute` (not parameters)."""

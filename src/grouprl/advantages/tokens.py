@@ -154,8 +154,9 @@ def reinforce_pp_global_tokens(
     ddof: int = DEFAULT_DDOF,
     tau: float = DEFAULT_TAU,
 ) -> Advantages:
-    """REINFORCE++ on tokens: discounted returns of outcome + dense rewards, whitened over
-    every valid token of the batch.
+    """REINFORCE++ on tokens: returns of outcome + dense rewards, whitened over the batch.
+
+    The discounted returns are whitened over every valid token of the batch.
 
     REINFORCE++ (arXiv 2501.03262 §3: A_t = r − β Σ_{s ≥ t} KL_s, then global
     normalisation); verl ``reinforce_plus_plus`` (core_algos.py: returns with ``gamma``,
@@ -190,8 +191,9 @@ def reinforce_pp_baseline_tokens(
     ddof: int = DEFAULT_DDOF,
     tau: float = DEFAULT_TAU,
 ) -> Advantages:
-    """REINFORCE++-baseline on tokens: group-centred rewards plus dense rewards, whitened
-    over every valid token.
+    """REINFORCE++-baseline on tokens: group-centred rewards + dense rewards, then whitened.
+
+    The whitening runs over every valid token of the batch.
 
     Two readings of where the dense (KL) rewards enter, both peers': ``"score"`` (verl
     ``reinforce_plus_plus_baseline``: u = score − mean_q score with score = r + Σ_t dense_t,
