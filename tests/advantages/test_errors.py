@@ -114,7 +114,7 @@ def test_per_function_rewards_errors():
         advantages.compute("gdpo", r3, combine_params={"tau_res": 0.1})
     with pytest.raises(ValueError, match="delta_res and virtual work on combine='sum' only"):
         advantages.compute("gdpo", r3, delta_res=1e-2)
-    with pytest.raises(ValueError, match="unknown advantage estimator 'gdpo2'.*token-level: "):
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'gdpo2'.*token-level: "):
         advantages.compute("gdpo2", r3)
 
 

@@ -92,7 +92,7 @@ def whiten(
         s = (var + eps).sqrt()
     else:
         s = var.clamp_min(eps).sqrt()
-    out = dev / s
+    out = dev / torch.where(s > 0, s, torch.ones_like(s))  # s = 0 (eps 0, constant batch): dev = 0
     if valid is not None:
         out = out.masked_fill(~valid, 0.0)
     return out, mu, s
