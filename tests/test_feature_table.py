@@ -53,6 +53,7 @@ GROUPRL_AXES: dict[str, tuple[str, str]] = {
     "surrogate": ("grouprl.losses", "SURROGATES"),
     "aggregation": ("grouprl.losses", "AGGREGATIONS"),
     "kl": ("grouprl.losses", "KL_ESTIMATORS"),
+    "correction": ("grouprl.losses", "CORRECTIONS"),
     "preset": ("grouprl.presets", "PRESETS"),
 }
 """Token key -> the registry ``grouprl list`` prints (cli/listing.py SECTIONS)."""
@@ -65,6 +66,7 @@ GROUPRL_COMPLETE = (
     "surrogate",
     "aggregation",
     "kl",
+    "correction",
 )
 """Axes whose every entry needs a row (a preset is a combination, not a method)."""
 GROUPRL_CALLABLES: dict[str, tuple[str, str]] = {

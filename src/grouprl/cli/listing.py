@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 #: keyword -> (section title, module, dict attribute), in the order of the data flow.
 SECTIONS: dict[str, tuple[str, str, str]] = {
@@ -35,6 +36,11 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
     "surrogates": ("Surrogates", "grouprl.losses", "SURROGATES"),
     "aggregations": ("Aggregations", "grouprl.losses", "AGGREGATIONS"),
     "kl": ("KL estimators", "grouprl.losses", "KL_ESTIMATORS"),
+    "corrections": (
+        "Rollout corrections (algorithm.rollout_correction)",
+        "grouprl.losses",
+        "CORRECTIONS",
+    ),
     "presets": ("Presets", "grouprl.presets", "PRESETS"),
     "tasks": ("Tasks", "grouprl.tasks", "TASKS"),
     "simulations": ("Simulations", "grouprl.simulate", "SIMULATIONS"),
@@ -83,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column("name", style="bold cyan", no_wrap=True)
         table.add_column("description")
         for name, text in entries.items():
-            table.add_row(name, text)
+            table.add_row(name, Text(text))  # plain text: "[low, high]" is not markup
         console.print(table)
         console.print()
     return 0
