@@ -13,6 +13,21 @@ from rich.text import Text
 #: keyword -> (section title, module, dict attribute), in the order of the data flow.
 SECTIONS: dict[str, tuple[str, str, str]] = {
     "estimators": ("Advantage estimators", "grouprl.advantages", "ESTIMATORS"),
+    "token_estimators": (
+        "Token-level estimators (advantages.compute_tokens)",
+        "grouprl.advantages",
+        "TOKEN_ESTIMATORS",
+    ),
+    "reward_combinations": (
+        "Reward combinations of K reward functions (compute(combine=...))",
+        "grouprl.advantages",
+        "REWARD_COMBINATIONS",
+    ),
+    "kl_controllers": (
+        "KL-in-reward coefficient controllers",
+        "grouprl.control",
+        "KL_CONTROLLERS",
+    ),
     "transforms": (
         "Advantage transforms (keywords of advantages.compute)",
         "grouprl.advantages",
@@ -44,8 +59,13 @@ def catalogue(keys: Iterable[str] = tuple(SECTIONS)) -> dict[str, dict[str, str]
     out: dict[str, dict[str, str]] = {}
     for key in keys:
         title, module, attr = SECTIONS[key]
-        registry: dict[str, Callable] = getattr(importlib.import_module(module), attr)
-        out[title] = {name: first_line(obj) for name, obj in registry.items()}
+        mod = importlib.import_module(module)
+        registry: dict[str, Callable] = getattr(mod, attr)
+        aliases: dict[str, str] = getattr(mod, "ALIASES", {})
+        out[title] = {
+            name: f"alias of {aliases[name]}" if name in aliases else first_line(obj)
+            for name, obj in registry.items()
+        }
     return out
 
 
