@@ -65,6 +65,11 @@ class Batch:
     example_ids: tuple[str, ...]  # [P]
     group_size: int
     temperature: float  # of old_logp and of every log-prob the step computes on this batch
+    rollout_logp: torch.Tensor | None = None
+    """[N, T] the sampler's own log-probs when it ran at another precision than the trainer
+    (``model.rollout_precision``): ``old_logp`` is then the trainer's recomputation at the
+    behaviour parameters, and the pair feeds the rollout correction (ALGORITHMS.md §3c).
+    None when matched: ``old_logp`` is the sampler's and the trainer's alike."""
 
     @property
     def size(self) -> int:
