@@ -65,8 +65,9 @@ def test_full_report(tmp_path):
     assert "health: acr_stall over steps 50–60, still on at the end" in page
     # 60 steps: the step-0 evaluation row is not a step
     assert "<td>steps logged</td><td>60</td>" in page
-    assert "eval/pass@8 (step 0)</td><td>0.4<" in page
-    assert "eval/pass@8 (step 60)</td><td>0.5<" in page
+    # the first and last evaluation are in "At a glance" (start, end, change, when)
+    assert "<td>pass@8</td><td>0.4</td><td>0.5</td><td>0.1</td><td>step 0 → step 60</td>" in page
+    assert "eval/pass@8 (step 0)" not in page
     assert "<td>config algorithm</td><td>dapo</td>" in page
     assert "<td>config task</td><td>maze</td>" in page
     assert "<td>β (KL coefficient)</td><td>0.04</td>" in page
@@ -118,7 +119,7 @@ def test_beta_zero_hides_the_kl_panel():
     off, left_off = plan_panels(rows, beta=0.0)
     on, left_on = plan_panels(rows, beta=0.04)
     assert "KL" not in [p.title for p in off] and "KL: β = 0, the run has no KL term" in left_off
-    assert [p.keys for p in off if p.title == "loss"] == [("loss/total", "loss/pg")]
+    assert [p.keys for p in off if p.title == "loss"] == [("loss/total",)]  # = loss/pg
     assert "KL" in [p.title for p in on] and not any("KL" in x for x in left_on)
     assert [p.keys for p in on if p.title == "loss"] == [("loss/total", "loss/pg", "loss/kl")]
 
@@ -152,9 +153,13 @@ def test_short_run_without_updates_draws_without_warnings(tmp_path):
     (ax,) = [a for a in fig.axes if a.get_title().startswith("1/scale")]
     assert ax.get_yscale() == "linear" and ax.get_title().endswith("(linear: some values are 0)")
     assert "last KL mean" not in page
-    positive = training_figure([_step(s) for s in range(1, 4)], beta=0.0)[0]
+    # a log axis only where the values span more than a decade (3 to 2000 at step 10)
+    positive = training_figure([_step(s) for s in range(1, 12)], beta=0.0)[0]
     (ax,) = [a for a in positive.axes if a.get_title().startswith("1/scale")]
     assert ax.get_yscale() == "log"
+    narrow = training_figure([_step(s) for s in range(1, 4)], beta=0.0)[0]
+    (ax,) = [a for a in narrow.axes if a.get_title().startswith("1/scale")]
+    assert ax.get_yscale() == "linear" and "(linear" not in ax.get_title()
 
 
 def test_missing_metrics_file(tmp_path):
@@ -193,6 +198,7 @@ def test_clip_fraction_panel_says_why_all_zero(tmp_path):
     page = write_run_report(run).read_text()
     assert "The clip acted in 0 of 4 logged steps" in page
     assert "Every step was on-policy (ratio 1)" in page
+    assert 'alt="clip fractions"' not in page  # flat lines at 0 say less than the sentence
     # a run that logged no clip fraction has no such section
     _write(run, [{"step": 1, "reward/mean": 0.5}])
     assert "Policy update: clipping" not in write_run_report(run).read_text()

@@ -134,18 +134,22 @@ class Panel:
     title: str
     keys: tuple[str, ...]
     log_y: bool = False
-    """Log-scale the y axis, which only happens when every plotted value is > 0."""
+    """Log-scale the y axis, which only happens when every plotted value is > 0 and they span
+    more than a decade (a log axis over less prints labels like 3.4×10⁰)."""
 
 
 def plan_panels(rows: list[dict[str, float]], beta: float | None) -> tuple[list[Panel], list[str]]:
     """The panels to draw (those with a logged finite value), and one line per panel left out.
 
     The KL panel and the ``loss/kl`` curve are left out when β = 0: the run has no KL term,
-    and the zeros the trainer logs for it would only look like a KL that stays at 0.
+    and the zeros the trainer logs for it would only look like a KL that stays at 0; so is
+    ``loss/pg``, then the same curve as ``loss/total``.
     """
     no_kl = beta == 0
     evals = tuple(sorted({k for r in rows for k in r if k.startswith("eval/")}))
     loss_keys = ("loss/total", "loss", "loss/pg") + (() if no_kl else ("loss/kl",))
+    if no_kl and _has(rows, "loss/total"):  # without a KL term the total is the pg loss
+        loss_keys = tuple(k for k in loss_keys if k != "loss/pg")
     wanted = [
         Panel("evaluation", evals),
         Panel("reward", ("reward/mean",)),
@@ -170,8 +174,8 @@ def training_figure(rows: list[dict[str, float]], beta: float | None) -> tuple[A
     panels, left_out = plan_panels(rows, beta)
     if not panels:
         return None, left_out
-    ncols = min(3, len(panels))
-    fig, ax = H.figure(ncols, math.ceil(len(panels) / ncols), width=4.8, height=3.6)
+    ncols = min(2, len(panels))  # two columns: the page shows the PNG near its own size
+    fig, ax = H.figure(ncols, math.ceil(len(panels) / ncols), width=5.4, height=3.6)
     for i, a in enumerate(ax.flat):
         if i < len(panels):
             _draw(a, rows, panels[i])
@@ -208,7 +212,8 @@ def _draw(ax, rows, panel: Panel) -> None:
     title = panel.title
     if panel.log_y:
         if min(values) > 0:
-            ax.set_yscale("log")
+            if max(values) > 10 * min(values):  # less than a decade reads better linear
+                ax.set_yscale("log")
         else:  # a log axis has no place for 0 (1/scale is logged as 0 when nothing updated)
             title += " (linear: some values are 0)"
     ax.set_title(title)
@@ -225,7 +230,7 @@ def _legend_below(ax) -> None:
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         ax.legend(
-            handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2),
+            handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2),
             ncol=min(2, len(handles)), frameon=False,
         )  # fmt: skip
 
@@ -268,10 +273,15 @@ def _clip_blocks(rows, config: Any = None) -> list[str]:
     ratio = tuple(k for k in ("policy/ratio_min", "policy/ratio_max") if _has(rows, k))
     if ratio:
         panels.append(Panel("importance ratio min / max (mean over minibatches)", ratio))
-    fig, ax = H.figure(len(panels), 1, width=4.8, height=3.2)
-    for a, panel in zip(ax.flat, panels):
-        _draw(a, rows, panel)
-    blocks = ["<h2>Policy update: clipping</h2>" + H.img(fig, "clip fractions")]
+    blocks = ["<h2>Policy update: clipping</h2>"]
+    flat = all(v == 0 for k in keys for v in _series(rows, k)[1]) and all(
+        abs(v - 1) < 1e-6 for k in ratio for v in _series(rows, k)[1]
+    )
+    if not flat:  # a panel of flat lines at 0 and 1 says less than the sentence below
+        fig, ax = H.figure(len(panels), 1, width=5.4, height=3.2)
+        for a, panel in zip(ax.flat, panels):
+            _draw(a, rows, panel)
+        blocks[0] += H.img(fig, "clip fractions")
     _, region = _series(rows, "policy/clip_frac_region")
     if region:
         acted = sum(v > 0 for v in region)
@@ -314,9 +324,7 @@ def _summary(rows, config, beta) -> list[dict[str, Any]]:
             out.append({"quantity": label, "value": y[-1]})
     for k in sorted({k for r in rows for k in r if k.startswith("eval/")}):
         x, y = _series(rows, k)
-        if len(y) > 1:
-            out.append({"quantity": f"{k} (step {int(x[0])})", "value": y[0]})
-        if y:
+        if len(y) == 1:  # a first and a last value are in "At a glance"
             out.append({"quantity": f"{k} (step {int(x[-1])})", "value": y[-1]})
     for section, key in (("algorithm", "preset"), ("task", "name"), ("model", "name")):
         v = _config_value(config, section, key)
