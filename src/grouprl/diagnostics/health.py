@@ -82,8 +82,13 @@ class HealthConfig:
     """A share (ACR, NaN or truncated fraction, ACR std) that moved by at least this since the
     episode's last line is a material change, printed as a short update [OURS]."""
     change_factor: float = 2.0
-    """A ratio-scale number (1/scale P99, R/KL, entropy) that moved by at least this factor
-    since the episode's last line is a material change [OURS]."""
+    """A ratio-scale number (1/scale P99, R/KL, entropy, mismatch KL) that moved by at least
+    this factor since the episode's last line is a material change [OURS]."""
+    mismatch_kl: float = 1e-3
+    """``mismatch/kl_k3`` (KL of the rollout engine's policy from the trainer's) above this =
+    the samples come from another policy than the one trained [OURS: bf16 sampling of our
+    fp32 maze model measures ~1e-4 to 1e-3 (reproductions/rollout_correction)]. Once on, the
+    condition holds down to half of it (so a KL that hovers at the limit is one episode)."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ class Episode:
     """The full first line (what was seen -> what to do)."""
     updates: list[str]
     """The short lines printed while it lasted, in order."""
+    said: str = ""
+    """The number in words at the latest line (``Finding.short``)."""
     open: bool = True
     """Still holding (or within ``gap`` steps of its last step)."""
     printed_at: int = 0
@@ -200,6 +207,14 @@ class RunHealth:
             "health/open": float(len(self.open)),
         }
 
+    @property
+    def fired_total(self) -> dict[str, int]:
+        """Episodes so far per rule (each condition counted once, however long it held)."""
+        out: dict[str, int] = {}
+        for ep in self.episodes():
+            out[ep.rule] = out.get(ep.rule, 0) + 1
+        return out
+
     def episodes(self) -> list[Episode]:
         """Every episode so far, closed and open, in the order they started."""
         return sorted([*self.closed, *self.open.values()], key=lambda e: (e.start, e.rule))
@@ -220,6 +235,7 @@ class RunHealth:
         findings += self._balance_rule(metrics)
         findings += self._loss_rule(metrics)
         findings += self._policy_rules(metrics)
+        findings += self._mismatch_rule(metrics)
         return self._track(step, findings, metrics)
 
     def _track(self, step: int, findings: list[Finding], metrics: dict[str, float]) -> list[str]:
@@ -231,15 +247,19 @@ class RunHealth:
             if ep is None:
                 line = f"[{f.rule}] step {step}: {f.detail} -> {f.action}"
                 self.open[f.rule] = Episode(
-                    f.rule, step, step, line, [], printed_at=step, value=f.value, kind=f.kind
+                    f.rule, step, step, line, [], f.short, printed_at=step, value=f.value,
+                    kind=f.kind,
                 )
                 out.append(line)
                 continue
             ep.last, ep.absent = step, 0
             if step - ep.printed_at >= c.gap and self._material(ep, f):
-                line = f"[{f.rule}] step {step}: still on since step {ep.start}: {f.short}"
+                line = (
+                    f"[{f.rule}] step {step}: still on since step {ep.start}, now {f.short} "
+                    f"(was {ep.said} at step {ep.printed_at})"
+                )
                 ep.updates.append(line)
-                ep.printed_at, ep.value, ep.kind = step, f.value, f.kind
+                ep.printed_at, ep.value, ep.kind, ep.said = step, f.value, f.kind, f.short
                 out.append(line)
         for rule, ep in list(self.open.items()):
             if rule in seen or not any(metrics.get(k) is not None for k in _RULE_KEYS[rule]):
@@ -314,7 +334,7 @@ class RunHealth:
             mean,
             f"ACR > {c.stall_acr:g} for {self.stall_run} consecutive steps (now {rate:.2f}; {why})",
             STALL_ADVICE[kind],
-            f"ACR {mean:.2f} over the last {len(self.window)} steps, {kind.replace('_', '-')}",
+            f"ACR {mean:.2f} (last {len(self.window)} steps), {kind.replace('_', '-')}",
             kind=kind,
         )
 
@@ -429,6 +449,37 @@ class RunHealth:
             )
         return out
 
+    def _mismatch_rule(self, m: dict[str, float]) -> list[Finding]:
+        kl = m.get("mismatch/kl_k3")
+        limit = self.config.mismatch_kl
+        if kl is None or not math.isfinite(kl):
+            return []
+        if not (kl > limit or ("rollout_mismatch" in self.open and kl >= limit / 2)):
+            return []
+        p99 = m.get("mismatch/ratio_p99", float("nan"))
+        if "corr/weight_mean" in m:
+            lost = m.get("corr/zeroed_frac", 0.0) + m.get("corr/rejected_frac", 0.0)
+            fix = (
+                f"the correction is on ({lost:.1%} of tokens zeroed or rejected); if it keeps "
+                "growing, lower the learning rate or sample in the training precision"
+            )
+        else:
+            fix = (
+                "turn on a rollout correction (algorithm.rollout_correction=icepop or "
+                "seq_tis; TRL: vllm_importance_sampling_correction), or sample in the "
+                "training precision"
+            )
+        return [
+            Finding(
+                "rollout_mismatch",
+                kl,
+                f"KL(rollout||train) {kl:.2g} > {limit:g}, token ratio p99 {p99:.3g}",
+                fix,
+                f"KL(rollout||train) {kl:.2g}",
+                log_scale=True,
+            )
+        ]
+
     # -- checkpointing ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -476,6 +527,7 @@ _RULE_KEYS: dict[str, tuple[str, ...]] = {
     "nonfinite_loss": ("loss", "loss/total"),
     "entropy_collapse": ("policy/entropy_mean",),
     "truncation": ("length/truncated_frac",),
+    "rollout_mismatch": ("mismatch/kl_k3",),
 }
 """Rule -> the metrics it reads. Only a step that logs one of them can clear the rule's
 episode: an evaluation-only row, or a step between two R/KL measurements, leaves it as it is."""
