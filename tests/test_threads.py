@@ -21,6 +21,7 @@ def test_auto_threads_known_answers():
 def machine(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.setattr(T.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
 
     def set_load(x):
@@ -43,6 +44,9 @@ def test_tell_openmp_sets_the_choice_but_keeps_the_users(machine, monkeypatch):
     machine(3.0)
     assert T.tell_openmp(0) == (1, "auto: 2 cores, load average 3.0")
     assert os.environ["OMP_NUM_THREADS"] == "1" and os.environ["MKL_NUM_THREADS"] == "1"
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"  # waiting threads sleep, not spin
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     monkeypatch.delenv("MKL_NUM_THREADS")
     assert T.tell_openmp(0)[0] == 2 and os.environ["MKL_NUM_THREADS"] == "2"
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice is kept

@@ -86,7 +86,7 @@ class ProgressLines:
         elapsed = now - self._t0
         timing = clock_text(elapsed)
         done_here = self._done - self._start
-        if 0 < done_here and self._done < self.total:
+        if done_here > 0 and self._done < self.total:
             timing += f", ~{clock_text(elapsed / done_here * (self.total - self._done))} left"
         text = f"{self.label} {self._done}/{self.total}"
         if info:

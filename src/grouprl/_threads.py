@@ -8,8 +8,12 @@ So auto takes the cores that the load average leaves free, at least one, at most
 count: all of them on an idle laptop, one on a shared machine [OURS].
 
 :func:`tell_openmp` puts the choice in ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` before torch
-is imported (the command line does it), so its thread pools start at that size; a value the
-user set is kept, and auto then follows it.
+is imported (the command line does it), so its thread pools start at that size, and sets
+``OMP_WAIT_POLICY=PASSIVE``: an OpenMP thread that waits sleeps instead of spinning. Spinning
+is what made two threads so slow on busy cores: at a load average of ~25 on the same 2 cores
+(nice 10), 20 steps took 2.8 s a step at one thread and 107 s a step at two (11 steps
+measured), and 5 steps at two with ``PASSIVE`` 2.0 s a step [OURS, issue 25]. A value the
+user set for any of the three is kept, and auto then follows ``OMP_NUM_THREADS``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["auto_threads", "available_cores", "choose_threads", "tell_openmp"]
+__all__ = ["WAIT_POLICY", "auto_threads", "available_cores", "choose_threads", "tell_openmp"]
 
 
 def available_cores() -> int:
@@ -59,10 +63,16 @@ def choose_threads(requested: int, *, cap: int | None = None) -> tuple[int, str]
     return n, f"auto: {cores} cores, load average {load:.1f}"
 
 
+WAIT_POLICY = "PASSIVE"
+"""What :func:`tell_openmp` sets ``OMP_WAIT_POLICY`` to (module docstring)."""
+
+
 def tell_openmp(requested: int) -> tuple[int, str]:
     """Before torch is imported: set ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` to the
-    choice for ``requested`` unless the user set them; returns :func:`choose_threads`'s."""
+    choice for ``requested`` and ``OMP_WAIT_POLICY`` to ``PASSIVE``, each unless the user set
+    it; returns :func:`choose_threads`'s ``(count, why)``."""
     n, why = choose_threads(requested)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(n))
+    os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
     return n, why

@@ -247,7 +247,14 @@ class RunHealth:
             if ep is None:
                 line = f"[{f.rule}] step {step}: {f.detail} -> {f.action}"
                 self.open[f.rule] = Episode(
-                    f.rule, step, step, line, [], f.short, printed_at=step, value=f.value,
+                    f.rule,
+                    step,
+                    step,
+                    line,
+                    [],
+                    f.short,
+                    printed_at=step,
+                    value=f.value,
                     kind=f.kind,
                 )
                 out.append(line)
