@@ -237,9 +237,10 @@ def test_glance_says_what_improved_and_what_to_look_at():
     assert reward.where == "steps 1–6 → steps 55–60"
     head = sum(0.3 + 0.2 * s / 60 + 0.1 * (-1) ** s for s in range(1, 7)) / 6
     assert reward.start == pytest.approx(head)
+    # 2 SE of a share of 0.8 over 200 prompts: 2·sqrt(0.8·0.2/200) = 0.057
     assert g.look_at == [
-        "pass@8 fell by 0.030: the policy sharpened onto fewer answers; a lower optim.lr or "
-        "fewer steps keep more of it"
+        "pass@8 fell by 0.030 (200 held-out prompts: a change under ~0.06 may be noise): the "
+        "policy sharpened onto fewer answers; a lower optim.lr or fewer steps keep more of it"
     ]
     # nothing fell, no health condition: it says so
     rows[-1]["eval/pass@8"] = 0.85
@@ -292,3 +293,21 @@ def test_the_clip_note_is_a_warning_only_when_the_config_chose_the_schedule(tmp_
         page = write_run_report(run).read_text()
         assert ('<p class="warn">The clip acted in 0' in page) is warn
         assert ("sources run it (its own schedule)" in page) is not warn
+
+
+def test_a_repeated_series_and_a_loss_of_rounding_noise_are_not_drawn():
+    # a binary reward's eval/reward_mean is eval/pass@1; an on-policy loss is 0 ± 1e-7
+    rows = _long_run()
+    for r in rows:
+        if "eval/pass@1" in r:
+            r["eval/reward_mean"] = r["eval/pass@1"] + 1e-4  # the same up to rounding
+        if r["step"] >= 1:
+            r["loss/total"] = 1e-7 * (-1) ** int(r["step"])
+    panels, left_out = plan_panels(rows, beta=0.0)
+    (ev,) = [p for p in panels if p.title == "evaluation"]
+    assert ev.keys == ("eval/pass@1", "eval/pass@8")
+    assert "loss" not in [p.title for p in panels]
+    assert left_out[-1].startswith("loss: below 1e-05 at every step")
+    assert [c.label for c in glance(rows).changes][:2] == ["pass@1", "pass@8"]
+    rows[5]["loss/total"] = 0.3  # a real loss is drawn
+    assert "loss" in [p.title for p in plan_panels(rows, beta=0.0)[0]]

@@ -77,7 +77,10 @@ def _finite(rows: list[dict[str, float]], key: str) -> list[tuple[float, float]]
 
 
 def _eval_changes(rows: list[dict[str, float]]) -> list[Change]:
+    from grouprl.report.run import distinct_series
+
     keys = sorted({k for r in rows for k in r if k.startswith("eval/")}, key=_pass_order)
+    keys = list(distinct_series(rows, keys))
     out = []
     for key in keys:
         pts = _finite(rows, key)
@@ -145,11 +148,16 @@ def glance(
     for ep in episodes:
         still = ", still on at the end" if getattr(ep, "open", False) else ""
         look.append(f"health: {ep.rule} over {ep.span}{still}; the Health section says what to do")
+    prompts = _eval_prompts(config)
     for c in evals:
         if c.delta <= -FELL:
+            noise = ""
+            if prompts:  # the standard error of a share over that many prompts, doubled
+                two_se = 2 * math.sqrt(max(c.start * (1 - c.start), 1e-12) / prompts)
+                noise = f" ({prompts} held-out prompts: a change under ~{two_se:.2f} may be noise)"
             look.append(
-                f"{c.label} fell by {-c.delta:.3f}: the policy sharpened onto fewer answers; a "
-                "lower optim.lr or fewer steps keep more of it"
+                f"{c.label} fell by {-c.delta:.3f}{noise}: the policy sharpened onto fewer "
+                "answers; a lower optim.lr or fewer steps keep more of it"
             )
     first = next((c for c in evals if c.label == "pass@1"), None)
     if first is not None and first.delta < STILL:
@@ -163,6 +171,12 @@ def glance(
             + (" and every held-out number rose" if evals else "")
         )
     return Glance(_headline(evals, train, _protocol(config)), evals + train, look)
+
+
+def _eval_prompts(config: Any) -> int | None:
+    ev = config.get("eval") if isinstance(config, dict) else None
+    n = ev.get("prompts") if isinstance(ev, dict) else None
+    return int(n) if isinstance(n, (int, float)) and n > 0 else None
 
 
 def _protocol(config: Any) -> str:

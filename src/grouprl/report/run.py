@@ -146,7 +146,7 @@ def plan_panels(rows: list[dict[str, float]], beta: float | None) -> tuple[list[
     ``loss/pg``, then the same curve as ``loss/total``.
     """
     no_kl = beta == 0
-    evals = tuple(sorted({k for r in rows for k in r if k.startswith("eval/")}))
+    evals = distinct_series(rows, sorted({k for r in rows for k in r if k.startswith("eval/")}))
     loss_keys = ("loss/total", "loss", "loss/pg") + (() if no_kl else ("loss/kl",))
     if no_kl and _has(rows, "loss/total"):  # without a KL term the total is the pg loss
         loss_keys = tuple(k for k in loss_keys if k != "loss/pg")
@@ -159,14 +159,36 @@ def plan_panels(rows: list[dict[str, float]], beta: float | None) -> tuple[list[
         Panel("loss", tuple(k for k in loss_keys if _has(rows, k))[:3]),
     ]
     drawn, left_out = [], []
+    loss = [v for k in wanted[-1].keys for v in _series(rows, k)[1]]
     for panel in wanted:
         if panel.title == "KL" and no_kl:
             left_out.append("KL: β = 0, the run has no KL term")
+        elif panel.title == "loss" and loss and max(map(abs, loss)) < LOSS_ZERO:
+            left_out.append(
+                f"loss: below {LOSS_ZERO:g} at every step (an on-policy surrogate's value is 0 "
+                "up to rounding; its gradient is not)"
+            )
         elif any(_has(rows, k) for k in panel.keys):
             drawn.append(panel)
         else:
             left_out.append(f"{panel.title}: not logged")
     return drawn, left_out
+
+
+LOSS_ZERO = 1e-5
+"""A loss curve whose every value is smaller than this is noise around 0, not drawn."""
+
+
+def distinct_series(rows: list[dict[str, float]], keys: list[str]) -> tuple[str, ...]:
+    """``keys`` without those whose logged series repeats an earlier key's to within 1e-3 (a
+    binary reward's ``eval/reward_mean`` is ``eval/pass@1`` up to rounding)."""
+    seen, out = [], []
+    for key in keys:
+        x, y = _series(rows, key)
+        if not any(x == x2 and all(abs(a - b) < 1e-3 for a, b in zip(y, y2)) for x2, y2 in seen):
+            seen.append((x, y))
+            out.append(key)
+    return tuple(out)
 
 
 def training_figure(rows: list[dict[str, float]], beta: float | None) -> tuple[Any, list[str]]:
@@ -275,7 +297,9 @@ def _clip_blocks(rows, config: Any = None) -> list[str]:
         panels.append(Panel("importance ratio min / max (mean over minibatches)", ratio))
     blocks = ["<h2>Policy update: clipping</h2>"]
     flat = all(v == 0 for k in keys for v in _series(rows, k)[1]) and all(
-        abs(v - 1) < 1e-6 for k in ratio for v in _series(rows, k)[1]
+        abs(v - 1) < 1e-4
+        for k in ratio
+        for v in _series(rows, k)[1]  # float noise
     )
     if not flat:  # a panel of flat lines at 0 and 1 says less than the sentence below
         fig, ax = H.figure(len(panels), 1, width=5.4, height=3.2)
