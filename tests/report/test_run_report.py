@@ -245,8 +245,16 @@ def test_glance_says_what_improved_and_what_to_look_at():
     # nothing fell, no health condition: it says so
     rows[-1]["eval/pass@8"] = 0.85
     assert glance(rows).look_at == [
-        "nothing stands out: no health rule fired and every held-out number rose"
+        "nothing stands out: no health rule fired; every held-out number rose"
     ]
+    rows[-1]["eval/pass@8"] = 0.79  # -0.01: not pointed out, but not called a rise either
+    assert glance(rows).look_at == [
+        "nothing stands out: no health rule fired; pass@8 moved by less than 0.02"
+    ]
+    rows[-1]["eval/pass@8"] = 0.85
+    # a collapse rate that rose by 0.1 or more is pointed out before any rule fires
+    risen = [{**r, "acr/rate": 0.2 + 0.15 * r["step"] / 60} if r["step"] >= 1 else r for r in rows]
+    assert glance(risen).look_at[0].startswith("collapsed groups rose 0.21 → 0.34 (steps 1–6")
     rows[-1]["eval/pass@1"] = 0.405
     assert glance(rows).look_at[0].startswith("pass@1 did not improve (+0.005)")
 

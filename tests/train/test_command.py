@@ -118,6 +118,7 @@ def test_progress_shows_without_a_terminal(tmp_path, monkeypatch, capsys):
     assert any(x.startswith("SFT warm start: done in ") for x in lines)
     steps = [x.split()[1] for x in lines if x.startswith("step ")]
     assert steps == [f"{k}/20" for k in range(2, 21, 2)]  # every tenth of the run
+    assert all("reward" in x and "ACR" in x and "KL" not in x for x in lines if x[:5] == "step ")
     assert lines[-1] == f"report: {out / 'report.html'}"
     # the second run finds the warm start in the cache and says so
     assert cli.main([*argv, "--overwrite"]) == 0

@@ -26,6 +26,13 @@ pass@16 on 200 prompts × 16 samples at p ≈ 0.4]."""
 STILL = 0.01
 """pass@1 that rose by less than this counts as not improved [OURS]."""
 
+ACR_ROSE = 0.1
+"""A collapse rate (mean over the last tenth of the steps against the first) that rose by at
+least this much is pointed out, before any health rule fires [OURS]."""
+
+STALL = 0.35
+"""The stall rule's threshold (``HealthConfig.stall_acr``), quoted in that line."""
+
 
 def ema(values: Sequence[float], alpha: float = EMA_ALPHA) -> list[float]:
     """Debiased exponential moving average: ``m_t = (1 − α)·m_{t−1} + α·x_t`` from
@@ -165,11 +172,20 @@ def glance(
             f"pass@1 did not improve ({first.delta:+.3f}): check the reward curve and the "
             "collapse rate below"
         )
-    if not look:
+    acr = next((c for c in train if c.key == "acr/rate"), None)
+    if acr is not None and acr.delta >= ACR_ROSE and not episodes:
         look.append(
-            "nothing stands out: no health rule fired"
-            + (" and every held-out number rose" if evals else "")
+            f"collapsed groups rose {acr.start:.2f} → {acr.end:.2f} ({acr.where}): fewer "
+            f"groups carry a gradient; the stall rule fires above {STALL:g} for 50 steps"
         )
+    if not look:
+        held = [c.label for c in evals if c.delta <= 0]
+        text = "nothing stands out: no health rule fired"
+        if evals and not held:
+            text += "; every held-out number rose"
+        elif held:
+            text += f"; {' and '.join(held)} moved by less than {FELL:g}"
+        look.append(text)
     return Glance(_headline(evals, train, _protocol(config)), evals + train, look)
 
 

@@ -220,8 +220,10 @@ class Sinks:
                 self._tensorboard_full(err, step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
-        live = "  ".join(
-            f"{label} {metrics[key]:.3f}" for label, key in _BAR_FIELDS.items() if key in metrics
+        live = "  ".join(  # KL only where there is one (β > 0)
+            f"{label} {metrics[key]:.3f}"
+            for label, key in _BAR_FIELDS.items()
+            if key in metrics and (label != "KL" or metrics[key] != 0)
         )
         if self._bar is not None:
             self._bar.update(self._task, completed=step, live=live)
