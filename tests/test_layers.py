@@ -19,15 +19,16 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 COMPONENTS: dict[str, tuple[str, ...]] = {
     "entry": ("grouprl.cli", "grouprl.__main__", "grouprl.train.api"),
     "facade": ("=grouprl.train",),  # the package alone: its lazy ``run`` is the entry's
-    "foundation": ("=grouprl", "grouprl._json", "grouprl.types"),
+    # tasks/answers.py: answer spans in text, a leaf that imports nothing (the tasks and
+    # AGPO's vote entropy read answers with it)
+    "foundation": ("=grouprl", "grouprl._json", "grouprl.types", "grouprl.tasks.answers"),
     "math": (
         "grouprl.advantages", "grouprl.losses", "grouprl.diagnostics", "grouprl.sampling",
-        "grouprl.presets",
+        "grouprl.presets", "grouprl.control",
     ),
     "report": ("grouprl.report",),
     "simulate": ("grouprl.simulate",),
     "domain": ("grouprl.tasks", "grouprl.models", "grouprl.rollout"),
-    "control": ("grouprl.control",),
     "trainer": ("grouprl.train",),
     "adapters": ("grouprl.integrations",),
 }  # fmt: skip
@@ -40,11 +41,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report": {"foundation", "math"},  # reads a run folder's files; never the trainer's objects
     "simulate": {"foundation", "math", "report"},
     "domain": {"foundation", "math"},
-    "control": {"foundation", "math", "domain"},
-    "trainer": {"foundation", "math", "domain", "control"},
+    "trainer": {"foundation", "math", "domain"},
     "adapters": {"foundation", "math", "domain"},  # TRL / verl: never imported by the core
-    "entry": {"foundation", "math", "report", "simulate", "domain", "control", "trainer",
-              "adapters", "facade"},
+    "entry": {"foundation", "math", "report", "simulate", "domain", "trainer", "adapters",
+              "facade"},
     "facade": {"entry"},
 }  # fmt: skip
 """The flow: math ← trainer ← entry points (CLI, ``grouprl.train.run``); the report reads
