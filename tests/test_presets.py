@@ -106,10 +106,46 @@ EXPECTED = {
     # AGPO: ε_base 0.2 (replaced per step by the controller), k1 KL β = 0.03 (§3-§4);
     # aggregation from the AGPO code (per-sequence token mean, mean over sequences)
     "agpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, SMTM, False, None, "agpo", "k1", 0.03),
+    # issue 22, estimator / reward side (ALGORITHMS.md §3 table; reward side in REWARD_SIDE)
+    "reinforce_pp_global": (
+        "reinforce_pp_global",
+        0.0,
+        None,
+        None,
+        "ppo_clip",
+        GRPO,
+        TM,
+        False,
+        None,
+        None,
+        "k3",
+        0.0,
+    ),
+    "gdpo": ("gdpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    "remax": ("remax", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    "opo": ("opo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    "gpg": ("gpg", 0.0, None, None, "reinforce", (None, None), TM, False, None, None, "k3", 0.0),
+    "otb": (
+        "optimal_token_baseline",
+        0.0,
+        None,
+        None,
+        "ppo_clip",
+        GRPO,
+        TM,
+        False,
+        None,
+        None,
+        "k3",
+        0.0,
+    ),
 }
 
 # (reward_combination, reward_kl_coef, reward_kl, reward_kl_controller): ALGORITHMS.md §3-§4
 REWARD_SIDE = {name: (None, 0.0, "k1", "fixed") for name in EXPECTED}
+REWARD_SIDE["gdpo"] = ("normalize_then_sum", 0.0, "k1", "fixed")
+REWARD_SIDE["remax"] = (None, 0.001, "k1", "fixed")  # verl's ReMax example
+REWARD_SIDE["reinforce_pp_global"] = (None, 0.01, "k1", "fixed")  # OpenRLHF's defaults
 
 # The prompt sampler of each preset (ALGORITHMS.md §1): uniform unless named here.
 SAMPLER = {"is_grpo": "sigma"}
@@ -246,6 +282,7 @@ SCHEDULES = {name: (1, 1) for name in EXPECTED}
 SCHEDULES.update({"dapo": (16, 1), "cispo": (16, 1), "gspo": (4, 1)})
 SCHEDULES.update({"f_grpo": (4, 1), "f_dapo": (4, 1), "f_cispo": (4, 1)})
 SCHEDULES["agpo"] = (1, 4)
+SCHEDULES.update({"gdpo": (4, 1), "remax": (4, 1), "gpg": (4, 1)})  # 512/128, 512/128, 1024/256
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -65,6 +65,11 @@ class BatchScores:
     seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
     """More numbers for the log (e.g. ``reward/<function>/mean`` of batched reward functions)."""
+    per_function: list[list[float]] | None = None
+    """``[N][K]`` each reward function's value (NaN = None, or the whole row when the sample
+    is unscorable), for a reward combination that needs them (GDPO); None: one function."""
+    function_weights: tuple[float, ...] | None = None
+    """``[K]`` the functions' weights, with ``per_function``."""
 
     @property
     def unscorable_frac(self) -> float:
