@@ -11,55 +11,99 @@ Token tensors are ``[N, T]`` (N = P·G sequences, prompt-major), advantages ``[N
                            ref_logp=ref_logp, kl_weight=w, keep=keep, totals=totals)
     out.loss.backward()
 
-Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``. The batch filters (DAPO's
+Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS`` (+ verl's ``KL_ALIASES`` and ``+`` names). The batch filters (DAPO's
 dynamic sampling and overlong handling) act on rollouts, not on the loss: they live next to
 batch construction in :mod:`grouprl.train.filters`.
 """
 
 from grouprl.losses.aggregation import (
     AGGREGATIONS,
+    EXACT_UNDER_ACCUMULATION,
     StepTotals,
     aggregate,
+    entropy_threshold,
+    micro_token_mean,
     seq_mean_token_mean,
+    seq_mean_token_sum,
     seq_mean_token_sum_norm,
     step_totals,
     token_mean,
+    token_sum,
 )
-from grouprl.losses.kl import KL_ESTIMATORS, k1, k2, k3, kl, token_entropy
+from grouprl.losses.covariance import clip_cov_select, kl_cov_select
+from grouprl.losses.kl import (
+    KL_ALIASES,
+    KL_CORRECTIONS,
+    KL_ESTIMATORS,
+    k1,
+    k2,
+    k3,
+    kl,
+    kl_corrected,
+    kl_names,
+    token_entropy,
+)
 from grouprl.losses.objective import Objective, objective
 from grouprl.losses.surrogates import (
     CLIPPED,
     SURROGATES,
     cispo,
+    clip_cov,
+    dppo_kl,
+    dppo_tv,
+    dro,
+    gmpo,
     gspo,
+    kl_cov,
     on_policy_warning,
     ppo_clip,
     reinforce,
+    sapo,
     surrogate,
+    vespo,
 )
 
 __all__ = [
     "AGGREGATIONS",
     "CLIPPED",
+    "EXACT_UNDER_ACCUMULATION",
+    "KL_ALIASES",
+    "KL_CORRECTIONS",
     "KL_ESTIMATORS",
     "SURROGATES",
     "Objective",
     "StepTotals",
     "aggregate",
     "cispo",
+    "clip_cov",
+    "clip_cov_select",
+    "dppo_kl",
+    "dppo_tv",
+    "dro",
+    "entropy_threshold",
+    "gmpo",
     "gspo",
     "k1",
     "k2",
     "k3",
     "kl",
+    "kl_corrected",
+    "kl_cov",
+    "kl_cov_select",
+    "kl_names",
+    "micro_token_mean",
     "objective",
     "on_policy_warning",
     "ppo_clip",
     "reinforce",
+    "sapo",
     "seq_mean_token_mean",
+    "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
     "step_totals",
     "surrogate",
     "token_entropy",
     "token_mean",
+    "token_sum",
+    "vespo",
 ]

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grouprl.losses.aggregation import StepTotals, aggregate
+from grouprl.losses.aggregation import StepTotals, aggregate, entropy_threshold
+from grouprl.losses.kl import KL_IS_WEIGHT_CLIP, kl_corrected
 from grouprl.losses.kl import kl as kl_fn
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 from grouprl.types import to_floats
@@ -65,6 +66,29 @@ def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -
     return t
 
 
+def _top_entropy(
+    entropy: torch.Tensor | None,
+    eff: torch.Tensor,
+    quantile: float,
+    totals: StepTotals | None,
+    shape: torch.Size,
+) -> torch.Tensor | None:
+    """``[N, T]`` bool: the kept tokens whose entropy reaches the top-ρ threshold (None: ρ = 1)."""
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {quantile}")
+    if quantile >= 1.0:
+        return None
+    if entropy is None or entropy.shape != shape:
+        raise ValueError(
+            f"top_entropy_quantile={quantile} needs entropy=[N, T]={tuple(shape)} (the token "
+            "entropies, losses.token_entropy(logits))"
+        )
+    thr = totals.entropy_threshold if totals is not None else None
+    if thr is None:
+        thr = entropy_threshold(entropy, eff, quantile)
+    return eff & (entropy.detach() >= thr)
+
+
 def objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -82,6 +106,9 @@ def objective(
     kl_weight: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
+    kl_correction: str | None = None,
+    kl_weight_clip: float = KL_IS_WEIGHT_CLIP,
+    top_entropy_quantile: float = 1.0,
 ) -> Objective:
     """Surrogate + β·kl_weight·KL − entropy_coeff·H per token, aggregated, in one call.
 
@@ -98,6 +125,20 @@ def objective(
         kl_weight: ``[N]`` multiplier on β per sequence (``Advantages.kl_weight`` expanded).
         entropy, entropy_coeff: ``[N, T]`` token entropies (:func:`token_entropy`) and the
             bonus coefficient; the bonus is subtracted (higher entropy lowers the loss).
+        kl_correction, kl_weight_clip: None (the plain KL term), or an importance correction of
+            the KL term for off-policy steps (:func:`grouprl.losses.kl_corrected`: ``"ratio"``
+            = TRL ``use_bias_correction_kl``, ``"sequence_ratio"`` = the same at TRL's sequence
+            level, ``"straight_through"`` = OpenRLHF ``kl.unbiased_gradient``, whose weight is
+            capped at ``kl_weight_clip``).
+        top_entropy_quantile: ρ < 1 keeps in the surrogate branch only the valid tokens whose
+            entropy is at least the (1 − ρ)-quantile ("Beyond the 80/20 Rule", arXiv
+            2506.01939, ρ = 0.2; TRL ``top_entropy_quantile``, grpo_trainer.py:3050-3053,
+            3143-3144): the other tokens' surrogate loss is 0, the normalisers and the KL
+            branch are unchanged, and the entropy bonus acts on the kept tokens only (TRL
+            also divides it by their count; here it takes the objective's aggregation). Needs
+            ``entropy``. The threshold is ``totals.entropy_threshold`` when the
+            step's totals carry one (one threshold for every micro-batch: the one-batch mask),
+            else the quantile over this call's kept tokens (TRL's micro-batch reading).
 
     A micro-batch in which every row has ``keep = False`` returns a zero loss that is still
     connected to ``logp`` (``backward()`` works and adds nothing).
@@ -122,11 +163,16 @@ def objective(
         stats = {key: 0.0 for key in stats}
         stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
         return Objective(zero, zero, zero, zero, per_token * 0.0, stats, zero)
+    extra: dict[str, torch.Tensor | float] = {}
+    token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
+    if token_keep is not None:
+        per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
+        extra["entropy_mask_frac"] = token_keep.sum() / eff.sum()
     total = per_token  # already 0 outside eff (the surrogate's mask)
     pg_loss = aggregate(aggregation, total, eff_f, totals)
     kl_loss = kl_unweighted = zero
     n_tok = eff_f.sum()
-    extra = {"kl_mean": zero.detach(), "entropy_mean": zero.detach()}
+    extra.update(kl_mean=zero.detach(), entropy_mean=zero.detach())
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
@@ -134,7 +180,24 @@ def objective(
         dt, dt_dev = per_token.dtype, per_token.device  # float32 at least (check_inputs)
         safe_logp = torch.where(eff, logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
         safe_ref = torch.where(eff, ref_logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
-        kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
+        if kl_correction is None:
+            kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
+        else:
+            safe_old = None
+            if old_logp is not None:
+                safe_old = torch.where(
+                    eff, old_logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev)
+                )
+            kl_tok = kl_corrected(
+                kl,
+                safe_logp,
+                safe_ref,
+                safe_old,
+                eff_f,
+                correction=kl_correction,
+                weight_clip=kl_weight_clip,
+            )
+            kl_tok = kl_tok * eff_f  # [N, T]
         kl_term = beta * w[:, None] * kl_tok
         kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
         kl_unweighted = aggregate(aggregation, kl_tok, eff_f, totals)
@@ -144,10 +207,11 @@ def objective(
     if entropy is not None:
         if entropy.shape != logp.shape:
             raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
-        ent = torch.where(
-            eff, entropy.to(eff_f.dtype), torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
-        )
+        zero_f = torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
+        ent = torch.where(eff, entropy.to(eff_f.dtype), zero_f)
         extra["entropy_mean"] = ent.detach().sum() / n_tok
+        if token_keep is not None:  # the bonus acts where the surrogate does
+            ent = torch.where(token_keep, ent, zero_f)
         if entropy_coeff > 0:
             ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
             total = total - entropy_coeff * ent
