@@ -28,6 +28,13 @@ IS_LEVELS = ("token", "sequence")
 """Where the importance ratio is taken (TRL ``importance_sampling_level``)."""
 
 
+def _by_sign(cond: torch.Tensor, yes: float, no: float, like: torch.Tensor) -> torch.Tensor:
+    """``where(cond, yes, no)`` in ``like``'s dtype (``torch.where`` on two Python floats would
+    give float32 and round 1.05 to 1.0499999523)."""
+    kw = {"dtype": like.dtype, "device": like.device}
+    return torch.where(cond, torch.tensor(yes, **kw), torch.tensor(no, **kw))
+
+
 def sapo_gate(ratio: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
     """SAPO's soft gate ``f(ρ) = σ(τ(ρ − 1))·4/τ`` (SAPO, Gao et al. 2025, the gated objective).
 
@@ -80,7 +87,7 @@ def sapo(
         log_seq = sequence_log_ratio(raw, mask).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N]
         log_ratio = sequence_ratio_tokens(log_seq, logp)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
-    tau = torch.where(adv > 0, tau_pos, tau_neg)  # [N, 1] or [N, T]
+    tau = _by_sign(adv > 0, tau_pos, tau_neg, ratio)  # [N, 1] or [N, T]
     gate = sapo_gate(ratio, tau)  # [N, T]
     per_token = -gate * adv
     stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
@@ -113,8 +120,8 @@ def vespo_weight(
     φ becomes 0 (TRL's ``nan_to_num``).
     """
     nonneg = adv >= 0
-    k = torch.where(nonneg, k_pos, k_neg)
-    lam = torch.where(nonneg, lambda_pos, lambda_neg).clamp_min(lambda_min)
+    k = _by_sign(nonneg, k_pos, k_neg, log_w)
+    lam = _by_sign(nonneg, lambda_pos, lambda_neg, log_w).clamp_min(lambda_min)
     phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
