@@ -18,6 +18,7 @@ __all__ = [
     "KL_CORRECTIONS",
     "KL_ESTIMATORS",
     "KL_IS_WEIGHT_CLIP",
+    "KL_VARIANTS",
     "STRAIGHT_THROUGH",
     "k1",
     "k2",
@@ -87,13 +88,28 @@ STRAIGHT_THROUGH = "+"
 """Suffix of verl's straight-through names (``k1+``, ``k3+``, ``abs+``...): the value of the
 named estimator, the gradient of k2 (verl ``kl_penalty``, core_algos.py:2188-2213)."""
 
-KL_CORRECTIONS = ("ratio", "sequence_ratio", "straight_through")
+KL_CORRECTIONS: dict[str, str] = {
+    "ratio": "rho·KL, rho = pi/pi_old per token, with its gradient (TRL use_bias_correction_kl)",
+    "sequence_ratio": "s·KL with the sequence ratio s (TRL, importance_sampling_level=sequence)",
+    "straight_through": "the KL value, the gradient of sg(min(rho, 10))·k2 (OpenRLHF "
+    "kl.unbiased_gradient)",
+}
 """Importance corrections of the KL term for updates taken off the behaviour policy
-(:func:`kl_corrected`)."""
+(:func:`kl_corrected`), with one line each (``grouprl list kl_corrections``)."""
 
 KL_IS_WEIGHT_CLIP = 10.0
 """Cap on the detached weight π/π_old of the ``straight_through`` correction (OpenRLHF
 ``KL_IS_WEIGHT_CLIP``, models/utils.py:67)."""
+
+
+KL_VARIANTS: dict[str, str] = {
+    **{alias: f"verl's name for {base}" for alias, base in KL_ALIASES.items()},
+    **{
+        name + STRAIGHT_THROUGH: f"the value of {name}, the gradient of k2 (verl straight-through)"
+        for name in [*KL_ESTIMATORS, *KL_ALIASES]
+    },
+}
+"""Every other name :func:`kl` accepts, with what it means (``grouprl list kl_names``)."""
 
 
 def kl_names() -> list[str]:
