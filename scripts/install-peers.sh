@@ -16,9 +16,9 @@
 # - torch and transformers are frozen at whatever is installed (a constraint file), so this
 #   never pulls a CUDA torch or moves transformers past verl's cap (<5.11).
 # - OpenRLHF 0.11.2 is installed WITHOUT its dependencies (DeepSpeed, vLLM, flash-attn): it
-#   cannot be imported as a package, but tests/losses/test_peer_parity_methods.py loads its two
-#   pure-torch files (models/utils.py, models/loss.py) to compare our KL and policy losses with
-#   OpenRLHF's own functions.
+#   cannot be imported as a package, but tests/advantages/openrlhf_ref.py executes its plain
+#   torch functions (advantages, KL, KL controllers, policy loss) from the installed source, so
+#   the parity tests compare ours with OpenRLHF's own code.
 # Safe to run again: it exits at once when everything already imports at the tested versions.
 # Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC / GROUPRL_OPENRLHF_SPEC.
 set -euo pipefail

@@ -46,19 +46,35 @@ TOKEN = re.compile(r"^(?P<key>[\w.]+)(?:=(?P<value>[\w.+\-]+))?(?:\((?P<param>\w
 
 GROUPRL_AXES: dict[str, tuple[str, str]] = {
     "estimator": ("grouprl.advantages", "ESTIMATORS"),
+    "token_estimator": ("grouprl.advantages", "TOKEN_ESTIMATORS"),
+    "reward_combination": ("grouprl.advantages", "REWARD_COMBINATIONS"),
+    "kl_controller": ("grouprl.control", "KL_CONTROLLERS"),
     "transform": ("grouprl.advantages", "TRANSFORMS"),
     "surrogate": ("grouprl.losses", "SURROGATES"),
     "aggregation": ("grouprl.losses", "AGGREGATIONS"),
     "kl": ("grouprl.losses", "KL_ESTIMATORS"),
+    "correction": ("grouprl.losses", "CORRECTIONS"),
     "preset": ("grouprl.presets", "PRESETS"),
 }
 """Token key -> the registry ``grouprl list`` prints (cli/listing.py SECTIONS)."""
-GROUPRL_COMPLETE = ("estimator", "transform", "surrogate", "aggregation", "kl")
+GROUPRL_COMPLETE = (
+    "estimator",
+    "token_estimator",
+    "reward_combination",
+    "kl_controller",
+    "transform",
+    "surrogate",
+    "aggregation",
+    "kl",
+    "correction",
+)
 """Axes whose every entry needs a row (a preset is a combination, not a method)."""
 GROUPRL_CALLABLES: dict[str, tuple[str, str]] = {
     "objective": ("grouprl.losses", "objective"),
     "step_totals": ("grouprl.losses", "step_totals"),
     "compute": ("grouprl.advantages", "compute"),
+    "compute_tokens": ("grouprl.advantages", "compute_tokens"),
+    "kl_reward": ("grouprl.advantages", "kl_reward"),
     "Preset": ("grouprl.presets", "Preset"),
 }
 

@@ -17,6 +17,7 @@ def test_every_registered_name_is_listed(capsys):
         losses.KL_ESTIMATORS,
         losses.KL_VARIANTS,
         losses.KL_CORRECTIONS,
+        losses.CORRECTIONS,
         presets.PRESETS,
         tasks.TASKS,
         simulate.SIMULATIONS,
@@ -25,6 +26,7 @@ def test_every_registered_name_is_listed(capsys):
         for name in registry:
             assert name in out, name
     assert "F-GRPO" in out and "MaxNorm" in out  # descriptions, not only names
+    assert "[low, high]" in out.replace("\n", " ")  # brackets are text, not rich markup
 
 
 def test_every_entry_has_a_description():

@@ -7,23 +7,19 @@ _compute_loss`` for ``sapo`` (token and sequence level), ``vespo``, ``luspo``, `
 two-sided ``delta`` clip, ``top_entropy_quantile`` and ``use_bias_correction_kl``, and the
 experimental ``GMPOTrainer._compute_loss``, each run on a stand-in ``self`` (the method is TRL's
 own code). OpenRLHF 0.11.2: ``compute_approx_kl(..., unbiased_gradient=True)`` and
-``PolicyLoss`` (dual clip, GSPO, both aggregations), loaded from its installed files without
-its DeepSpeed/vLLM package imports (``scripts/install-peers.sh`` installs it without
-dependencies). Each comparison runs over the cases of :func:`case`: random, G = 2, all-equal
+``PolicyLoss`` (dual clip, GSPO, both aggregations), executed from its installed source by
+``tests/advantages/openrlhf_ref.py`` without its DeepSpeed/vLLM package imports
+(``scripts/install-peers.sh`` installs it without dependencies). Each comparison runs over the cases of :func:`case`: random, G = 2, all-equal
 groups (advantage 0), NaN-reward rows (advantage 0 from grouprl's estimator), extreme ratios
 (|log ρ| up to 30, beyond every clamp) and ragged masks. Loss and gradient are compared.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import types
 import warnings
-from collections import defaultdict
-from pathlib import Path
 from types import SimpleNamespace
 
+import peer_calls
 import pytest
 import torch
 
@@ -92,20 +88,8 @@ def verl():
     return core, config
 
 
-def _cfg(config, *, clip=(0.2, 0.2), c=3.0, **loss_kw):
-    kw = {k: v for k, v in loss_kw.items() if k in ("tau_pos", "tau_neg")}
-    policy = {k: v for k, v in loss_kw.items() if k not in kw}
-    return config.ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        clip_ratio=clip[0],
-        clip_ratio_low=clip[0],
-        clip_ratio_high=clip[1],
-        clip_ratio_c=c,
-        ppo_micro_batch_size_per_gpu=1,
-        policy_loss=config.PolicyLossConfig(**policy),
-        **kw,
-    )
+def _cfg(config, **kw):
+    return peer_calls.verl_config(**kw)
 
 
 VERL_AGG = {
@@ -252,80 +236,9 @@ def test_verl_new_aggregations_with_global_batch_info(verl, agg):
 # ----------------------------------------------------------------------------- TRL
 
 
-def _trl_stub(trainer_cls, logp, entropy, *, loss_type, eps, beta, level="token", **args):
-    """A stand-in ``self`` holding what ``_compute_loss`` reads; TRL's methods bound to it."""
-    _n, t = logp.shape
-    targs = SimpleNamespace(
-        use_bias_correction_kl=args.pop("bias_kl", False),
-        delta=args.pop("delta", None),
-        steps_per_generation=1,
-        sapo_temperature_pos=args.pop("tau_pos", 1.0),
-        sapo_temperature_neg=args.pop("tau_neg", 1.05),
-        vespo_k_pos=2.0,
-        vespo_lambda_pos=3.0,
-        vespo_k_neg=3.0,
-        vespo_lambda_neg=2.0,
-        entropy_target=0.2,
-    )
-    stub = SimpleNamespace(
-        top_entropy_quantile=args.pop("quantile", 1.0),
-        off_policy_mask_threshold=None,
-        importance_sampling_level=level,
-        beta=beta,
-        args=targs,
-        loss_type=loss_type,
-        epsilon_low=eps[0],
-        epsilon_high=eps[1],
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=args.pop("accum", 1),
-        max_completion_length=t,
-        accelerator=SimpleNamespace(
-            num_processes=1,
-            gather=lambda x: x,
-            gather_for_metrics=lambda x: x,
-            reduce=lambda x, reduction="sum": x,
-            pad_across_processes=lambda x, dim=0, pad_index=0: x,
-            sync_gradients=True,
-        ),
-        _entropy_bonus_enabled=False,
-        aux_loss_enabled=False,
-        use_adaptive_entropy=False,
-        _metrics=defaultdict(lambda: defaultdict(list)),
-    )
-    stub._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)
-    stub.get_high_entropy_mask = types.MethodType(trainer_cls.get_high_entropy_mask, stub)
-    stub.get_gamma_weights = trainer_cls.get_gamma_weights
-    assert not args, f"unused stub arguments {args}"
-    return stub
-
-
-def _trl(logp, old, ref, adv, mask, *, trainer="grpo", entropy=None, num_items=None, **kw):
-    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
-    cls = trl_grpo.GRPOTrainer
-    if trainer == "gmpo":
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            cls = pytest.importorskip("trl.experimental.gmpo").GMPOTrainer
-    n, t = logp.shape
-    ent = torch.zeros_like(logp) if entropy is None else entropy
-
-    def run(lp):
-        stub = _trl_stub(cls, lp, ent, **kw)
-        inputs = {
-            "prompt_ids": torch.zeros(n, 1, dtype=torch.long),
-            "prompt_mask": torch.ones(n, 1, dtype=torch.long),
-            "completion_ids": torch.zeros(n, t, dtype=torch.long),
-            "completion_mask": mask,
-            "advantages": adv,
-            "old_per_token_logps": old,
-            "ref_per_token_logps": ref,
-            "num_items_in_batch": mask.sum() if num_items is None else num_items,
-        }
-        return cls._compute_loss(stub, None, inputs)
-
-    return _grad(run, logp)
+def _trl(logp, old, ref, adv, mask, **kw):
+    pytest.importorskip("trl.trainer.grpo_trainer")
+    return _grad(lambda lp: peer_calls.trl_loss(lp, old, ref, adv, mask, **kw), logp)
 
 
 @pytest.mark.parametrize("kind", CASES)
@@ -473,33 +386,11 @@ def test_trl_gmpo_trainer_counts_rows_without_tokens_where_we_do_not():
 
 @pytest.fixture(scope="module")
 def openrlhf():
-    """OpenRLHF's ``models/utils.py`` and ``models/loss.py``, loaded without its package."""
-    spec = importlib.util.find_spec("openrlhf")
-    if spec is None:
+    """OpenRLHF's ``compute_approx_kl`` and ``PolicyLoss`` (peer_calls.openrlhf_functions)."""
+    fns = peer_calls.openrlhf_functions()
+    if fns is None:
         pytest.skip("OpenRLHF is not installed (scripts/install-peers.sh installs it, no deps)")
-    root = Path(spec.submodule_search_locations[0]) / "models"
-    saved = {k: sys.modules.get(k) for k in ("deepspeed", "_orlhf_models")}
-    if importlib.util.find_spec("deepspeed") is None:  # utils.py imports it; unused by us
-        sys.modules["deepspeed"] = types.ModuleType("deepspeed")
-    pkg = types.ModuleType("_orlhf_models")
-    pkg.__path__ = [str(root)]
-    sys.modules["_orlhf_models"] = pkg
-    mods = {}
-    try:
-        for name in ("utils", "loss"):
-            s = importlib.util.spec_from_file_location(f"_orlhf_models.{name}", root / f"{name}.py")
-            mods[name] = importlib.util.module_from_spec(s)
-            sys.modules[s.name] = mods[name]
-            s.loader.exec_module(mods[name])
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-        for name in ("utils", "loss"):
-            sys.modules.pop(f"_orlhf_models.{name}", None)
-    return SimpleNamespace(**mods)
+    return SimpleNamespace(utils=fns, loss=fns)
 
 
 @pytest.mark.parametrize("kind", CASES)

@@ -11,11 +11,19 @@ Token tensors are ``[N, T]`` (N = P·G sequences, prompt-major), advantages ``[N
                            ref_logp=ref_logp, kl_weight=w, keep=keep, totals=totals)
     out.loss.backward()
 
-Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS`` (+ verl's ``KL_ALIASES`` and ``+`` names). The batch filters (DAPO's
+Rollout correction (rollout engine vs trainer log-probs, :mod:`grouprl.losses.correction`)::
+
+    corr = losses.correction.compute("icepop", old_logp, rollout_logp, mask)
+    out = losses.objective(..., correction_weight=corr.weight, correction_keep=corr.keep,
+                           totals=losses.step_totals(corr.loss_mask(mask)))
+
+Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS`` (+ verl's ``KL_ALIASES`` and
+``+`` names), ``CORRECTIONS``. The batch filters (DAPO's
 dynamic sampling and overlong handling) act on rollouts, not on the loss: they live next to
 batch construction in :mod:`grouprl.train.filters`.
 """
 
+from grouprl.losses import correction
 from grouprl.losses.aggregation import (
     AGGREGATIONS,
     EXACT_UNDER_ACCUMULATION,
@@ -30,6 +38,7 @@ from grouprl.losses.aggregation import (
     token_mean,
     token_sum,
 )
+from grouprl.losses.correction import CORRECTIONS, Correction
 from grouprl.losses.covariance import clip_cov_select, kl_cov_select
 from grouprl.losses.kl import (
     KL_ALIASES,
@@ -67,18 +76,21 @@ from grouprl.losses.surrogates import (
 __all__ = [
     "AGGREGATIONS",
     "CLIPPED",
+    "CORRECTIONS",
     "EXACT_UNDER_ACCUMULATION",
     "KL_ALIASES",
     "KL_CORRECTIONS",
     "KL_ESTIMATORS",
     "KL_VARIANTS",
     "SURROGATES",
+    "Correction",
     "Objective",
     "StepTotals",
     "aggregate",
     "cispo",
     "clip_cov",
     "clip_cov_select",
+    "correction",
     "dppo_kl",
     "dppo_tv",
     "dro",

@@ -89,6 +89,53 @@ def _top_entropy(
     return eff & (entropy.detach() >= thr)
 
 
+def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
+    """``[N, T]`` or ``[N, 1]`` detached weight, checked finite and >= 0 (None: no weight)."""
+    if w is None:
+        return None
+    n, t = logp.shape
+    if not isinstance(w, torch.Tensor) or w.shape not in ((n, t), (n,)):
+        got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(
+            f"correction_weight must be [N, T]={(n, t)} or [N]={n} (Correction.weight), got {got}"
+        )
+    w = w.detach()
+    if not bool((torch.isfinite(w) & (w >= 0)).all()):
+        raise ValueError("correction_weight must be finite and >= 0 (an importance weight)")
+    return w if w.dim() == 2 else w[:, None]
+
+
+def _kl_tokens(
+    name: str,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    eff: torch.Tensor,
+    dtype: torch.dtype,
+    correction: str | None,
+    weight_clip: float,
+) -> torch.Tensor:
+    """``[N, T]`` per-token KL (importance-corrected when ``correction`` is set), 0 outside
+    ``eff``; padding is zero-filled first so that -inf / NaN there never reaches the graph."""
+    zero = torch.zeros((), dtype=dtype, device=logp.device)  # float32 at least (check_inputs)
+    safe_logp = torch.where(eff, logp.to(dtype), zero)
+    safe_ref = torch.where(eff, ref_logp.to(dtype), zero)
+    if correction is None:
+        value = kl_fn(name, safe_logp, safe_ref)
+    else:
+        safe_old = None if old_logp is None else torch.where(eff, old_logp.to(dtype), zero)
+        value = kl_corrected(
+            name,
+            safe_logp,
+            safe_ref,
+            safe_old,
+            eff.to(dtype),
+            correction=correction,
+            weight_clip=weight_clip,
+        )
+    return value * eff.to(dtype)
+
+
 def objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -109,6 +156,8 @@ def objective(
     kl_correction: str | None = None,
     kl_weight_clip: float = KL_IS_WEIGHT_CLIP,
     top_entropy_quantile: float = 1.0,
+    correction_weight: torch.Tensor | None = None,
+    correction_keep: torch.Tensor | None = None,
 ) -> Objective:
     """Surrogate + β·kl_weight·KL − entropy_coeff·H per token, aggregated, in one call.
 
@@ -139,6 +188,15 @@ def objective(
             ``entropy``. The threshold is ``totals.entropy_threshold`` when the
             step's totals carry one (one threshold for every micro-batch: the one-batch mask),
             else the quantile over this call's kept tokens (TRL's micro-batch reading).
+        correction_weight: ``[N, T]`` (or ``[N]``) rollout-correction weight
+            (:class:`grouprl.losses.correction.Correction` ``.weight``): a detached factor on
+            the surrogate's per-token loss only, as verl (``pg_losses * rollout_is_weights``)
+            and TRL (``per_token_loss * importance_sampling_ratio`` before the KL term) apply
+            it; a zero weight leaves the token in the normaliser. Finite and >= 0.
+        correction_keep: ``[N, T]`` bool (``Correction.keep``): False rejects the token from
+            every branch and, without ``totals``, from the normaliser (verl's rejection
+            sampling rewrites ``response_mask``); with ``totals``, build them from
+            ``Correction.loss_mask(mask)`` so that the step's counts leave it out too.
 
     A micro-batch in which every row has ``keep = False`` returns a zero loss that is still
     connected to ``logp`` (``backward()`` works and adds nothing).
@@ -152,6 +210,13 @@ def objective(
     if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
         raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}")
     eff = mask.bool() & keep_t[:, None]  # [N, T]
+    if correction_keep is not None:
+        if not isinstance(correction_keep, torch.Tensor) or correction_keep.shape != logp.shape:
+            raise ValueError(
+                f"correction_keep must be [N, T]={tuple(logp.shape)} bool (Correction.keep)"
+            )
+        eff = eff & correction_keep.bool()
+    corr_w = _correction_weight(correction_weight, logp)
     any_kept = bool(eff.any())
     sur_mask = eff if any_kept else mask  # validate the raw inputs when nothing is kept
     per_token, stats = surrogate_fn(
@@ -168,6 +233,8 @@ def objective(
     if token_keep is not None:
         per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
         extra["entropy_mask_frac"] = token_keep.sum() / eff.sum()
+    if corr_w is not None:
+        per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
     total = per_token  # already 0 outside eff (the surrogate's mask)
     pg_loss = aggregate(aggregation, total, eff_f, totals)
     kl_loss = kl_unweighted = zero
@@ -177,27 +244,9 @@ def objective(
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
         w = _per_sample("kl_weight", kl_weight, n, logp).detach().to(per_token.dtype)
-        dt, dt_dev = per_token.dtype, per_token.device  # float32 at least (check_inputs)
-        safe_logp = torch.where(eff, logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
-        safe_ref = torch.where(eff, ref_logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
-        if kl_correction is None:
-            kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
-        else:
-            safe_old = None
-            if old_logp is not None:
-                safe_old = torch.where(
-                    eff, old_logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev)
-                )
-            kl_tok = kl_corrected(
-                kl,
-                safe_logp,
-                safe_ref,
-                safe_old,
-                eff_f,
-                correction=kl_correction,
-                weight_clip=kl_weight_clip,
-            )
-            kl_tok = kl_tok * eff_f  # [N, T]
+        kl_tok = _kl_tokens(
+            kl, logp, ref_logp, old_logp, eff, per_token.dtype, kl_correction, kl_weight_clip
+        )  # [N, T], 0 outside eff
         kl_term = beta * w[:, None] * kl_tok
         kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
         kl_unweighted = aggregate(aggregation, kl_tok, eff_f, totals)
