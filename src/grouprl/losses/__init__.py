@@ -57,6 +57,7 @@ from grouprl.losses.objective import Objective, objective
 from grouprl.losses.surrogates import (
     CLIPPED,
     SURROGATES,
+    ZERO_AT_ZERO_ADVANTAGE,
     cispo,
     clip_cov,
     dppo_kl,
@@ -83,6 +84,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "KL_VARIANTS",
     "SURROGATES",
+    "ZERO_AT_ZERO_ADVANTAGE",
     "Correction",
     "Objective",
     "StepTotals",

@@ -49,6 +49,7 @@ from grouprl.types import to_floats
 __all__ = [
     "CLIPPED",
     "SURROGATES",
+    "ZERO_AT_ZERO_ADVANTAGE",
     "check_inputs",
     "cispo",
     "clip_cov",
@@ -227,6 +228,12 @@ the policy has moved, i.e. from the second optimizer step on the same generation
 ρ ≡ 1 each is REINFORCE with its advantages (SAPO's gate has slope 1 at ρ = 1, VESPO's φ(1) = 1,
 the KL-Cov and DRO penalties have zero gradient there, DPPO keeps every token). Clip-Cov is not
 here: its covariance selection acts on-policy too."""
+
+
+ZERO_AT_ZERO_ADVANTAGE: frozenset[str] = frozenset(SURROGATES) - {"kl_cov", "dro"}
+"""Surrogates whose per-token loss (and gradient) is exactly 0 on a row with A = 0: every one
+of the form −A·f(ρ) or −A·w·logp. KL-Cov's |log ρ| penalty and DRO's ½β(log ρ)² act on a row
+whatever its advantage, so a trainer must not skip such rows (``train.loop.gradient_rows``)."""
 
 
 def on_policy_warning(name: str, minibatches: int, ppo_epochs: int) -> str | None:
