@@ -217,7 +217,7 @@ def objective(
             )
         eff = eff & correction_keep.bool()
     corr_w = _correction_weight(correction_weight, logp)
-    any_kept = bool(eff.any())
+    any_kept = bool(eff.sum() > 0)  # a sum: faster than any() on a bool tensor on CPU
     sur_mask = eff if any_kept else mask  # validate the raw inputs when nothing is kept
     per_token, stats = surrogate_fn(
         surrogate, logp, old_logp, adv, sur_mask, **dict(surrogate_params or {})
