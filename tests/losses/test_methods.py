@@ -302,7 +302,7 @@ def test_top_entropy_step_threshold_makes_micro_batches_exact():
             lp, old[s, :w], adv[s], mask[s, :w], entropy=entropy[s, :w], totals=totals, **kw
         )
         out.loss.backward()
-        acc, grad[s, :w] = acc + float(out.loss), grad[s, :w] + lp.grad
+        acc, grad[s, :w] = acc + float(out.loss.detach()), grad[s, :w] + lp.grad
     assert acc == pytest.approx(float(full.loss), abs=1e-12)
     torch.testing.assert_close(grad, g_full, atol=1e-12, rtol=0)
     # TRL's reading (a threshold per micro-batch) is another loss

@@ -55,7 +55,9 @@ def sapo(
     level: str = "token",
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """SAPO: ``ℓ = −f_τ(ρ)·A`` with the soft gate :func:`sapo_gate`, τ = τ_pos if A > 0 else τ_neg.
+    """SAPO: ``ℓ = −f_τ(ρ)·A``, a soft sigmoid gate on the ratio in place of PPO's clip.
+
+    The gate is :func:`sapo_gate` with τ = τ_pos if A > 0 else τ_neg.
 
     SAPO (Gao et al. 2025, arXiv 2511.20347) replaces PPO's hard clip by a sigmoid gate whose
     slope τ is larger for negative advantages (τ_neg > τ_pos), so a token pushed down decays

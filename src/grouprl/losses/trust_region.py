@@ -129,7 +129,9 @@ def dppo_kl(
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
     binary_kl_eps: float = BINARY_KL_EPS,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """DPPO-Binary-KL: as :func:`dppo_tv` with the binary KL (:func:`binary_kl`) as divergence.
+    """DPPO-Binary-KL: DPPO-TV's loss, the trust region measured by the binary KL instead.
+
+    As :func:`dppo_tv`, with :func:`binary_kl` as the divergence.
 
     ``valid`` = ``KL ≤ δ_high or π ≤ π_old`` where A > 0, ``KL ≤ δ_low or π ≥ π_old`` where
     A ≤ 0: a token moving in the direction that *shrinks* its update is never masked (verl
