@@ -19,7 +19,7 @@ they must be picklable.
 
 :func:`run_calls` is the machinery underneath: ``call(i)`` for ``i < n`` in the same
 workers under the same deadline, returning each value or the reason it failed. The
-batched reward functions of :mod:`grouprl.rewards` (one call per function per batch) use it.
+batched reward functions of :mod:`grouprl.tasks.rewards` (one call per function per batch) use it.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def run_calls(
     raised, hung past its deadline (its worker is killed and replaced) or killed its worker.
     ``workers`` defaults to ``min(4, cpu_count)``; ``label`` names the callee in the
     reasons (``"verifier timed out after 10 s"``). The values are not checked: that is the
-    caller's business (``score_batch`` wants a number in range, ``grouprl.rewards`` a list).
+    caller's business (``score_batch`` wants a number in range, ``grouprl.tasks.rewards`` a list).
     """
     out: list[tuple[Any, str | None]] = [(math.nan, "not run")] * n
     if not n:

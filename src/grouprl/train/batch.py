@@ -169,7 +169,7 @@ class Scorer:
         """Rewards of decoded completions (NaN = unscorable), their counters and extra metrics.
 
         A task with a batched reward path (``reward_batch``: the dataset task's TRL-style
-        reward functions, ``grouprl.rewards``) scores the whole batch with one call per
+        reward functions, ``grouprl.tasks.rewards``) scores the whole batch with one call per
         function, under the same timeout and unscorable limit, with the completions' token
         ids.
 

@@ -131,10 +131,8 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
                     f"stopped by signal {stop.signum} after step {run.step}; "
                     f"resume with --resume --out {run.run_dir}"
                 )
-    except BaseException:  # no report after a failure (a full disk, ...)
-        run.sinks.close(report=False)
-        raise
-    run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
+    finally:
+        run.sinks.close()
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
 
 

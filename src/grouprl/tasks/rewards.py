@@ -1,6 +1,6 @@
 """Reward functions the way TRL writes them, weighted, under a timeout; failures are counted NaN.
 
-    from grouprl.rewards import Rewards, load_reward
+    from grouprl.tasks.rewards import Rewards, load_reward
     rewards = Rewards([correct, "my_rewards.py:format_reward"], weights=[1.0, 0.1])
     scores = rewards.score(batch, timeout_s=10.0)     # BatchScores: rewards [N], NaN = unscorable
 
