@@ -18,8 +18,12 @@
 #   Requires-Dist; the same bound as the `peers` extra in pyproject.toml): a newer one, which
 #   grouprl[models] alone allows, is moved down to it, since verl is installed without its
 #   dependencies and would not check. tests/test_packaging.py keeps the three in agreement.
+# - OpenRLHF 0.11.2 is installed WITHOUT its dependencies (DeepSpeed, vLLM, flash-attn): it
+#   cannot be imported as a package, but tests/advantages/openrlhf_ref.py executes its plain
+#   torch functions (advantages, KL, KL controllers, policy loss) from the installed source, so
+#   the parity tests compare ours with OpenRLHF's own code.
 # Safe to run again: it exits at once when everything already imports at the tested versions.
-# Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC (pip specifiers).
+# Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC / GROUPRL_OPENRLHF_SPEC.
 # `install-peers.sh --transformers-spec` prints the transformers bound (scripts/install.sh
 # installs grouprl[all] under it, so transformers is downloaded once).
 set -euo pipefail
@@ -33,6 +37,7 @@ PY=.venv/bin/python
 
 TRL_SPEC=${GROUPRL_TRL_SPEC:-trl==1.16.0}
 VERL_SPEC=${GROUPRL_VERL_SPEC:-verl==0.9.1}
+OPENRLHF_SPEC=${GROUPRL_OPENRLHF_SPEC:-openrlhf==0.11.2}
 # What `import verl.trainer.ppo.core_algos`, `verl.workers.config` and
 # `verl.trainer.ppo.ray_trainer.compute_advantage` and verl's trainer need beyond TRL's own
 # dependencies.
@@ -75,8 +80,8 @@ import verl.workers.engine_workers  # noqa: F401
 EOF
 }
 
-if check "$TRL_SPEC" "$VERL_SPEC" "$TRANSFORMERS_SPEC" >/dev/null 2>&1; then
-  echo "peers already installed: $TRL_SPEC $VERL_SPEC"
+if check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" "$TRANSFORMERS_SPEC" >/dev/null 2>&1; then
+  echo "peers already installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC"
   exit 0
 fi
 
@@ -96,10 +101,11 @@ quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* 
 
 "${pip[@]}" "$TRL_SPEC" "$TRANSFORMERS_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
 "${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
+"${pip[@]}" --no-deps "$OPENRLHF_SPEC" 2>&1 | quiet
 
-if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" "$TRANSFORMERS_SPEC" 2>&1); then
+if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" "$TRANSFORMERS_SPEC" 2>&1); then
   echo "$log" >&2
   echo "install-peers.sh: TRL/verl installed but the import check above failed" >&2
   exit 1
 fi
-echo "peers installed: $TRL_SPEC $VERL_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)'))"
+echo "peers installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)'))"

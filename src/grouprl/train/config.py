@@ -24,12 +24,12 @@ from grouprl.presets import frozen
 
 __all__ = [
     "AlgorithmConfig",
-    "CheckpointConfig",
     "ConfigError",
     "EvalConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "RunSectionConfig",
     "SamplingConfig",
     "Schedule",
     "TaskConfig",
@@ -205,8 +205,9 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
-    """Run folder, seed, checkpoints and sinks."""
+class RunSectionConfig:
+    """The ``run`` section: run folder, seed, checkpoints and sinks (``RunConfig`` is the
+    whole configuration, every section together)."""
 
     out: str = "runs/default"
     seed: int = 0
@@ -231,6 +232,10 @@ class CheckpointConfig:
     """W&B offline logging in ``<out>/wandb/``; true without wandb installed is a config error
     before the run, naming the install command."""
     report: bool = True
+    """Write ``report.html`` from the run folder's files after a finished run: done by the
+    entry points, ``grouprl train`` and ``grouprl.train.run`` (``train.api.write_report``);
+    ``loop.train`` itself writes no report (call ``write_report(cfg, result)``, or
+    ``grouprl.report.write_run_report(run_dir)`` at any time)."""
     threads: int = 0
     """torch threads; 0 = auto (``grouprl._threads.choose_threads``): the cores the 1-minute
     load average leaves free, at least 1 and at most torch's own count, or
@@ -276,7 +281,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    run: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunSectionConfig = field(default_factory=RunSectionConfig)
 
     @property
     def batch_size(self) -> int:
@@ -403,7 +408,7 @@ LOGGERS: dict[str, tuple[str, str]] = {
 """``run.<field>`` -> (the module it needs, the command that installs it)."""
 
 
-def _check_loggers(run: CheckpointConfig) -> None:
+def _check_loggers(run: RunSectionConfig) -> None:
     """A logger asked for (true) but not installed is an error before the run [OURS: issue
     25, ``run.wandb=true`` without wandb ran to the end without a word]."""
     for name, (module, command) in LOGGERS.items():
@@ -529,7 +534,7 @@ _SECTIONS: dict[str, type] = {
     "algorithm": AlgorithmConfig,
     "optim": OptimConfig,
     "eval": EvalConfig,
-    "run": CheckpointConfig,
+    "run": RunSectionConfig,
 }
 """Section name in YAML / ``--set`` -> its dataclass."""
 
