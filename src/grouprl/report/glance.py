@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EMA_ALPHA", "Change", "Glance", "ema", "glance"]
+__all__ = ["EMA_ALPHA", "Change", "Glance", "distinct_series", "ema", "glance"]
 
 EMA_ALPHA = 0.1
 """Weight of the newest step in the report's smoothed curves (the past keeps 1 − α = 0.9:
@@ -84,8 +84,6 @@ def _finite(rows: list[dict[str, float]], key: str) -> list[tuple[float, float]]
 
 
 def _eval_changes(rows: list[dict[str, float]]) -> list[Change]:
-    from grouprl.report.run import distinct_series
-
     keys = sorted({k for r in rows for k in r if k.startswith("eval/")}, key=_pass_order)
     keys = list(distinct_series(rows, keys))
     out = []
@@ -96,6 +94,23 @@ def _eval_changes(rows: list[dict[str, float]]) -> list[Change]:
             where = f"step {int(s0)} → step {int(s1)}"
             out.append(Change(key, key.split("/", 1)[1], v0, v1, where))
     return out
+
+
+def distinct_series(rows: list[dict[str, float]], keys: list[str]) -> tuple[str, ...]:
+    """``keys`` without those whose logged series repeats an earlier key's to within 1e-3 (a
+    binary reward's ``eval/reward_mean`` is ``eval/pass@1`` up to rounding)."""
+    seen, out = [], []
+    for key in keys:
+        x, y = _points(rows, key)
+        if not any(x == x2 and all(abs(a - b) < 1e-3 for a, b in zip(y, y2)) for x2, y2 in seen):
+            seen.append((x, y))
+            out.append(key)
+    return tuple(out)
+
+
+def _points(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
+    pts = _finite(rows, key)
+    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def _pass_order(key: str) -> tuple[int, str]:

@@ -27,7 +27,7 @@ from typing import Any
 from grouprl._json import jsonl_lines, read_jsonl
 from grouprl.diagnostics.health import Episode, RunHealth
 from grouprl.report import html as H
-from grouprl.report.glance import EMA_ALPHA, ema, glance
+from grouprl.report.glance import EMA_ALPHA, distinct_series, ema, glance
 
 __all__ = [
     "Panel",
@@ -175,18 +175,6 @@ def plan_panels(rows: list[dict[str, float]], beta: float | None) -> tuple[list[
 
 LOSS_ZERO = 1e-5
 """A loss curve whose every value is smaller than this is noise around 0, not drawn."""
-
-
-def distinct_series(rows: list[dict[str, float]], keys: list[str]) -> tuple[str, ...]:
-    """``keys`` without those whose logged series repeats an earlier key's to within 1e-3 (a
-    binary reward's ``eval/reward_mean`` is ``eval/pass@1`` up to rounding)."""
-    seen, out = [], []
-    for key in keys:
-        x, y = _series(rows, key)
-        if not any(x == x2 and all(abs(a - b) < 1e-3 for a, b in zip(y, y2)) for x2, y2 in seen):
-            seen.append((x, y))
-            out.append(key)
-    return tuple(out)
 
 
 def training_figure(rows: list[dict[str, float]], beta: float | None) -> tuple[Any, list[str]]:
