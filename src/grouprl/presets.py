@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "frozen", "get", "names"]
+__all__ = ["BASELINE_SUFFIX", "PRESETS", "Preset", "baseline_of", "frozen", "get", "names"]
 
 
 def frozen(d: Any = None) -> MappingProxyType:
@@ -111,7 +111,11 @@ _S_DAPO_CLIP = "DAPO clip-higher: eps_low 0.2, eps_high 0.28"
 _S_TOKEN_MEAN = "token mean over the step (DAPO; verl token-mean; ALGORITHMS.md §3 table)"
 _S_CISPO = "CISPO (MiniMax-M1): clipped stop-gradient IS weight on every token"
 _S_CISPO_CLIP = "eps 1.0/5.0 (weight in [0, 6]) as F-GRPO and ScaleRL use"
-_S_FOCAL = "F-GRPO: focal weight (1 - mu)^gamma, gamma 0.5 (the paper picked 0.5 or 1.0)"
+_S_FOCAL = (
+    "F-GRPO eqs. 11-13: focal weight (1 - mu)^gamma, mu = X/N the share of correct rollouts; "
+    "gamma 0.5 (Table 7: 0.5 in 7 of its 9 model x method set-ups, 1.0 in the others)"
+)
+_S_FOCAL_BETA = "0.0: F-GRPO App. L.2 drops the KL term (following DAPO) for every method"
 _S_MAXNORM = "MaxNorm-AC seed paper: s_q = max(tau_res, max_j |u_j|), |A| <= 1, c carries no grad"
 _S_RES = "MaxNorm-AC resolution protocol: delta_res 1e-2 for rewards in [0, 1]"
 _S_KL_UNSCALED = "MaxNorm-AC: KL added as beta·KL, never divided by s_q (kl_weight 1)"
@@ -153,6 +157,22 @@ _S_FOCAL_MB = (
     "per step)"
 )
 _S_FOCAL_EPOCHS = "1: F-GRPO App. L.2, Table 5: PPO epochs 1"
+_S_FOCAL_AGG = (
+    "token mean: F-GRPO App. L.2 'use token-mean loss aggregation' for every method, its GRPO, "
+    "DAPO and CISPO baselines included"
+)
+_S_FDAPO_NO_DS = (
+    "off: F-GRPO App. B describes its DAPO by the asymmetric clip only (no dynamic sampling); "
+    "f_dapo_full adds it [OURS]"
+)
+_S_FDAPO_NO_OVERLONG = (
+    "None: F-GRPO App. B / L.2 name no overlong shaping (rewards 1/0 from math-verify); "
+    "f_dapo_full adds DAPO's soft penalty [OURS]"
+)
+_S_FOCAL_BASELINE = (
+    "0: the F-GRPO paper's baseline for this F-preset, every other field equal (App. L.2: its "
+    "GRPO, DAPO and CISPO baselines run the same schedule, token mean, no KL)"
+)
 _S_AVSPO_SCHEDULE = (
     "1: the ACR authors' train_grpo.sh:37,39 (TRL GRPO, per_device_train_batch_size 1, "
     "gradient_accumulation_steps 1) with TRL's num_iterations=1: one step per generation batch"
@@ -164,7 +184,11 @@ _S_SAME_AS_GRPO = (
 _GRPO_SCHEDULE = {"minibatches": _S_GRPO_SCHEDULE, "ppo_epochs": _S_GRPO_SCHEDULE}
 _DAPO_SCHEDULE = {"minibatches": _S_DAPO_MB, "ppo_epochs": _S_ONE_EPOCH}
 _CISPO_SCHEDULE = {"minibatches": _S_CISPO_MB, "ppo_epochs": _S_ONE_EPOCH}
-_FOCAL_SCHEDULE = {"minibatches": _S_FOCAL_MB, "ppo_epochs": _S_FOCAL_EPOCHS}
+_FOCAL_SCHEDULE = {
+    "minibatches": _S_FOCAL_MB,
+    "ppo_epochs": _S_FOCAL_EPOCHS,
+    "beta": _S_FOCAL_BETA,
+}
 
 _DEFAULT_SOURCES: dict[str, str] = {
     "estimator": "GRPO: (r - mean)/(std + 1e-6), ddof 1 (DeepSeekMath; verl, TRL)",
@@ -288,20 +312,38 @@ PRESETS: dict[str, Preset] = {
         _p(
             "f_grpo",
             "F-GRPO: GRPO with the focal weight (1 - mu)^0.5, token mean",
-            {"focal_gamma": _S_FOCAL, "aggregation": "F-GRPO paper: token mean", **_FOCAL_SCHEDULE},
+            {"focal_gamma": _S_FOCAL, "aggregation": _S_FOCAL_AGG, **_FOCAL_SCHEDULE},
             focal_gamma=0.5,
             aggregation="token_mean",
             minibatches=4,
         ),
         _p(
             "f_dapo",
-            "F-DAPO: DAPO with the focal weight (1 - mu)^0.5",
+            "F-DAPO as F-GRPO App. B describes DAPO: clip-higher 0.2/0.28, token mean, focal 0.5",
+            {
+                "focal_gamma": _S_FOCAL,
+                "surrogate_params": _S_DAPO_CLIP + "; F-GRPO App. B describes DAPO by this clip",
+                "aggregation": _S_FOCAL_AGG,
+                "dynamic_sampling": _S_FDAPO_NO_DS,
+                "overlong": _S_FDAPO_NO_OVERLONG,
+                **_FOCAL_SCHEDULE,
+            },
+            focal_gamma=0.5,
+            surrogate_params=_DAPO_CLIP,
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "f_dapo_full",
+            "F-DAPO with DAPO's dynamic sampling and soft overlong penalty [OURS]",
             {
                 "focal_gamma": _S_FOCAL,
                 "surrogate_params": _S_DAPO_CLIP,
-                "aggregation": "F-GRPO paper / DAPO: token mean",
-                "dynamic_sampling": f"{_S_DAPO}, as the F-DAPO base",
-                "overlong": f"{_S_DAPO}, as the F-DAPO base",
+                "aggregation": _S_FOCAL_AGG,
+                "dynamic_sampling": f"[OURS] {_S_DAPO}'s dynamic sampling added to F-DAPO; "
+                "F-GRPO App. B describes DAPO by its clip only",
+                "overlong": f"[OURS] {_S_DAPO}'s soft overlong penalty added to F-DAPO (the focal "
+                "weight's mu still reads the verifier's correctness, F-GRPO eq. 11)",
                 **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
@@ -318,7 +360,7 @@ PRESETS: dict[str, Preset] = {
                 "focal_gamma": _S_FOCAL + "; F-CISPO on Qwen2.5-7B used 1.0",
                 "surrogate": _S_CISPO,
                 "surrogate_params": _S_CISPO_CLIP,
-                "aggregation": "F-GRPO paper / CISPO: token mean",
+                "aggregation": _S_FOCAL_AGG,
                 **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
@@ -449,6 +491,50 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 """Preset name -> Preset (ALGORITHMS.md §3)."""
+
+BASELINE_SUFFIX = "_baseline"
+"""``<f-preset>_baseline``: the F-preset with γ = 0 and every other field equal (its schedule,
+aggregation, clip, β, filters): the paper's baseline for that F-preset (F-GRPO App. L.2)."""
+
+
+def _baselines(table: dict[str, Preset]) -> dict[str, Preset]:
+    """For every preset with a focal weight, ``<name>_baseline``: the same with γ = 0.
+
+    Generated, not written out, so that a baseline can never drift from its F-preset; placed
+    right after it in :func:`names`. [OURS] naming: the suffix keeps the pair adjacent and says
+    what the preset is for; ``grpo`` stays the GRPO of its own sources (DeepSeekMath's schedule,
+    seq-mean-token-mean), which differs from ``f_grpo`` in three fields, not one.
+    """
+    out: dict[str, Preset] = {}
+    for name, p in table.items():
+        out[name] = p
+        if p.focal_gamma:
+            out[name + BASELINE_SUFFIX] = p.with_(
+                name=name + BASELINE_SUFFIX,
+                description=f"{name} with the focal weight off (γ = 0), every other field equal: "
+                "its fair baseline",
+                focal_gamma=0.0,
+                sources={**p.sources, "focal_gamma": _S_FOCAL_BASELINE},
+            )
+    return out
+
+
+PRESETS = _baselines(PRESETS)
+
+
+def baseline_of(name: str) -> Preset:
+    """The fair baseline of F-preset ``name`` (:data:`BASELINE_SUFFIX`): equal in every field but γ.
+
+    A ValueError for a preset without a focal weight (it has no such baseline).
+    """
+    p = get(name)
+    if not p.focal_gamma:
+        focal = [n for n, q in PRESETS.items() if q.focal_gamma]
+        raise ValueError(
+            f"preset {name!r} has no focal weight, so no γ = 0 baseline; presets with one: "
+            f"{', '.join(focal)}"
+        )
+    return PRESETS[name + BASELINE_SUFFIX]
 
 
 def names() -> list[str]:

@@ -130,6 +130,29 @@ def test_fgrpo_worked_example():
     assert focal[0, 2].item() == pytest.approx(-0.540062 * math.sqrt(0.75), abs=1e-5)
 
 
+def test_focal_mu_reads_the_verifier_not_the_shaped_rewards():
+    # F-GRPO eq. 11: μ̂ = X/N. A group of 4 with 2 correct, whose 2 wrong rollouts were also
+    # overlong and got DAPO's soft penalty −0.5: shaped rewards (1, 1, −0.5, −0.5).
+    # From the verifier: μ̂ = 2/4 -> g = (1 − 0.5)^1 = 0.5.
+    # From the shaped mean (0.25, clipped to [0, 1]) the old code took g = 0.75 instead.
+    raw = torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    shaped = torch.tensor([[1.0, 1.0, -0.5, -0.5]], dtype=torch.float64)
+    base = advantages.compute("grpo", shaped).values  # the estimator reads the shaped rewards
+    out = advantages.compute("grpo", shaped, focal_gamma=1.0, verifier_rewards=raw)
+    assert out.stats["focal/mean_weight"] == pytest.approx(0.5)
+    assert torch.allclose(out.values, 0.5 * base, atol=1e-12)
+    # no verifier_rewards: μ̂ from the rewards given, as before
+    old = advantages.compute("grpo", shaped, focal_gamma=1.0)
+    assert old.stats["focal/mean_weight"] == pytest.approx(0.75)
+    # NaN (unscorable) in the verifier's rewards counts out of N: 1 correct of 3 scored
+    raw_nan = torch.tensor([[1.0, float("nan"), 0.0, 0.0]], dtype=torch.float64)
+    shaped_nan = torch.tensor([[1.0, float("nan"), -0.5, 0.0]], dtype=torch.float64)
+    w = advantages.compute("grpo", shaped_nan, focal_gamma=1.0, verifier_rewards=raw_nan)
+    assert w.stats["focal/mean_weight"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="verifier_rewards must have the rewards' shape"):
+        advantages.compute("grpo", shaped, focal_gamma=1.0, verifier_rewards=raw[:, :3])
+
+
 def test_focal_reward_range():
     # rewards in [-1, 1]: mean of [1, -1, -1, -1] = -0.5 -> mu = (−0.5 + 1)/2 = 0.25 -> g = 0.75^γ
     r = torch.tensor([[1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)

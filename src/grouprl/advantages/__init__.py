@@ -138,6 +138,7 @@ def compute(
     virtual_alpha: float = 0.5,
     virtual_batch_groups: int | None = None,
     reward_range: tuple[float, float] = (0.0, 1.0),
+    verifier_rewards: torch.Tensor | None = None,
     **params: Any,
 ) -> Advantages:
     """Advantages of estimator ``name`` for ``rewards [P, G]`` (NaN = missing), with transforms.
@@ -156,6 +157,10 @@ def compute(
             rewards the code rule looks at together (None = the whole batch; the authors'
             script runs 1, see ``transforms.virtual_samples``).
         reward_range: ``(r_lo, r_hi)``, what "wrong" and "correct" are (default [0, 1]).
+        verifier_rewards: ``[P, G]`` the verifier's rewards before any shaping (DAPO's soft
+            overlong penalty), NaN where unscorable; the focal weight's μ̂ reads these, never
+            the shaped ``rewards`` (F-GRPO eq. 11: μ̂ = X/N, the share of correct rollouts).
+            None: ``rewards`` are the verifier's.
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
@@ -201,9 +206,18 @@ def compute(
     values = out.values[:, :g]  # [P, G] real samples only
     stats.update(out.stats)
 
-    # -- focal weight: one scalar per group, from the real rewards
+    # -- focal weight: one scalar per group, from the verifier's (unshaped) real rewards
     if focal_gamma:
-        weight = focal_weight(rewards, valid, focal_gamma, (r_lo, r_hi))  # [P]
+        if verifier_rewards is None:
+            mu_rewards, mu_valid = rewards, valid
+        else:
+            mu_rewards, mu_valid = verifier_rewards, validate_rewards(verifier_rewards)
+            if verifier_rewards.shape != rewards.shape:
+                raise ValueError(
+                    f"verifier_rewards must have the rewards' shape {tuple(rewards.shape)} (the "
+                    f"same groups before shaping), got {tuple(verifier_rewards.shape)}"
+                )
+        weight = focal_weight(mu_rewards, mu_valid, focal_gamma, (r_lo, r_hi))  # [P]
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())
 
