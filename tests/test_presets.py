@@ -123,13 +123,17 @@ EXPECTED = {
     ),
     # IS-GRPO: plain GRPO advantages; its difference is the prompt sampler (SAMPLER below)
     "is_grpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    # its fair baseline: GRPO over the same pool, drawn uniformly (issue 23)
+    "is_grpo_baseline": ("grpo", 0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
+    # one σ: Dr.GRPO's r − r̄ times the draw's importance weight 1/(|pool|·p_x) (issue 23)
+    "is_grpo_exact": ("dr_grpo", 0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
     # AGPO: ε_base 0.2 (replaced per step by the controller), k1 KL β = 0.03 (§3-§4);
     # aggregation from the AGPO code (per-sequence token mean, mean over sequences)
     "agpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, SMTM, False, None, "agpo", "k1", 0.03),
 }
 
 # The prompt sampler of each preset (ALGORITHMS.md §1): uniform unless named here.
-SAMPLER = {"is_grpo": "sigma"}
+SAMPLER = {"is_grpo": "sigma", "is_grpo_exact": "sigma"}
 
 FIELDS = (
     "estimator",
@@ -287,14 +291,16 @@ def test_each_f_preset_has_a_baseline_equal_in_every_field_but_gamma(name):
 
 
 def test_baseline_of_a_preset_without_focal_weight_is_a_clear_error():
-    with pytest.raises(ValueError, match=r"no focal weight.*presets with one: f_grpo, f_dapo"):
+    with pytest.raises(ValueError, match=r"no fair baseline.*presets with one: f_grpo, f_dapo"):
         presets.baseline_of("grpo")
     with pytest.raises(ValueError, match="valid presets"):
         presets.baseline_of("nope")
-    # every preset with a focal weight has one; no other preset is called *_baseline
+    # every preset with a focal weight has one, and is_grpo; no other preset is *_baseline
     assert sorted(n for n in presets.names() if n.endswith("_baseline")) == sorted(
-        n + "_baseline" for n in presets.names() if presets.get(n).focal_gamma
+        [n + "_baseline" for n in presets.names() if presets.get(n).focal_gamma]
+        + ["is_grpo_baseline"]
     )
+    assert presets.baseline_of("is_grpo") is presets.get("is_grpo_baseline")
 
 
 def test_f_dapo_follows_app_b_and_its_additions_are_labelled_ours():
@@ -310,3 +316,24 @@ def test_f_dapo_follows_app_b_and_its_additions_are_labelled_ours():
     for name in FOCAL:
         q = presets.get(name)
         assert "App. L.2" in q.sources["beta"] and "App. L.2" in q.sources["aggregation"]
+
+
+def test_is_grpo_and_its_baseline_draw_one_pool_and_the_exact_variant_weights():
+    # issue 23: IS-GRPO is compared with GRPO over the *same* finite pool (a preset field),
+    # the baseline differing only in the sampler
+    p, b, e = (presets.get(n) for n in ("is_grpo", "is_grpo_baseline", "is_grpo_exact"))
+    assert p.pool_size == b.pool_size == e.pool_size == 1024
+    differ = {
+        f.name
+        for f in dataclasses.fields(presets.Preset)
+        if getattr(p, f.name) != getattr(b, f.name)
+    }
+    assert differ == {"name", "description", "sampler", "sources"}
+    assert (e.sampler, e.sampler_weight, e.estimator) == ("sigma", True, "dr_grpo")
+    assert not any(presets.get(n).sampler_weight for n in presets.names() if n != "is_grpo_exact")
+    # every other preset streams fresh prompts
+    assert {n for n in presets.names() if presets.get(n).pool_size} == {
+        "is_grpo", "is_grpo_baseline", "is_grpo_exact",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="pool_size must be an integer >= 0"):
+        presets.get("grpo").with_(pool_size=-1)

@@ -31,7 +31,10 @@ class Preset:
     Loss half: ``surrogate`` (+ ``surrogate_params``: clip bounds...), ``aggregation``,
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
-    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma").
+    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma");
+    ``pool_size`` (0 = the task's fresh stream, > 0 = that many train prompts drawn once, which
+    the sampler draws from; ``sampling.pool_size`` overrides it); ``sampler_weight`` (multiply
+    each group's advantages by the importance weight 1/(|pool|·p_x) of its draw).
     Update schedule: ``minibatches`` (optimizer steps per epoch over one generation batch, each
     on whole groups) and ``ppo_epochs`` (passes over the batch); the trainer runs them unless
     ``optim.minibatches`` / ``optim.ppo_epochs`` are set (ALGORITHMS.md §3 "Update schedule").
@@ -60,12 +63,23 @@ class Preset:
     controller: str | None = None  # None | "agpo"
     # -- prompt sampler (grouprl.sampling; ALGORITHMS.md §1, IS-GRPO)
     sampler: str = "uniform"
+    pool_size: int = 0
+    sampler_weight: bool = False
     # -- update schedule (ALGORITHMS.md §3): minibatches × ppo_epochs optimizer steps per batch
     minibatches: int = 1
     ppo_epochs: int = 1
     sources: MappingProxyType = field(default_factory=frozen)
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.pool_size, bool)
+            or not isinstance(self.pool_size, int)
+            or (self.pool_size < 0)
+        ):
+            raise ValueError(
+                f"preset {self.name!r}: pool_size must be an integer >= 0 (0 = a fresh prompt "
+                f"stream), got {self.pool_size!r}"
+            )
         for key in ("minibatches", "ppo_epochs"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -169,6 +183,15 @@ _S_FDAPO_NO_OVERLONG = (
     "None: F-GRPO App. B / L.2 name no overlong shaping (rewards 1/0 from math-verify); "
     "f_dapo_full adds DAPO's soft penalty [OURS]"
 )
+_S_IS_SAMPLER = (
+    "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn with p ~ max(sigma_hat, "
+    "sigma_floor) so the expected update is parallel to the full gradient; running estimate, "
+    "floor and replacement are [OURS]"
+)
+_S_IS_POOL = (
+    "1024 [OURS]: train prompts drawn once from the run's seed (the paper samples its data "
+    "set); is_grpo and is_grpo_baseline draw the same pool"
+)
 _S_FOCAL_BASELINE = (
     "0: the F-GRPO paper's baseline for this F-preset, every other field equal (App. L.2: its "
     "GRPO, DAPO and CISPO baselines run the same schedule, token mean, no KL)"
@@ -206,6 +229,8 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "overlong": "None: truncated completions are trained on as they are (TRL default)",
     "controller": "None: fixed clip and temperature",
     "sampler": "uniform: every prompt of the pool equally likely (GRPO, TRL and verl default)",
+    "pool_size": "0: a fresh prompt stream from the task (no finite pool)",
+    "sampler_weight": "off: no importance weight on the advantages",
     "minibatches": _S_SAME_AS_GRPO,
     "ppo_epochs": _S_SAME_AS_GRPO,
 }
@@ -462,12 +487,45 @@ PRESETS: dict[str, Preset] = {
                 "estimator": "IS-GRPO (Why GRPO needs normalization): per-prompt GRPO "
                 "normalisation, no extra weight (grouprl.sampling docstring)",
                 "aggregation": _S_TOKEN_MEAN,
-                "sampler": "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn "
-                "with p ~ max(sigma_hat, sigma_floor) so the expected update is parallel to the "
-                "full gradient; running estimate, floor and replacement are [OURS]",
+                "sampler": _S_IS_SAMPLER,
+                "pool_size": _S_IS_POOL,
             },
             aggregation="token_mean",
             sampler="sigma",
+            pool_size=1024,
+        ),
+        _p(
+            "is_grpo_baseline",
+            "GRPO on is_grpo's prompt pool, drawn uniformly: is_grpo's fair baseline",
+            {
+                "estimator": "GRPO (DeepSeekMath), as is_grpo",
+                "aggregation": _S_TOKEN_MEAN + ", as is_grpo",
+                "sampler": "uniform over the pool: is_grpo with the sampler off, every other "
+                "field equal (Why GRPO needs normalization compares schemes on one data set)",
+                "pool_size": _S_IS_POOL,
+            },
+            aggregation="token_mean",
+            pool_size=1024,
+        ),
+        _p(
+            "is_grpo_exact",
+            "IS-GRPO with one sigma: r - mean times the draw's importance weight 1/(|pool| p_x)",
+            {
+                "estimator": "Dr.GRPO's r - mean (no group std): its per-prompt expectation "
+                "is ((G-1)/G)·grad J_x at every G [OURS, issue 23]",
+                "aggregation": _S_TOKEN_MEAN,
+                "sampler": _S_IS_SAMPLER,
+                "pool_size": _S_IS_POOL,
+                "sampler_weight": "on [OURS, issue 23]: 1/(|pool|·p_x) with p_x the probability "
+                "the sampler drew x with, so the sigma that draws is the sigma that divides and "
+                "the expected update is parallel to the full gradient at every G "
+                "(grouprl.sampling docstring)",
+            },
+            estimator="dr_grpo",
+            aggregation="token_mean",
+            sampler="sigma",
+            pool_size=1024,
+            sampler_weight=True,
         ),
         _p(
             "agpo",
@@ -523,16 +581,17 @@ PRESETS = _baselines(PRESETS)
 
 
 def baseline_of(name: str) -> Preset:
-    """The fair baseline of F-preset ``name`` (:data:`BASELINE_SUFFIX`): equal in every field but γ.
+    """The fair baseline of preset ``name``: ``<name>_baseline``, equal in every field but the
+    method's own (γ for an F-preset, the sampler for ``is_grpo``).
 
-    A ValueError for a preset without a focal weight (it has no such baseline).
+    A ValueError for a preset that has none (the message lists those that do).
     """
-    p = get(name)
-    if not p.focal_gamma:
-        focal = [n for n, q in PRESETS.items() if q.focal_gamma]
+    get(name)  # an unknown name: the usual error
+    if name + BASELINE_SUFFIX not in PRESETS:
+        have = [n for n in PRESETS if n + BASELINE_SUFFIX in PRESETS]
         raise ValueError(
-            f"preset {name!r} has no focal weight, so no γ = 0 baseline; presets with one: "
-            f"{', '.join(focal)}"
+            f"preset {name!r} has no fair baseline (no focal weight, no prompt sampler of its "
+            f"own); presets with one: {', '.join(have)}"
         )
     return PRESETS[name + BASELINE_SUFFIX]
 

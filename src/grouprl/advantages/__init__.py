@@ -141,6 +141,7 @@ def compute(
     virtual_batch_groups: int | None = None,
     reward_range: tuple[float, float] = (0.0, 1.0),
     verifier_rewards: torch.Tensor | None = None,
+    group_weight: torch.Tensor | None = None,
     **params: Any,
 ) -> Advantages:
     """Advantages of estimator ``name`` for ``rewards [P, G]`` (NaN = missing), with transforms.
@@ -163,6 +164,10 @@ def compute(
             overlong penalty), NaN where unscorable; the focal weight's μ̂ reads these, never
             the shaped ``rewards`` (F-GRPO eq. 11: μ̂ = X/N, the share of correct rollouts).
             None: ``rewards`` are the verifier's.
+        group_weight: ``[P]`` positive finite weight per group, multiplying its advantages
+            after every other transform: the prompt sampler's importance weight
+            1/(|pool|·p_x) (``sampling.PromptSampler.importance_weights``, ``is_grpo_exact``).
+            None: 1.
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
@@ -222,6 +227,17 @@ def compute(
         weight = focal_weight(mu_rewards, mu_valid, focal_gamma, (r_lo, r_hi))  # [P]
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())
+
+    if group_weight is not None:
+        gw = torch.as_tensor(group_weight, device=values.device)
+        if gw.shape != (values.shape[0],) or not bool(torch.isfinite(gw).all() and (gw > 0).all()):
+            raise ValueError(
+                f"group_weight must be [P] = [{values.shape[0]}] positive finite weights (one "
+                f"per group, e.g. the sampler's importance weights), got shape "
+                f"{tuple(gw.shape)}"
+            )
+        values = values * gw.to(values.dtype)[:, None]
+        stats["sampler/importance_weight_mean"] = float(gw.double().mean())
 
     updated = out.updated
     if keep is None:
