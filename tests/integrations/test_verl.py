@@ -475,3 +475,85 @@ def test_equal_runs_fast_path_only_for_verls_layout():
     # equal-length runs that do not start at multiples of W are not mistaken for the layout
     odd = gv.group_layout(np.array([1, 2, 2, 3, 3, 4]), 6)
     assert not odd.dense and sorted(odd.counts.tolist()) == [1, 1, 2, 2]
+
+
+# --------------------------------------------------------------------------- rollout correction
+def _corrected_inputs(seed):
+    """Loss inputs plus verl's own rollout correction of them: IcePop weights and a token-k3
+    rejection mask from ``rollout_corr_helper`` (decoupled mode: old vs rollout)."""
+    from verl.trainer.ppo import rollout_corr_helper as rch
+
+    old, logp, adv, mask = loss_inputs(seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    rollout = old + 0.5 * torch.randn(old.shape, generator=g)
+    proto, new_mask, _ = rch.compute_rollout_correction_and_rejection_mask(
+        old,
+        rollout,
+        mask,
+        rollout_is="token",
+        rollout_is_threshold="0.5_5.0",
+        rollout_rs="token_k3",
+        rollout_rs_threshold=0.3,
+    )
+    return old, logp, adv, mask, rollout, proto.batch["rollout_is_weights"], new_mask
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "config"),
+    [
+        ("grouprl_ppo_clip", "vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+        ("grouprl_cispo", "cispo", {"clip_ratio_low": 1.0, "clip_ratio_high": 5.0}),
+    ],
+)
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_registered_losses_honour_verls_rollout_correction(ours, theirs, config, mode):
+    old, logp, adv, mask, rollout, w, new_mask = _corrected_inputs(seed=6)
+    assert float((w == 0).float()[mask.bool()].mean()) > 0  # IcePop zeroed some tokens
+    assert bool((new_mask < mask).any())  # the rejection removed some
+    cfg = actor_config(**config)
+    lp1, lp2 = logp.detach().clone().requires_grad_(), logp.detach().clone().requires_grad_()
+    got, _ = core_algos.get_policy_loss_fn(ours)(old, lp1, adv, new_mask, mode, cfg, w)
+    want, _ = core_algos.get_policy_loss_fn(theirs)(old, lp2, adv, new_mask, mode, cfg, w)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    (g1,) = torch.autograd.grad(got, lp1)
+    (g2,) = torch.autograd.grad(want, lp2)
+    torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-6)
+    # the same loss as grouprl's own objective with our correction of the same log-probs
+    from grouprl.losses import correction
+
+    corr = correction.compute(
+        "icepop+rejection:stat=k3,level=token,threshold=0.3", old, rollout, mask
+    )
+    torch.testing.assert_close(corr.weight * new_mask, w * new_mask, atol=1e-6, rtol=1e-6)
+    assert torch.equal(corr.loss_mask(mask), new_mask)
+
+
+def test_a_micro_batch_whose_tokens_were_all_rejected_adds_zero():
+    old, logp, adv, mask = loss_inputs(seed=2)
+    lp = logp.detach().clone().requires_grad_()
+    cfg = actor_config()
+    cfg.global_batch_info.update({"dp_size": 1, "batch_num_tokens": 20, "global_batch_size": 6})
+    empty = torch.zeros_like(mask)
+    loss, metrics = core_algos.get_policy_loss_fn("grouprl_ppo_clip")(
+        old, lp, adv, empty, "token-mean", cfg
+    )
+    want, _ = core_algos.get_policy_loss_fn("vanilla")(old, logp, adv, empty, "token-mean", cfg)
+    assert float(loss.detach()) == float(want.detach()) == 0.0
+    loss.backward()
+    assert (lp.grad == 0).all() and metrics["actor/ppo_kl"] == 0.0
+
+
+def test_bypass_mode_is_named_once(caplog):
+    gv._WARNED.discard("bypass")
+    tlr, mask, uids, _ = ragged_batch(0)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": uids}
+    )
+    cfg = OmegaConf.create(
+        {"adv_estimator": "grouprl_grpo", "rollout_correction": {"bypass_mode": True}}
+    )
+    with caplog.at_level("WARNING", logger="grouprl.integrations.verl"):
+        for _ in range(2):
+            ray_trainer.compute_advantage(data, adv_estimator="grouprl_grpo", config=cfg)
+    notes = [r.message for r in caplog.records if "bypass" in r.message]
+    assert notes == [gv.BYPASS_NOTE]

@@ -9,7 +9,9 @@
   :func:`low_sigma_groups`: MaxNorm Table 3's subset (updated groups with σ_q < 1e-2);
 - :func:`tail_miss_probability`, :func:`p_active`, :func:`advise_group_size`: F-GRPO Lemma 3.1;
 - :func:`sigma_stats`, :func:`gradient_orthogonality`: the normalisation regime;
-- :func:`pass_at_k`: unbiased pass@k.
+- :func:`pass_at_k`: unbiased pass@k;
+- :func:`mismatch_metrics`: rollout-engine vs trainer log-probs (KL, χ², perplexity ratio,
+  effective sample size, raw ratio quantiles).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from grouprl.diagnostics.balance import (
 )
 from grouprl.diagnostics.health import HealthConfig, RunHealth
 from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, step_metrics
+from grouprl.diagnostics.mismatch import MISMATCH_KEYS, effective_sample_size, mismatch_metrics
 from grouprl.diagnostics.passk import pass_at_k
 from grouprl.diagnostics.regime import gradient_orthogonality, per_prompt_gradients, sigma_stats
 from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
@@ -38,6 +41,7 @@ from grouprl.diagnostics.tailmiss import (
 __all__ = [
     "DEFAULT_TAU",
     "LOW_SIGMA",
+    "MISMATCH_KEYS",
     "STEP_METRIC_KEYS",
     "GroupSizeAdvice",
     "HealthConfig",
@@ -45,11 +49,13 @@ __all__ = [
     "acr",
     "advise_group_size",
     "collapse_split",
+    "effective_sample_size",
     "gradient_orthogonality",
     "health",
     "inverse_scale_tail",
     "kl_stats",
     "low_sigma_groups",
+    "mismatch_metrics",
     "p_active",
     "pass_at_k",
     "per_prompt_gradients",

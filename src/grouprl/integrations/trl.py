@@ -19,11 +19,16 @@ TRL has no advantage hook):
   (:func:`trl_loss_settings`: ``loss_type``, ``epsilon``, ``epsilon_high``,
   ``importance_sampling_level``); otherwise (``reinforce``, a dual clip, a k1/k2 KL, a
   per-group KL weight or group skip with β > 0) ``_compute_loss`` computes
-  :func:`grouprl.losses.objective` with TRL's log-probabilities and TRL's normalisers.
+  :func:`grouprl.losses.objective` with TRL's log-probabilities and TRL's normalisers, and
+  with TRL's rollout corrections (the vLLM importance-sampling ratio of
+  ``vllm_importance_sampling_mode`` and DeepSeek-V3.2's ``off_policy_mask_threshold``) as its
+  ``correction_weight``, exactly as TRL's own loss applies them.
 - :class:`GroupRLDiagnosticsCallback` adds ``grouprl/*`` metrics (ACR split, inverse-scale
-  tails, tail-miss risk, estimator stats) to TRL's metric buffer, so they are averaged and
-  logged next to TRL's own (``reward``, ``kl``, ``entropy``, ``clip_ratio/*``...), and turns
-  them into :class:`grouprl.diagnostics.RunHealth` warnings.
+  tails, tail-miss risk, estimator stats; with vLLM log-probs the ``mismatch/*`` metrics of
+  :func:`grouprl.diagnostics.mismatch_metrics`, raw ratio quantiles included) to TRL's metric
+  buffer, so they are averaged and logged next to TRL's own (``reward``, ``kl``,
+  ``entropy``, ``clip_ratio/*``, ``sampling/*``...), and turns them into
+  :class:`grouprl.diagnostics.RunHealth` warnings.
 """
 
 from __future__ import annotations
@@ -263,9 +268,15 @@ class GroupRLDiagnosticsCallback(TrainerCallback):
         *,
         mode: str = "train",
         reward_range: tuple[float, float] = (0.0, 1.0),
+        extra: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
-        """Compute the diagnostics of one generation batch and push them into TRL's metrics."""
+        """Compute the diagnostics of one generation batch and push them into TRL's metrics.
+
+        ``extra``: further metrics of the batch (the ``mismatch/*`` of a vLLM run), logged and
+        read by the health rules with the others.
+        """
         out = self.metrics(rewards, adv, reward_range)
+        out.update(extra or {})
         if mode == "train":
             step = self._trainer.state.global_step if self._trainer is not None else 0
             for line in self.health.update(step, out):
@@ -414,10 +425,6 @@ class GroupRLGRPOTrainer(GRPOTrainer):
     def _check_grouprl_loss_args(self) -> None:
         unsupported = {
             "top_entropy_quantile < 1": self.top_entropy_quantile < 1.0,
-            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
-            "vllm_importance_sampling_correction": bool(
-                self.use_vllm and self.vllm_importance_sampling_correction
-            ),
             "entropy bonus": bool(getattr(self, "_entropy_bonus_enabled", False)),
         }
         bad = [k for k, v in unsupported.items() if v]
@@ -476,9 +483,38 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         self.grouprl_last = (grid.detach().cpu(), out)
         if self.grouprl_callback is not None:
             self.grouprl_callback.observe(
-                grid, out, mode=mode, reward_range=self.grouprl_reward_range
+                grid,
+                out,
+                mode=mode,
+                reward_range=self.grouprl_reward_range,
+                extra=self._grouprl_mismatch(output),
             )
         return output
+
+    @staticmethod
+    def _grouprl_mismatch(output: Mapping[str, Any]) -> dict[str, float]:
+        """``mismatch/*`` of this process's rows when the rollout engine returned log-probs.
+
+        TRL logs the logp difference and the *truncated* ratio (``sampling/*``); these are
+        the raw ratio quantiles, KL, χ² and effective sample size before any correction.
+        NaN sampling log-probs (tokens vLLM could not score) are left out, as TRL does.
+        """
+        sampling, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
+        if sampling is None or old is None:
+            return {}
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        if not bool(mask.any()):
+            return {}
+        out = diagnostics.mismatch_metrics(old, sampling, mask, nan_rollout="neutral")
+        ratio = output.get("importance_sampling_ratio")  # TRL's applied correction, if on
+        if ratio is not None:
+            valid = mask.bool()
+            applied = ratio.expand_as(mask)[valid].float()
+            out["corr/weight_mean"] = float(applied.mean())
+            out["corr/zeroed_frac"] = float((applied == 0).float().mean())
+        return out
 
     # -- loss -----------------------------------------------------------------------------------
     def _grouprl_totals(self, inputs, mask: torch.Tensor, mode: str) -> loss_lib.StepTotals:
@@ -491,6 +527,37 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         return loss_lib.StepTotals(
             num_tokens=max(tokens, 1.0), num_seqs=n_seq, max_len=float(self.max_completion_length)
         )
+
+    def _grouprl_correction_weight(
+        self, inputs, logps: torch.Tensor, old: torch.Tensor | None, mask: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``[B, T]`` factor on our surrogate's per-token loss that TRL's own loss applies.
+
+        TRL 1.16 ``_compute_loss`` multiplies the policy term (not the KL term) by
+        DeepSeek-V3.2's off-policy sequence mask (``off_policy_mask_threshold``, computed
+        here by TRL's own ``get_off_policy_mask`` on this micro-batch's log-probs) and by the
+        vLLM importance-sampling ratio that TRL computed in ``_generate_and_score_completions``
+        (``inputs["importance_sampling_ratio"]``: ``[B, T]`` in token modes, ``[B, 1]`` in
+        sequence modes; ``vllm_importance_sampling_mode`` and its caps). Zeroed tokens stay in
+        the normaliser, as in TRL. None when neither is on.
+        """
+        weight = None
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weight = inputs["importance_sampling_ratio"].expand_as(mask).to(logps.dtype)
+        if self.off_policy_mask_threshold is not None:
+            sampling = inputs.get(
+                "sampling_per_token_logps", logps.detach() if old is None else old
+            )
+            opsm = self.get_off_policy_mask(
+                advantages=inputs["advantages"].reshape(-1, 1),
+                per_token_logps=logps,
+                sampling_per_token_logps=sampling,
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )  # [B, 1]
+            opsm = opsm.expand_as(mask).to(logps.dtype)
+            weight = opsm if weight is None else weight * opsm
+        return None if weight is None else weight.detach()
 
     def _compute_loss(self, model, inputs):
         if not self._grouprl_loss:
@@ -509,6 +576,7 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         )[:2]
         old = inputs.get("old_per_token_logps")
         mode = "train" if self.model.training else "eval"
+        weight = self._grouprl_correction_weight(inputs, logps, old, mask)
         out = loss_lib.objective(
             logps,
             logps.detach() if old is None else old,
@@ -524,6 +592,7 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             beta=float(self.beta),
             kl_weight=inputs.get("grouprl_kl_weight"),
             entropy=entropies,
+            correction_weight=weight,
         )
         m = self._metrics[mode]
         m["entropy"].append(out.stats["entropy_mean"])

@@ -31,6 +31,15 @@ model patch imports TRL's ``AutoModelForCausalLMWithValueHead``, which TRL 1.x r
 Importing this module applies :func:`fix_trl_probe`, so verl only reaches for that class when
 the installed TRL has it.
 
+Rollout correction (verl's ``algorithm.rollout_correction``, decoupled mode): verl computes
+the weights and the rejection mask in the driver (``rollout_corr_helper``); grouprl's
+policy losses multiply their per-token loss by ``rollout_is_weights`` and aggregate over
+the rewritten ``response_mask`` (a micro-batch whose tokens were all rejected adds a zero
+loss), exactly as verl's own losses do. In *bypass* mode
+(``algorithm.rollout_correction.bypass_mode=true``) verl replaces
+``actor.policy_loss.loss_mode`` by its own ``bypass_mode`` loss, so a ``grouprl_*`` policy
+loss does not run; the grouprl estimators log a warning once when they see bypass mode.
+
 Limits: verl's estimator API returns advantages only, so ``Advantages.keep`` zeroes a
 skipped group's reward branch but cannot remove it from verl's KL loss, and
 ``Advantages.kl_weight`` (``grpo_beta_comp``) is not applied to verl's KL term.
@@ -64,6 +73,7 @@ except ImportError as err:  # pragma: no cover - exercised only without verl
     ) from err
 
 __all__ = [
+    "BYPASS_NOTE",
     "LOSS_NAMES",
     "OPTION_KEYS",
     "PREFIX",
@@ -298,6 +308,24 @@ def _as_dict(section: Any) -> dict[str, Any]:
     )
 
 
+_WARNED: set[str] = set()
+
+BYPASS_NOTE = (
+    "verl's rollout correction runs in bypass mode (algorithm.rollout_correction.bypass_mode"
+    "=true): verl then replaces actor.policy_loss.loss_mode by its own 'bypass_mode' loss, so "
+    "a grouprl_* policy loss does not run; set bypass_mode=false (verl's decoupled mode) to "
+    "train with it"
+)
+
+
+def _warn_bypass(config: Any) -> None:
+    """Warn once per process when verl's bypass mode would replace a grouprl policy loss."""
+    corr = config.get("rollout_correction", None) if config is not None else None
+    if corr is not None and bool(corr.get("bypass_mode", False)) and "bypass" not in _WARNED:
+        _WARNED.add("bypass")
+        log.warning(BYPASS_NOTE)
+
+
 def _options(name: str, config: Any) -> tuple[str, dict[str, Any]]:
     """``(singleton_rule, compute kwargs)`` from verl's algorithm config for estimator ``name``."""
     if (
@@ -400,6 +428,7 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
                 "(data.non_tensor_batch['uid'])"
             )
         singleton, kwargs = _options(name, config)
+        _warn_bypass(config)
         if kwargs.get("virtual") is not None:
             kwargs["trigger"] = _trigger(name)
         with torch.no_grad():
@@ -474,10 +503,16 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         if config is None:
             raise ValueError(f"{PREFIX + name} needs verl's ActorConfig as config")
+        if not bool(response_mask.any()):
+            # every token of this micro-batch rejected (verl's rollout_rs rewrites
+            # response_mask): it adds nothing, as verl's own losses do
+            zero = {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": 0.0, "actor/pg_clipfrac_lower": 0.0}
+            return log_prob.sum() * 0.0, zero
         per_token, stats = loss_lib.surrogate(
             name, log_prob, old_log_prob, advantages, response_mask, **params_of(config)
         )
         if rollout_is_weights is not None:
+            # verl's rollout correction: TIS / IcePop weights on the policy term only
             per_token = per_token * rollout_is_weights
         batch_info = dict(config.get("global_batch_info", None) or {})
         loss = core_algos.agg_loss(
