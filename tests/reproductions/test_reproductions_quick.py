@@ -222,7 +222,7 @@ def test_maze_appk_plan_every_n_and_gamma_seed_major_with_the_closed_form_contro
     §5.6 control at lr × m_0.5 = 1e-4 × 32/(15π) (F-GRPO App. N) without calibration."""
     mod = _load("maze")
     a = mod._args(["--setting", "appk", "--seeds", "2"])
-    assert (a.size, a.group, a.sweep_groups, a.sft_batch, a.sft_lr) == (9, 8, [4, 16], 32, 5e-4)
+    assert (a.size, a.group, a.sweep_groups, a.sft_batch, a.lr) == (9, 8, [4, 16], 32, 1e-4)
     specs = mod.plan(a)
     assert specs[0][0] == "base"
     per_seed = [sp for sp in specs[1:] if sp[4] == 0]

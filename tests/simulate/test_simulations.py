@@ -127,8 +127,10 @@ def test_adamw_two_steps_by_hand():
     z0 = torch.tensor([[0.0, 1.0, -1.0, 2.0]], dtype=torch.float64)
     d1 = torch.tensor([[1.0, -2.0, 0.5, 0.0]], dtype=torch.float64)
     d2 = torch.tensor([[-1.0, -2.0, 0.0, 0.0]], dtype=torch.float64)
-    zeros = torch.zeros_like(z0)
-    z1, m, v = adamw_step(z0, d1, zeros, zeros, 1, lr=0.1, weight_decay=0.0)
+    def zeros():
+        return torch.zeros_like(z0)
+
+    z1, m, v = adamw_step(z0.clone(), d1, zeros(), zeros(), 1, lr=0.1, weight_decay=0.0)
     assert z1.tolist()[0] == pytest.approx([-0.1, 1.1, -1.1, 2.0], abs=1e-8)
     z2, m, v = adamw_step(z1, d2, m, v, 2, lr=0.1, weight_decay=0.0)
     third = 0.1 * (0.045 / 0.19) / math.sqrt(0.00024975 / 0.001999)
@@ -136,8 +138,12 @@ def test_adamw_two_steps_by_hand():
     assert z2.tolist()[0] == pytest.approx(want, abs=1e-8)
     assert m.tolist()[0] == pytest.approx([-0.01, -0.38, 0.045, 0.0], abs=1e-15)
     # decoupled weight decay: z·(1 − ηλ) before the Adam step (λ = 0.5: × 0.95)
-    zw, _, _ = adamw_step(z0, d1, zeros, zeros, 1, lr=0.1, weight_decay=0.5)
+    zw, _, _ = adamw_step(z0.clone(), d1, zeros(), zeros(), 1, lr=0.1, weight_decay=0.5)
     assert zw.tolist()[0] == pytest.approx([-0.1, 1.05, -1.05, 1.9], abs=1e-8)
+    # in place: the returned tensors are the ones passed
+    z, mm, vv = z0.clone(), zeros(), zeros()
+    out = adamw_step(z, d1, mm, vv, 1, lr=0.1)
+    assert out[0] is z and out[1] is mm and out[2] is vv
 
 
 def test_adamw_step_matches_torch_adamw():
