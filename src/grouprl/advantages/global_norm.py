@@ -75,16 +75,21 @@ def whiten(
     ``eps_mode`` (module docstring). σ² is 0 when Σ w ≤ ddof [OURS: verl raises there].
     Returns ``(whitened, μ [], s [])``; invalid entries of ``whitened`` are 0.
     """
-    w = torch.ones_like(x) if weights is None else weights.to(x.dtype)
-    if valid is not None:
-        w = w * valid.to(x.dtype)
-        x0 = torch.where(valid, x, torch.zeros_like(x))
+    tiny = torch.finfo(x.dtype).tiny
+    if valid is None and weights is None:  # every entry, unit weight: no masks
+        x0, n = x, torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)
+        mu = x.sum() / n.clamp_min(tiny)  # []
+        dev = x - mu
+        var = dev.square().sum() / (n - ddof).clamp_min(tiny)
     else:
-        x0 = x
-    n = w.sum()  # []
-    mu = (w * x0).sum() / n.clamp_min(torch.finfo(x.dtype).tiny)  # []
-    dev = x0 - mu
-    var = (w * dev.square()).sum() / (n - ddof).clamp_min(torch.finfo(x.dtype).tiny)
+        w = valid.to(x.dtype) if weights is None else weights.to(x.dtype)
+        if valid is not None and weights is not None:
+            w = w * valid
+        x0 = x if valid is None else torch.where(valid, x, 0.0)
+        n = w.sum()  # []
+        mu = (w * x0).sum() / n.clamp_min(tiny)  # []
+        dev = x0 - mu
+        var = (w * dev).mul_(dev).sum() / (n - ddof).clamp_min(tiny)
     var = torch.where(n > ddof, var, torch.zeros_like(var))
     if eps_mode == "std":
         s = var.sqrt() + eps

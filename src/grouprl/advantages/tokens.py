@@ -72,13 +72,15 @@ def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
     r = token_rewards * m
     if gamma == 1.0:
         return r.flip(-1).cumsum(-1).flip(-1) * m
-    out = torch.zeros_like(r)
-    running = torch.zeros_like(r[..., 0])
-    for t in range(r.shape[-1] - 1, -1, -1):
-        new = r[..., t] + gamma * running
-        running = torch.where(mask[..., t], new, running)
-        out[..., t] = new * m[..., t]
-    return out
+    rt = r.movedim(-1, 0).contiguous()  # [T, ...]: each step reads one contiguous slice
+    keep = mask.movedim(-1, 0).contiguous()
+    out = torch.empty_like(rt)
+    running = torch.zeros_like(rt[0])
+    for t in range(rt.shape[0] - 1, -1, -1):
+        new = rt[t] + gamma * running  # a masked token has r = 0 and carries running through
+        running = torch.where(keep[t], new, running)
+        out[t] = new
+    return out.movedim(0, -1) * m
 
 
 def sequence_mean(token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
