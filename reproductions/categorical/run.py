@@ -233,8 +233,11 @@ def readme_block(payload: dict) -> str:
         ["part", "optimizer", "wd", "eta", *cols[:6], "M_ret − γ=0 (same N)", "SE same N", "H(T)"],
     )
     cfg = payload["config"]["main"]
+    # results.json of before issue 23 has no optimizer field: that run was plain ascent
+    opt = cfg.get("optimizer", "plain")
+    label = "AdamW" if opt == "adamw" else "plain gradient ascent (labelled, not the papers')"
     return (
-        f"**main: AdamW, η = {main_eta:g}** (F-GRPO App. J), mean ± std over "
+        f"**main: {label}, η = {main_eta:g}**, mean ± std over "
         f"{cfg['seeds']} seeds at every N; the γ rows' excess over γ = 0 at the same N and at "
         f"equal Q_pos gain, each with its unpaired SE.\n\n{main}\n\n**Other parts** (hu: Hu "
         "et al.'s η = 1e-3; wd0: no weight decay; plain: plain gradient ascent, labelled, not "

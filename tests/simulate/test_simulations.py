@@ -127,6 +127,7 @@ def test_adamw_two_steps_by_hand():
     z0 = torch.tensor([[0.0, 1.0, -1.0, 2.0]], dtype=torch.float64)
     d1 = torch.tensor([[1.0, -2.0, 0.5, 0.0]], dtype=torch.float64)
     d2 = torch.tensor([[-1.0, -2.0, 0.0, 0.0]], dtype=torch.float64)
+
     def zeros():
         return torch.zeros_like(z0)
 

@@ -32,7 +32,8 @@ the KL is the one training produces, held by β.
 
 **Measured** over the second half of training (the *window* [OURS]), on every step's updated
 groups with σ_q < 1e-2 (σ of the raw rewards, ddof 1; *updated* = :func:`updated_groups`;
-:func:`grouprl.diagnostics.low_sigma_groups`):
+:func:`grouprl.diagnostics.low_sigma_groups`, the subset the trainer's
+``balance/low_sigma/r_over_kl`` is measured on too):
 1/scale_q (pooled, P95/P99); k3 at the sampled answers (mean and P95 over samples); every
 ``measure_every`` steps, with both branches restricted to those groups: R/KL =
 ‖g_R‖/(β‖g_KL‖) with g_KL the **unweighted** KL branch (:func:`reward_kl_balance`,

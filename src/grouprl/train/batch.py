@@ -65,6 +65,12 @@ class Batch:
     example_ids: tuple[str, ...]  # [P]
     group_size: int
     temperature: float  # of old_logp and of every log-prob the step computes on this batch
+    verifier_rewards: torch.Tensor | None = None
+    """``[P, G]`` the verifier's rewards before any shaping (DAPO's soft overlong penalty); the
+    focal weight's μ̂ reads these (F-GRPO eq. 11). None: ``rewards`` are unshaped."""
+    draw_weights: torch.Tensor | None = None
+    """``[P]`` the importance weight 1/(|pool|·p_x) of each group's prompt draw (a prompt
+    sampler over a pool); None: a fresh stream."""
 
     @property
     def size(self) -> int:
@@ -85,6 +91,8 @@ class Round:
     rollouts: Rollouts
     rewards: torch.Tensor  # [n, G]
     kept: torch.Tensor  # [k] indices into the n groups
+    verifier_rewards: torch.Tensor | None = None  # [n, G] before shaping; None = rewards
+    draw_weights: torch.Tensor | None = None  # [n] 1/(|pool|·p_x); None = a fresh stream
 
 
 def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -246,7 +254,7 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
     wp = max(r.rollouts.prompt_ids.shape[1] for r in rounds)
     wc = max(r.rollouts.completion_ids.shape[1] for r in rounds)
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("pi", "pm", "ci", "cm", "lp", "tr")}
-    rewards, ids = [], []
+    rewards, raw, weights, ids = [], [], [], []
     for r in rounds:
         roll = r.rollouts
         rows = group_rows(r.kept, g).to(roll.prompt_ids.device)  # [k·G]
@@ -256,9 +264,14 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         parts["cm"].append(_pad(roll.completion_mask[rows], wc, False))
         parts["lp"].append(_pad(roll.old_logp[rows], wc, False))
         parts["tr"].append(roll.truncated[rows])
-        rewards.append(r.rewards[r.kept.to(r.rewards.device)])
+        kept = r.kept.to(r.rewards.device)
+        rewards.append(r.rewards[kept])
+        raw.append((r.rewards if r.verifier_rewards is None else r.verifier_rewards)[kept])
+        if r.draw_weights is not None:
+            weights.append(r.draw_weights[r.kept.to(r.draw_weights.device)])
         ids += [r.examples[i].id for i in r.kept.tolist()]
     c = {k: torch.cat(v) for k, v in parts.items()}
+    shaped = any(r.verifier_rewards is not None for r in rounds)
     return Batch(
         prompt_ids=c["pi"],
         prompt_mask=c["pm"],
@@ -270,6 +283,8 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         example_ids=tuple(ids),
         group_size=g,
         temperature=temperature,
+        verifier_rewards=torch.cat(raw) if shaped else None,
+        draw_weights=torch.cat(weights) if len(weights) == len(rounds) else None,
     )
 
 
