@@ -98,6 +98,32 @@ class Preset:
                     f"preset {self.name!r}: {key} must be an integer >= 1 (optimizer steps per "
                     f"generation batch = minibatches × ppo_epochs), got {value!r}"
                 )
+        self._check_reward_side()
+
+    def _check_reward_side(self) -> None:
+        """The reward-side fields name things that exist (a clear error, listing them)."""
+        from grouprl.advantages import DEFAULT_COMBINATION, REWARD_COMBINATIONS
+        from grouprl.control import KL_CONTROLLERS
+        from grouprl.losses import KL_ESTIMATORS
+
+        checks = (
+            ("reward_combination", self.reward_combination, (None, *REWARD_COMBINATIONS)),
+            ("reward_kl", self.reward_kl, tuple(KL_ESTIMATORS)),
+            ("reward_kl_controller", self.reward_kl_controller, tuple(KL_CONTROLLERS)),
+        )
+        for key, value, valid in checks:
+            if value not in valid:
+                names = ", ".join(str(v) for v in valid)
+                raise ValueError(f"preset {self.name!r}: unknown {key} {value!r}; valid: {names}")
+        coef = self.reward_kl_coef
+        if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
+            raise ValueError(f"preset {self.name!r}: reward_kl_coef must be >= 0, got {coef!r}")
+        how = self.reward_combination or DEFAULT_COMBINATION.get(self.estimator, "sum")
+        if how != "sum" and self.overlong == "soft":
+            raise ValueError(
+                f"preset {self.name!r}: DAPO's soft overlong penalty changes the summed reward, "
+                f"which the {how!r} combination does not read; use overlong='mask' [OURS]"
+            )
 
     @property
     def optimizer_steps(self) -> int:
@@ -155,6 +181,29 @@ _DAPO_CLIP = {"eps_low": 0.2, "eps_high": 0.28}
 _CISPO_CLIP = {"eps_low": 1.0, "eps_high": 5.0}
 _GSPO_CLIP = {"eps_low": 3e-4, "eps_high": 4e-4}
 
+_SAPO_TAU = {"tau_pos": 1.0, "tau_neg": 1.05}
+_GMPO_CLIP = {"eps_low": 0.4, "eps_high": 0.4}
+_VESPO_PARAMS = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+_S_SAPO_TAU = (
+    "SAPO paper: tau_pos 1.0, tau_neg 1.05 (verl ActorConfig.tau_pos/tau_neg, TRL "
+    "sapo_temperature_pos/neg defaults)"
+)
+_S_SAPO_AGG = (
+    "seq-mean-token-mean: verl compute_policy_loss_sapo forces it; TRL's sapo normalises as grpo"
+)
+_S_SAPO_MB = (
+    "4 [OURS]: the gate only acts off the behaviour policy, and the SAPO text we could read "
+    "does not give its schedule; GSPO's (the same team's baseline): §5.1, four minibatches"
+)
+_S_GMPO_SH = "GMPO authors' scripts/qwen2.5-math-7b-gmpo.sh"
+_S_GMPO_MB = (
+    f"8: {_S_GMPO_SH}:54,59,61: rollout_batch_size 128 prompts x num_samples 8 = 1,024 samples, "
+    "train_batch_size 128 per optimizer step [OURS: oat's train_batch_size read as samples]"
+)
+_S_OFF_POLICY_MB = (
+    "4 [OURS]: {method}'s weight only acts off the behaviour policy; schedule not given in "
+    "the sources we could read; GSPO's four minibatches (§5.1)"
+)
 _S_GRPO_CLIP = "GRPO / PPO clip 0.2/0.2 (DeepSeekMath; verl clip_ratio, TRL epsilon default)"
 _S_DAPO = "DAPO (Yu et al. 2025)"
 _S_DAPO_CLIP = "DAPO clip-higher: eps_low 0.2, eps_high 0.28"
@@ -588,6 +637,173 @@ PRESETS: dict[str, Preset] = {
             kl="k1",
             beta=0.03,
             ppo_epochs=4,
+        ),
+        # -- the peers' methods, estimator / reward side (issue 22; ALGORITHMS.md §1, §3)
+        _p(
+            "reinforce_pp_global",
+            "REINFORCE++: k1 KL in the reward, returns whitened over the batch's tokens",
+            {
+                "estimator": "REINFORCE++ (arXiv 2501.03262 §3): global advantage normalisation, "
+                "no group baseline; OpenRLHF --algo.advantage.estimator reinforce",
+                "aggregation": "OpenRLHF --actor.loss_agg_mode default token-mean "
+                "(cli/train_ppo_ray.py)",
+                "reward_kl_coef": "0.01: OpenRLHF --algo.kl.init_coef default, folded into the "
+                "reward by compute_reward unless --algo.kl.use_loss (cli/train_ppo_ray.py)",
+                "reward_kl": "k1: OpenRLHF --algo.kl.estimator default (cli/train_ppo_ray.py)",
+            },
+            estimator="reinforce_pp_global",
+            aggregation="token_mean",
+            reward_kl_coef=0.01,
+        ),
+        _p(
+            "gdpo",
+            "GDPO: each reward function normalised in its group, the sum whitened over the batch",
+            {
+                "estimator": "GDPO (arXiv 2601.05242 §3): batch normalisation of the summed, "
+                "per-reward normalised advantages",
+                "reward_combination": "GDPO §3: group-wise normalisation of each reward before "
+                "the sum (TRL normalize_then_sum; verl gdpo)",
+                "aggregation": "verl actor loss_agg_mode default token-mean "
+                "(verl/trainer/config/actor/actor.yaml:82), which NVlabs/GDPO "
+                "verl-GDPO/train_gdpo.sh keeps",
+                "minibatches": "4: NVlabs/GDPO verl-GDPO/train_gdpo.sh:46,53 (train_batch_size "
+                "512 / ppo_mini_batch_size 128)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="gdpo",
+            reward_combination="normalize_then_sum",
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "remax",
+            "ReMax: greedy-completion baseline, KL folded into the reward",
+            {
+                "estimator": "ReMax (arXiv 2310.10505, Algorithm 1): the greedy completion's "
+                "reward as the baseline; verl remax",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "reward_kl_coef": "0.001: verl examples/remax_trainer/"
+                "run_qwen2.5-3b_seq_balance.sh:31,33 (use_kl_in_reward, kl_coef 0.001)",
+                "reward_kl": "k1: the same script, :32 (kl_penalty=kl)",
+                "minibatches": "4: verl examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh:11,19 "
+                "(train_batch_size 512 / ppo_mini_batch_size 128)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="remax",
+            aggregation="token_mean",
+            reward_kl_coef=0.001,
+            minibatches=4,
+        ),
+        _p(
+            "opo",
+            "OPO: length-weighted optimal baseline, exact on-policy, no KL",
+            {
+                "estimator": "OPO (arXiv 2505.23585 §3): the length-weighted reward baseline, "
+                "no std division; verl opo",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "minibatches": "1: exact on-policy training, verl docs/algo/opo.md:22,25 "
+                "(ppo_mini_batch_size = train_batch_size)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="opo",
+            aggregation="token_mean",
+        ),
+        _p(
+            "gpg",
+            "GPG: batch-corrected group advantage, -A·log π loss, no KL",
+            {
+                "estimator": "GPG (arXiv 2504.02546): α·(r − mean)/F_norm, α = B/(B − M), "
+                "F_norm = 1 (AMAP-ML/GPG README's best row)",
+                "surrogate": "GPG: −A·log π, no ratio or clip (verl compute_policy_loss_gpg; "
+                "examples/gpg_trainer/run_qwen2-7b_math.sh:29 loss_mode=gpg)",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "minibatches": "4: verl examples/gpg_trainer/run_qwen2-7b_math.sh:18,26 "
+                "(train_batch_size 1024 / ppo_mini_batch_size 256)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="gpg",
+            surrogate="reinforce",
+            surrogate_params={},
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "otb",
+            "Optimal token baseline: per-token variance-weighted baseline, no KL",
+            {
+                "estimator": "verl optimal_token_baseline (docs/algo/otb.md): "
+                "B_t = Σ G_t W_t / Σ W_t over the group",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "minibatches": "1: verl examples/otb_trainer/run_qwen2_5-7b.sh:15,26 "
+                "(train_batch_size 128 = ppo_mini_batch_size 128)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="optimal_token_baseline",
+            aggregation="token_mean",
+        ),
+        # -- issue 22, loss side: the surrogates the peers ship, as their sources run them
+        _p(
+            "sapo",
+            "SAPO: soft sigmoid gate instead of a clip, per-sequence token mean",
+            {
+                "surrogate": "SAPO (Gao et al. 2025, arXiv 2511.20347): soft gate on the ratio",
+                "surrogate_params": _S_SAPO_TAU,
+                "aggregation": _S_SAPO_AGG,
+                "minibatches": _S_SAPO_MB,
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="sapo",
+            surrogate_params=_SAPO_TAU,
+            minibatches=4,
+        ),
+        _p(
+            "gmpo",
+            "GMPO: geometric mean of the log-clipped token ratios, mean over sequences",
+            {
+                "estimator": f"{_S_GMPO_SH}:25 --critic_type grpo (group mean / std)",
+                "surrogate": "GMPO (Zhao et al. 2025, arXiv 2507.20673): geometric-mean ratio",
+                "surrogate_params": f"{_S_GMPO_SH}:20 CLIPRANGE=0.4, log space (TRL GMPOConfig)",
+                "aggregation": "GMPO: mean over sequences (TRL GMPOTrainer, verl geo_mean)",
+                "beta": f"{_S_GMPO_SH}:38 --beta 0",
+                "minibatches": _S_GMPO_MB,
+                "ppo_epochs": f"1: {_S_GMPO_SH}:37 --num_ppo_epochs 1",
+            },
+            surrogate="gmpo",
+            surrogate_params=_GMPO_CLIP,
+            minibatches=8,
+        ),
+        _p(
+            "vespo",
+            "VESPO: gamma weight of the sequence ratio on a REINFORCE term, token mean",
+            {
+                "surrogate": "VESPO (arXiv 2602.10693; TRL loss_type='vespo')",
+                "surrogate_params": "TRL GRPOConfig vespo_k_pos 2, vespo_lambda_pos 3, "
+                "vespo_k_neg 3, vespo_lambda_neg 2",
+                "aggregation": "TRL: vespo is normalised as dapo, the step's token mean",
+                "minibatches": _S_OFF_POLICY_MB.format(method="VESPO"),
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="vespo",
+            surrogate_params=_VESPO_PARAMS,
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "luspo",
+            "LUSPO: GSPO's sequence ratio, each sequence weighted by its length",
+            {
+                "surrogate": "LUSPO (arXiv 2602.05261) = GSPO's sequence-ratio clip "
+                "(TRL loss_type='luspo' needs importance_sampling_level='sequence')",
+                "surrogate_params": "GSPO paper: eps_low 3e-4, eps_high 4e-4 [OURS: LUSPO as GSPO]",
+                "aggregation": "TRL luspo: (per_token_loss * mask).sum(-1).mean(), the mean over "
+                "sequences of each sequence's token sum",
+                "minibatches": _S_GSPO_MB + " [OURS: LUSPO as GSPO]",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="gspo",
+            surrogate_params=_GSPO_CLIP,
+            aggregation="seq_mean_token_sum",
+            minibatches=4,
         ),
     ]
 }

@@ -11,7 +11,7 @@ import trl_doc_rewards as docs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grouprl.rewards import (
+from grouprl.tasks.rewards import (
     RewardBatch,
     Rewards,
     combine,

@@ -38,7 +38,7 @@ from grouprl.advantages._groups import (
     group_moments,
     validate_rewards,
 )
-from grouprl.advantages.combine import REWARD_COMBINATIONS
+from grouprl.advantages.combine import REWARD_COMBINATIONS, weighted_sum
 from grouprl.advantages.tokens import TOKEN_ESTIMATORS, TOKEN_REWARDS_AS, kl_reward
 from grouprl.advantages.transforms import (
     DEFAULT_DELTA_RES,
@@ -214,8 +214,8 @@ def _combined(
     combine_name: str | None,
     reward_weights: Any,
     combine_params: Mapping[str, Any] | None,
-) -> tuple[torch.Tensor, torch.Tensor, str | None]:
-    """``(estimator rewards [P, G], level rewards [P, G], combination)``.
+) -> tuple[torch.Tensor, Any, str | None]:
+    """``(estimator rewards [P, G], (raw rewards, weights) or the rewards, combination)``.
 
     A ``[P, G, K]`` batch goes through the reward combination (``combine_name``, else the
     estimator's default); ``[P, G]`` is one function's rewards, combined only when the
@@ -235,8 +235,8 @@ def _combined(
     if not three_d and isinstance(rewards, torch.Tensor) and rewards.dim() == 2:
         rewards = rewards.unsqueeze(-1)  # one reward function: [P, G, 1]
     est = combine.combine(how, rewards, reward_weights, **dict(combine_params or {}))
-    level = est if how == "sum" else combine.weighted_sum(rewards, reward_weights)
-    return est, level, how
+    # the raw rewards stay at hand: their weighted sum is what the focal weight reads
+    return est, (rewards, reward_weights), how
 
 
 def _check_inputs(
@@ -433,7 +433,8 @@ def compute(
         elif how in (None, "sum"):
             lv, lvalid = rewards, valid
         else:
-            lv, lvalid = level, validate_rewards(level)
+            lv = weighted_sum(*level)  # (``combine`` is this function's argument here)
+            lvalid = validate_rewards(lv)
         weight = focal_weight(lv, lvalid, focal_gamma, (r_lo, r_hi))  # [P]
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())

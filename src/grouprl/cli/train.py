@@ -204,6 +204,7 @@ def _train(cfg: Any, task: Any) -> int:
     """``train(cfg)`` with every failure a user can meet turned into a message and a code."""
     from grouprl.models import ModelError
     from grouprl.tasks.verify import UnscorableError
+    from grouprl.train.api import write_report
     from grouprl.train.diskfull import DiskFullError, is_disk_full
     from grouprl.train.loop import TrainingError, train
     from grouprl.train.resume import ResumeError
@@ -211,6 +212,7 @@ def _train(cfg: Any, task: Any) -> int:
 
     try:
         result = train(cfg) if task is None else train(cfg, task=task)
+        write_report(cfg, result)  # from the run folder's files
     except (TrainingError, UnscorableError, DiskFullError) as err:
         return _fail(f"stopped: {err}", 1)
     except (RunFolderBusy, ResumeError, ModelError) as err:

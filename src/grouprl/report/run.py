@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grouprl._json import jsonl_lines, read_jsonl
 from grouprl.diagnostics.health import RunHealth
 from grouprl.report import html as H
 
@@ -53,28 +54,26 @@ def read_metrics(path: str | Path) -> tuple[list[dict[str, float]], list[str]]:
     the problems found, one string per skipped line (``"line 7: ..."``)."""
     rows: dict[int, dict[str, float]] = {}
     errors: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError("not a JSON object")
-                if "step" not in obj:
-                    raise ValueError('no "step" key')
-                step = int(obj["step"])
-                row = {}
-                for k, v in obj.items():
-                    if k == "step":
-                        continue
-                    try:
-                        row[k] = _num(v)
-                    except TypeError:
-                        continue  # strings (e.g. a warning list) are not plotted
-                rows[step] = {"step": float(step), **row}
-            except (ValueError, TypeError) as err:
-                errors.append(f"line {no}: {err}")
+    for no, obj, error in jsonl_lines(path, errors="replace"):
+        try:
+            if error is not None:
+                raise ValueError(error)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            if "step" not in obj:
+                raise ValueError('no "step" key')
+            step = int(obj["step"])
+            row = {}
+            for k, v in obj.items():
+                if k == "step":
+                    continue
+                try:
+                    row[k] = _num(v)
+                except TypeError:
+                    continue  # strings (e.g. a warning list) are not plotted
+            rows[step] = {"step": float(step), **row}
+        except (ValueError, TypeError) as err:
+            errors.append(f"line {no}: {err}")
     return [rows[s] for s in sorted(rows)], errors
 
 
@@ -103,11 +102,10 @@ def run_beta(config: Any) -> float | None:
     algo = config.get("algorithm") if isinstance(config, dict) else None
     if not isinstance(algo, dict) or "preset" not in algo:
         return None
-    from grouprl.presets import frozen
-    from grouprl.train.config import AlgorithmConfig
+    from grouprl import presets
 
-    try:
-        preset = AlgorithmConfig(str(algo["preset"]), frozen(algo.get("overrides"))).resolve()
+    try:  # as train.config.AlgorithmConfig.resolve: the preset with its overrides
+        preset = presets.get(str(algo["preset"])).with_(**dict(algo.get("overrides") or {}))
         return float(preset.beta)
     except (ValueError, TypeError):
         return None
@@ -319,6 +317,45 @@ def read_run_config(run_dir: str | Path) -> tuple[Any, list[str]]:
         return None, [f"config.yaml: {err}"]
 
 
+RESUME_KEY = "resume/changed"
+"""The metrics.jsonl entry ``grouprl.train.resume`` writes after a ``--resume-anyway`` (in the
+first row after the resume): ``{"after_step", "checkpoint", "fields": {name: [before, now]}}``."""
+
+
+def resume_blocks(metrics_path: str | Path) -> list[str]:
+    """report.html's section on ``--resume-anyway`` changes (none when there were none)."""
+    rows = []
+    for row in read_jsonl(metrics_path):
+        note = row.get(RESUME_KEY) if isinstance(row, dict) else None
+        if not isinstance(note, dict):
+            continue
+        for name, (before, after) in note.get("fields", {}).items():
+            rows.append(
+                {
+                    "resumed after step": note.get("after_step", ""),
+                    "field": name,
+                    "checkpoint": _shown(before),
+                    "now": _shown(after),
+                }
+            )
+    if not rows:
+        return []
+    return [
+        "<h2>Configuration changed on resume</h2>"
+        + H.text(
+            "This run was resumed with --resume-anyway and a configuration that changes the "
+            "experiment: the steps after each resume below ran with the new values.",
+            "warn",
+            "div",
+        )
+        + H.table(rows)
+    ]
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
 def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``run_dir/report.html`` (or ``out``) from ``metrics.jsonl`` and ``config.yaml``.
 
@@ -333,9 +370,7 @@ def write_run_report(run_dir: str | Path, out: str | Path | None = None) -> Path
     config, config_errors = read_run_config(run_dir)
     errors += config_errors
     blocks = run_blocks(rows, config)
-    from grouprl.train.resume import report_blocks  # --resume-anyway changes
-
-    blocks[1:1] = report_blocks(metrics_path)
+    blocks[1:1] = resume_blocks(metrics_path)
     if errors:
         blocks.append("<h2>Skipped lines</h2>" + "".join(H.text(e, "bad") for e in errors[:50]))
     if config is not None:

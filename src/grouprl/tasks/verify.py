@@ -19,7 +19,7 @@ they must be picklable.
 
 :func:`run_calls` is the machinery underneath: ``call(i)`` for ``i < n`` in the same
 workers under the same deadline, returning each value or the reason it failed. The
-batched reward functions of :mod:`grouprl.rewards` (one call per function per batch) use it.
+batched reward functions of :mod:`grouprl.tasks.rewards` (one call per function per batch) use it.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ class BatchScores:
     seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
     """More numbers for the log (e.g. ``reward/<function>/mean`` of batched reward functions)."""
+    per_function: list[list[float]] | None = None
+    """``[N][K]`` each reward function's value (NaN = None, or the whole row when the sample
+    is unscorable), for a reward combination that needs them (GDPO); None: one function."""
+    function_weights: tuple[float, ...] | None = None
+    """``[K]`` the functions' weights, with ``per_function``."""
 
     @property
     def unscorable_frac(self) -> float:
@@ -269,7 +274,7 @@ def run_calls(
     raised, hung past its deadline (its worker is killed and replaced) or killed its worker.
     ``workers`` defaults to ``min(4, cpu_count)``; ``label`` names the callee in the
     reasons (``"verifier timed out after 10 s"``). The values are not checked: that is the
-    caller's business (``score_batch`` wants a number in range, ``grouprl.rewards`` a list).
+    caller's business (``score_batch`` wants a number in range, ``grouprl.tasks.rewards`` a list).
     """
     out: list[tuple[Any, str | None]] = [(math.nan, "not run")] * n
     if not n:

@@ -24,12 +24,12 @@ from grouprl.presets import frozen
 
 __all__ = [
     "AlgorithmConfig",
-    "CheckpointConfig",
     "ConfigError",
     "EvalConfig",
     "ModelConfig",
     "OptimConfig",
     "RunConfig",
+    "RunSectionConfig",
     "SamplingConfig",
     "Schedule",
     "TaskConfig",
@@ -206,8 +206,9 @@ class EvalConfig:
 
 
 @dataclass(frozen=True)
-class CheckpointConfig:
-    """Run folder, seed, checkpoints and sinks."""
+class RunSectionConfig:
+    """The ``run`` section: run folder, seed, checkpoints and sinks (``RunConfig`` is the
+    whole configuration, every section together)."""
 
     out: str = "runs/default"
     seed: int = 0
@@ -226,6 +227,10 @@ class CheckpointConfig:
     tensorboard: bool = True
     wandb: bool = False
     report: bool = True
+    """Write ``report.html`` from the run folder's files after a finished run: done by the
+    entry points, ``grouprl train`` and ``grouprl.train.run`` (``train.api.write_report``);
+    ``loop.train`` itself writes no report (call ``write_report(cfg, result)``, or
+    ``grouprl.report.write_run_report(run_dir)`` at any time)."""
     threads: int = 0
     """torch threads; 0 = torch's own default (its intra-op pool: one thread per physical
     core), a positive number sets ``torch.set_num_threads``. [OURS] issue 14: the former
@@ -269,7 +274,7 @@ class RunConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    run: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunSectionConfig = field(default_factory=RunSectionConfig)
 
     @property
     def batch_size(self) -> int:
@@ -504,7 +509,7 @@ _SECTIONS: dict[str, type] = {
     "algorithm": AlgorithmConfig,
     "optim": OptimConfig,
     "eval": EvalConfig,
-    "run": CheckpointConfig,
+    "run": RunSectionConfig,
 }
 """Section name in YAML / ``--set`` -> its dataclass."""
 

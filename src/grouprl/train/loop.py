@@ -40,6 +40,7 @@ from grouprl.train.batch import (
     Batch,
     Round,
     evaluate,
+    greedy_rewards,
     group_rows,
     join_rounds,
     sample_groups,
@@ -131,10 +132,8 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
                     f"stopped by signal {stop.signum} after step {run.step}; "
                     f"resume with --resume --out {run.run_dir}"
                 )
-    except BaseException:  # no report after a failure (a full disk, ...)
-        run.sinks.close(report=False)
-        raise
-    run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
+    finally:
+        run.sinks.close()
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
 
 
@@ -159,32 +158,22 @@ def train_step(run: Run) -> dict[str, float]:
     batch, rollout_metrics = collect_batch(run, timer)
     rewards, g = batch.rewards, batch.group_size  # [P, G]
 
-    # -- 3. advantages: per group, then per sample (rows p·G + g) ----------------------------
-    adv = advantages.compute(
-        preset.estimator,
-        rewards,
-        **preset.advantage_kwargs(),
-        trigger=run.trigger if preset.virtual else None,
-        reward_range=tuple(run.task.reward_range),
-        # F-GRPO eq. 11: the focal weight's μ̂ is the share of correct rollouts, from the
-        # verifier's rewards, not the overlong-shaped ones (issue 23)
-        verifier_rewards=batch.verifier_rewards,
-        # is_grpo_exact: each group times the importance weight of its prompt's draw
-        group_weight=batch.draw_weights if preset.sampler_weight else None,
-    )
-    adv_n = adv.per_sample.detach().float()  # [N]
+    # -- 3-4. reference log-probs (β > 0, or a KL in the reward), then the advantages: per
+    # group, then per sample (rows p·G + g), or per token (step_advantages) --------------------
+    with timer("logprobs"):
+        ref_logp = run.reference.logprobs(run.policy, batch)  # [N, T] or None
+    adv, adv_n, reward_kl_metrics = step_advantages(run, batch, ref_logp)  # [N] or [N, T]
     # [OURS] an unscorable (NaN-reward) sample leaves the loss entirely, KL branch included:
     # it carries no reward signal and must not count in the normaliser
     keep_n = adv.keep.repeat_interleave(g) & ~torch.isnan(rewards).reshape(-1)  # [N]
     kl_weight_n = adv.kl_weight.float().repeat_interleave(g)  # [N]
 
-    # -- 4. reference log-probs (β > 0) and this step's surrogate parameters -----------------
-    with timer("logprobs"):
-        ref_logp = run.reference.logprobs(run.policy, batch)  # [N, T] or None
+    # -- this step's surrogate parameters ------------------------------------------------------
     clip, clip_metrics = run.controller.clip_params(
         run.policy, batch, dict(preset.surrogate_params)
     )
-    targets = Targets(adv_n, keep_n, kl_weight_n, ref_logp, clip)
+    loss_ref = ref_logp if preset.beta > 0 else None  # the loss-side KL term only when β > 0
+    targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip)
 
     # -- 5. update: epochs × minibatches of whole groups, one AdamW step each ----------------
     low = diagnostics.low_sigma_groups(rewards, adv).repeat_interleave(g)  # [N] Table 3's rows
@@ -194,14 +183,15 @@ def train_step(run: Run) -> dict[str, float]:
     # -- 6. metrics, built explicitly -------------------------------------------------------
     with timer("diagnostics"):
         metrics = {**rollout_metrics, **clip_metrics, **log.metrics(), **after_metrics}
+        metrics.update(reward_kl_metrics)
         metrics["optim/skipped_total"] = float(run.nonfinite_total)
         metrics["optim/lr"] = run.optimizer.param_groups[0]["lr"]
         metrics.update({f"clip/{k}": _mean(v) for k, v in clip.items()})
         metrics.update(diagnostics.step_metrics(rewards, adv, reward_range=run.task.reward_range))
         metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
-        if ref_logp is not None:  # KL of the behaviour policy to the reference, per sequence
+        if loss_ref is not None:  # KL of the behaviour policy to the reference, per sequence
             seq_kl = diagnostics.kl_stats(
-                losses.kl(preset.kl, batch.old_logp, ref_logp), batch.mask
+                losses.kl(preset.kl, batch.old_logp, loss_ref), batch.mask
             )
             metrics["kl/p95"], metrics["kl/max"] = seq_kl["kl/p95"], seq_kl["kl/max"]
         for line in run.health.update(run.step, metrics):
@@ -271,7 +261,9 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
             timer=timer,
         )  # fmt: skip
         rewards = overlong.rewards(verified, roll.completion_mask)  # DAPO §3.4 ("soft")
-        shaped = rewards is not verified
+        extras = reward_side(run, examples, scores, settings, overlong, timer)
+        if rewards is not verified:  # the verifier's own rewards, for the focal weight's μ̂
+            extras["verifier_rewards"] = verified
         # IS-GRPO's sampler: σ of every generated group, of the verifier's rewards (issue 23)
         run.prompts.observe(indices, verified)
         unscorable += scores.unscorable_frac
@@ -279,7 +271,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         collapsed += diagnostics.acr(rewards) * n
         drawn += n
         kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)
-        rounds.append(Round(examples, roll, rewards, kept, verified if shaped else None, weights))
+        rounds.append(Round(examples, roll, rewards, kept, draw_weights=weights, **extras))
     pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
     batch = join_rounds(rounds, pad_id, temperature if logprob_t is None else logprob_t)
     batch = replace(batch, mask=overlong.mask(batch.mask, batch.truncated))  # ("mask")
@@ -297,6 +289,101 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         }
     )
     return batch, metrics
+
+
+def reward_side(
+    run: Run,
+    examples: list,
+    scores: Any,
+    settings: Any,
+    overlong: filters.Overlong,
+    timer: Timer,
+) -> dict[str, Any]:
+    """What the preset's estimator reads of a round beyond its rewards ``[n, G]``:
+
+    - ``baseline [n]``: one greedy completion per prompt and its reward (ReMax; the soft
+      overlong penalty applies to it as to the samples [OURS]);
+    - ``reward_parts [n, G, K]`` and ``reward_weights``: each reward function's value, for a
+      combination that normalises them separately (GDPO's ``normalize_then_sum``), when the
+      task has several functions (one function: the estimator combines ``[n, G]``).
+    """
+    preset, out = run.preset, {}
+    if "baseline" in advantages.needs(preset.estimator, **dict(preset.estimator_params)):
+        greedy, base = greedy_rewards(run.policy, run.scorer, examples, settings, run.gen,
+                                      timer=timer)  # fmt: skip
+        out["baseline"] = overlong.rewards(base, greedy.completion_mask)[:, 0]  # [n]
+    if combination(preset) != "sum" and scores.per_function is not None:
+        k = len(scores.function_weights)
+        parts = torch.tensor(scores.per_function, dtype=torch.float32, device=run.device)
+        out["reward_parts"] = parts.view(len(examples), -1, k)  # [n, G, K]
+        out["reward_weights"] = tuple(scores.function_weights)
+    return out
+
+
+def combination(preset: Any) -> str:
+    """The reward combination the preset's estimator applies (``advantages.compute``)."""
+    return preset.reward_combination or advantages.DEFAULT_COMBINATION.get(preset.estimator, "sum")
+
+
+# ---- stage 3: advantages -----------------------------------------------------------------------
+
+
+def step_advantages(
+    run: Run, batch: Batch, ref_logp: torch.Tensor | None
+) -> tuple[advantages.Advantages, torch.Tensor, dict[str, float]]:
+    """The step's advantages: ``(Advantages, adv [N] or [N, T], metrics)``.
+
+    Sequence level (``advantages.compute``) unless the preset is token level
+    (``Preset.token_level``: a token-level estimator, or a KL folded into the reward), then
+    ``advantages.compute_tokens`` on the ``[P, G, T]`` completion mask with the estimator's
+    token inputs: the KL penalty −β·KL_t of the behaviour log-probs against the reference
+    (``ref_logp``; β from ``run.kl_controller``, which then advances with the measured KL,
+    verl's ``apply_kl_penalty``), and Σπ² for the optimal token baseline (one no-grad
+    forward of the batch at its log-prob temperature). A ReMax batch carries its greedy
+    rewards (``Batch.baseline``), a GDPO batch its per-function rewards.
+    """
+    preset, rewards, g = run.preset, batch.rewards, batch.group_size  # [P, G]
+    p = rewards.shape[0]
+    kwargs: dict[str, Any] = dict(preset.advantage_kwargs())
+    reads = advantages.needs(preset.estimator, **dict(preset.estimator_params))
+    metrics: dict[str, float] = {}
+    if batch.reward_parts is not None:
+        rewards_in = batch.reward_parts  # [P, G, K]
+        kwargs["reward_weights"] = list(batch.reward_weights)
+    else:
+        rewards_in = rewards
+    if "baseline" in reads:
+        kwargs["baseline"] = batch.baseline
+    token_only = preset.estimator in advantages.TOKEN_ESTIMATORS
+    if not token_only:  # the transforms' inputs, for compute()
+        kwargs["trigger"] = run.trigger if preset.virtual else None
+        kwargs["reward_range"] = tuple(run.task.reward_range)
+        # F-GRPO eq. 11: the focal weight's μ̂ is the share of correct rollouts, from the
+        # verifier's rewards, not the overlong-shaped ones (issue 23)
+        kwargs["verifier_rewards"] = batch.verifier_rewards
+        # is_grpo_exact: each group times the importance weight of its prompt's draw
+        kwargs["group_weight"] = batch.draw_weights if preset.sampler_weight else None
+    if not preset.token_level:
+        lengths = batch.mask.sum(-1).view(p, g)  # [P, G] completion tokens (opo, token weights)
+        adv = advantages.compute(preset.estimator, rewards_in, lengths=lengths, **kwargs)
+        return adv, adv.per_sample.detach().float(), metrics
+    mask = batch.mask.view(p, g, -1) > 0  # [P, G, T]
+    ctrl = run.kl_controller
+    current_kl = None
+    if ctrl is not None:
+        dense, current_kl = advantages.kl_reward(
+            batch.old_logp, ref_logp, batch.mask, ctrl.value, preset.reward_kl
+        )
+        kwargs["token_rewards"] = dense.view(mask.shape)
+        metrics["kl_reward/coef"], metrics["kl_reward/kl"] = float(ctrl.value), current_kl
+    if "sum_pi_squared" in reads:
+        spi = run.policy.batch_logprobs(batch, sum_pi_squared=True).sum_pi_squared
+        kwargs["old_logp"] = batch.old_logp.view(mask.shape)
+        kwargs["sum_pi_squared"] = spi.view(mask.shape)
+    adv = advantages.compute_tokens(preset.estimator, rewards_in, mask, **kwargs)
+    if ctrl is not None:
+        ctrl.update(current_kl, n_steps=batch.size)  # verl: after the penalty, per batch
+    return adv, adv.per_token.detach().float(), metrics
 
 
 # ---- stage 5: the update ---------------------------------------------------------------------
@@ -426,8 +513,9 @@ def optimizer_step(
         log.empty += 1
         return
     micro = micro_batches(
-        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size
-    )
+        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size,
+        every_row=preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
+    )  # fmt: skip
     stats, finite, backward = StepStats(), True, False
     for m, grad in micro:
         if not batch.mask[m].any():  # no loss token (every completion masked): adds exactly 0
@@ -459,18 +547,31 @@ def optimizer_step(
 
 
 def micro_batches(
-    rows: torch.Tensor, targets: Targets, *, beta: float, g: int, size: int
+    rows: torch.Tensor,
+    targets: Targets,
+    *,
+    beta: float,
+    g: int,
+    size: int,
+    every_row: bool = False,
 ) -> list[tuple[torch.Tensor, bool]]:
     """The micro-batch plan of one optimizer step: ``(rows [m], with gradient)`` pairs.
 
     ``size`` sequences each (0: all of ``rows`` at once), the groups with a gradient first
     (:func:`gradient_rows`), then the rest: [OURS] groups whose every loss term is 0
     (dropped, or zero advantage without a KL term) run their forward without gradient, for
-    the logged statistics only.
+    the logged statistics only. ``every_row``: the surrogate has a term that does not vanish
+    at A = 0 (``losses.ZERO_AT_ZERO_ADVANTAGE``): every kept row carries a gradient.
     """
     active = gradient_rows(
-        rows, adv=targets.adv, keep=targets.keep, kl_weight=targets.kl_weight, beta=beta, g=g
-    )  # [n]
+        rows,
+        adv=targets.adv,
+        keep=targets.keep,
+        kl_weight=targets.kl_weight,
+        beta=beta,
+        g=g,
+        every_row=every_row,
+    )  # [n] fmt: skip
     return [
         (m, grad) for grad in (True, False) for m in rows[active == grad].split(size or len(rows))
         if len(m)
@@ -529,18 +630,23 @@ def gradient_rows(
     kl_weight: torch.Tensor,
     beta: float,
     g: int,
+    every_row: bool = False,
 ) -> torch.Tensor:
     """``[n]`` bool: the rows of groups where some row's loss has a gradient.
 
-    A row's loss terms are the surrogate, ∝ its advantage (every registered surrogate is
-    ``-A·f(ratio)`` or ``-A·w·logp``), and β·kl_weight·KL; a dropped row (``keep`` False) has
-    none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
+    A row's loss terms are the surrogate, ∝ its advantage (every surrogate of
+    ``losses.ZERO_AT_ZERO_ADVANTAGE`` is ``-A·f(ratio)`` or ``-A·w·logp``; for KL-Cov and DRO,
+    whose penalty acts at A = 0 too, ``every_row`` makes every kept row live), and
+    β·kl_weight·KL; a dropped row (``keep`` False) has none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
     and its gradient (GRPO's collapsed groups: all rewards equal). Decided per group, since a
     group's rows share one prompt forward. ``rows`` holds whole groups (``group_rows``). The
     loop passes no entropy bonus to ``losses.objective``; one would make every row live.
     """
-    adv_r, keep_r, kl_r = adv[rows], keep[rows], kl_weight[rows]  # [n]
-    live = keep_r & ((adv_r != 0) | ((beta > 0) & (kl_r != 0)))  # [n]
+    adv_r, keep_r, kl_r = adv[rows], keep[rows], kl_weight[rows]  # [n] ([n, T] per token)
+    nonzero = adv_r != 0
+    if nonzero.dim() > 1:  # per-token advantages: a row lives when any token's does
+        nonzero = nonzero.any(-1)
+    live = keep_r & (nonzero | ((beta > 0) & (kl_r != 0)) | every_row)  # [n]
     return live.view(-1, g).any(-1).repeat_interleave(g)  # [n]
 
 

@@ -7,15 +7,16 @@
     rewards.jsonl    one line per group {"step": s, "prompt_id": ..., "rewards": [...]}
                      (NaN written as null), read by ``grouprl diagnose RUN_DIR``
     tb/              TensorBoard events (when tensorboard is installed)
-    report.html      ``grouprl.report.write_run_report`` (when importable)
+    report.html      written after the run by the entry points (``grouprl train``,
+                     ``grouprl.train.run``: ``grouprl.train.api.write_report``), from
+                     these files; the trainer never imports ``grouprl.report``
 
 A resumed run first cuts both JSONL files after the resume step, so no step appears twice.
 
 Lines are appended with one ``write`` system call each (no user-space buffer), so a
 line is on its way to disk as soon as ``log`` returns; when the disk fills up mid-line,
 the file is cut back to its last whole line and ``DiskFullError`` says what to do
-(``grouprl.train.diskfull``). config.yaml is replaced atomically; a report.html that a
-full disk cut short is removed.
+(``grouprl.train.diskfull``). config.yaml is replaced atomically.
 """
 
 from __future__ import annotations
@@ -30,27 +31,13 @@ from typing import Any
 
 import yaml
 
-from grouprl._json import json_safe
+from grouprl._json import json_safe, read_jsonl
 from grouprl.train.diskfull import DiskFullError, is_disk_full
 
 __all__ = ["JsonlAppender", "Sinks", "read_jsonl", "truncate_jsonl"]
 
 _BAR_FIELDS = {"reward": "reward/mean", "ACR": "acr/rate", "KL": "kl/mean"}
 """Progress-bar label -> metric name."""
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of a JSONL file (a torn last line after a kill is skipped)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
 
 
 def truncate_jsonl(path: str | Path, last_step: int) -> int:
@@ -268,8 +255,9 @@ class Sinks:
         else:
             print(message, flush=True)
 
-    def close(self, *, report: bool = True) -> Path | None:
-        """Flush and close everything; write report.html when the report module is there."""
+    def close(self) -> None:
+        """Flush and close everything (report.html is the entry points' job: ``grouprl
+        train`` and ``grouprl.train.run`` write it from the run folder's files)."""
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
@@ -282,26 +270,3 @@ class Sinks:
                 self._tensorboard_full(err, self._step)
         if self._wandb is not None:
             self._wandb.finish()
-        if not report:
-            return None
-        try:
-            from grouprl.report import write_run_report
-        except ImportError:
-            return None
-        try:
-            return write_run_report(self.run_dir)
-        except Exception as err:  # a report bug must not lose a finished run
-            if is_disk_full(err):
-                partial = self.run_dir / "report.html"
-                partial.unlink(missing_ok=True)
-                raise DiskFullError(
-                    partial,
-                    step=self._step,
-                    ckpt_dir=self.run_dir / "checkpoints",
-                    cleaned="The partial report.html was removed; metrics, rewards and "
-                    "checkpoints are complete (--resume on a finished run only writes its "
-                    "report).",
-                    cause=err,
-                ) from err
-            print(f"report.html not written ({type(err).__name__}: {err}); metrics are kept")
-            return None

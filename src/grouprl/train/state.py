@@ -59,6 +59,7 @@ class Run:
     gen: torch.Generator  # rollout sampling, on the policy's device
     trigger: advantages.VirtualTrigger | None
     health: RunHealth
+    kl_controller: Any = None  # β of a KL folded into the reward (grouprl.control.kl), or None
     sinks: Sinks | None = None  # opened by the loop
     step: int = 0
     nonfinite_run: int = 0
@@ -114,6 +115,7 @@ class Run:
             "rng": ckpt.capture_rng({"rollout": self.gen}),
             "device": str(self.device),
             "trigger": self.trigger.state_dict() if self.trigger else None,
+            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "controller": self.controller.state_dict(),
             "prompts": self.prompts.state_dict(),
             "health": self.health.state_dict(),
@@ -135,6 +137,8 @@ class Run:
             )
         if self.trigger and state["trigger"]:
             self.trigger.load_state_dict(state["trigger"])
+        if self.kl_controller and state.get("kl_controller"):
+            self.kl_controller.load_state_dict(state["kl_controller"])
         self.controller.load_state_dict(state.get("controller", state.get("agpo")))
         self.prompts.load_state_dict(state.get("prompts"))
         self.health.load_state_dict(state["health"])
@@ -231,7 +235,10 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         model = _wrap_lora(model, cfg)
     model.eval()  # [OURS] dropout off in RL (TRL disable_dropout=True): ratio 1 on-policy
     model.to(device)
-    reference = make_reference(model, beta=preset.beta, lora=cfg.model.lora_rank > 0)
+    reference = make_reference(
+        model, beta=preset.beta, lora=cfg.model.lora_rank > 0,
+        kl_in_reward=preset.reward_kl_coef > 0,
+    )  # fmt: skip
     o = cfg.optim
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -266,6 +273,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
         trigger=advantages.VirtualTrigger() if preset.virtual else None,
         health=RunHealth(),
+        kl_controller=preset.kl_controller(),
     )
     if cfg.run.resume:
         _resume(run)

@@ -1,6 +1,6 @@
 """Reward functions the way TRL writes them, weighted, under a timeout; failures are counted NaN.
 
-    from grouprl.rewards import Rewards, load_reward
+    from grouprl.tasks.rewards import Rewards, load_reward
     rewards = Rewards([correct, "my_rewards.py:format_reward"], weights=[1.0, 0.1])
     scores = rewards.score(batch, timeout_s=10.0)     # BatchScores: rewards [N], NaN = unscorable
 
@@ -472,9 +472,12 @@ class Rewards:
             out.reasons.setdefault(i, "every reward function returned None")
         unscorable = int(torch.isnan(rewards).sum())
         errors = [f"[{i}] {out.reasons[i]}" for i in sorted(out.reasons)[:max_errors]]
+        # per function (GDPO's normalize_then_sum): an unscorable sample is NaN throughout
+        parts = out.values.masked_fill(torch.isnan(rewards)[:, None], math.nan)  # [N, K]
         scores = BatchScores(
-            rewards.tolist(), unscorable, errors, time.monotonic() - start, self._metrics(out)
-        )
+            rewards.tolist(), unscorable, errors, time.monotonic() - start, self._metrics(out),
+            per_function=parts.tolist(), function_weights=tuple(weights.tolist()),
+        )  # fmt: skip
         if scores.unscorable_frac > max_unscorable_frac:
             raise UnscorableError(
                 f"{unscorable} of {n} completions ({scores.unscorable_frac:.0%}) could not be "
