@@ -53,7 +53,7 @@ from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
 from grouprl.train.targets import Targets
 from grouprl.types import Rollouts
 
-__all__ = ["RunResult", "TrainingError", "train", "train_step"]
+__all__ = ["RunResult", "TrainingError", "schedule_lines", "train", "train_step"]
 
 
 class TrainingError(RuntimeError):
@@ -101,13 +101,8 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
         progress=cfg.run.progress,
         note=run.resume_note,  # --resume-anyway's change, in the first row
     )
-    schedule = cfg.schedule(run.preset)  # the preset's update schedule unless optim sets it
-    for note in (
-        schedule.note,
-        losses.on_policy_warning(run.preset.surrogate, schedule.minibatches, schedule.ppo_epochs),
-    ):
-        if note:
-            run.print(f"schedule: {note}")
+    for line in schedule_lines(cfg, run.preset):
+        run.print(line)
     metrics: dict[str, float] = {}
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
@@ -135,6 +130,26 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
     finally:
         run.sinks.close()
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
+
+
+def schedule_lines(cfg: RunConfig, preset: Any) -> list[str]:
+    """What the run says about its update schedule before the first step.
+
+    A clip-based surrogate at one optimizer step per batch is a one-line note when that is
+    the preset's own schedule (its sources': ``losses.on_policy_note``) and a warning with
+    what to set when ``optim.minibatches`` / ``optim.ppo_epochs`` chose another one
+    (``losses.on_policy_warning``) [OURS: issue 25, the default run opened on a warning].
+    """
+    schedule = cfg.schedule(preset)  # the preset's update schedule unless optim sets it
+    n, epochs = schedule.minibatches, schedule.ppo_epochs
+    out = [f"schedule: {schedule.note}"] if schedule.note else []
+    if (n, epochs) == (preset.minibatches, preset.ppo_epochs):
+        note = losses.on_policy_note(preset.surrogate, preset.name, n, epochs)
+        out += [f"note: {note}"] if note else []
+    else:
+        warning = losses.on_policy_warning(preset.surrogate, n, epochs)
+        out += [f"warning: {warning}"] if warning else []
+    return out
 
 
 def _evaluate(run: Run) -> dict[str, float]:
