@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install the peer frameworks grouprl integrates with (TRL, verl) into ./.venv, so that the
+# Install the peer frameworks grouprl integrates with (TRL, verl; OpenRLHF's source for the
+# parity tests) into ./.venv, so that the
 # parity tests and the end-to-end runs in tests/integrations and the adapter benchmark run
 # instead of skipping.
 #
@@ -80,6 +81,11 @@ quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* 
 
 "${pip[@]}" "$TRL_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
 "${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
+# OpenRLHF without its dependencies (DeepSpeed, vLLM): its advantage code is plain torch, which
+# tests/advantages/openrlhf_ref.py runs from the installed source for the parity tests. Optional:
+# where the wheel does not install (it is built for CPython 3.11), those tests skip.
+"${pip[@]}" --no-deps "${GROUPRL_OPENRLHF_SPEC:-openrlhf==0.11.2}" 2>&1 | quiet \
+  || echo "install-peers.sh: openrlhf not installed; its parity tests will skip" >&2
 
 if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" 2>&1); then
   echo "$log" >&2
