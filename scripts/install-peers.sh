@@ -60,6 +60,15 @@ import verl.workers.engine_workers  # noqa: F401
 EOF
 }
 
+# OpenRLHF without its dependencies (DeepSpeed, vLLM): its advantage code is plain torch, which
+# tests/advantages/openrlhf_ref.py runs from the installed source for the parity tests.
+# Optional: where the wheel does not install (it is built for CPython 3.11) those tests skip.
+OPENRLHF_SPEC=${GROUPRL_OPENRLHF_SPEC:-openrlhf==0.11.2}
+if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('openrlhf') != '${OPENRLHF_SPEC#*==}')" 2>/dev/null; then
+  "$PY" -m pip install --disable-pip-version-check -q --no-deps "$OPENRLHF_SPEC" 2>&1 \
+    | grep -v -e "^WARNING: Location" || true
+fi
+
 if check "$TRL_SPEC" "$VERL_SPEC" >/dev/null 2>&1; then
   echo "peers already installed: $TRL_SPEC $VERL_SPEC"
   exit 0
@@ -81,11 +90,6 @@ quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* 
 
 "${pip[@]}" "$TRL_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
 "${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
-# OpenRLHF without its dependencies (DeepSpeed, vLLM): its advantage code is plain torch, which
-# tests/advantages/openrlhf_ref.py runs from the installed source for the parity tests. Optional:
-# where the wheel does not install (it is built for CPython 3.11), those tests skip.
-"${pip[@]}" --no-deps "${GROUPRL_OPENRLHF_SPEC:-openrlhf==0.11.2}" 2>&1 | quiet \
-  || echo "install-peers.sh: openrlhf not installed; its parity tests will skip" >&2
 
 if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" 2>&1); then
   echo "$log" >&2
