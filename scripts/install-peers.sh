@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# Install the peer frameworks grouprl integrates with (TRL, verl; OpenRLHF's source for the
-# parity tests) into ./.venv, so that the
+# Install the peer frameworks grouprl integrates with (TRL, verl) into ./.venv, so that the
 # parity tests and the end-to-end runs in tests/integrations and the adapter benchmark run
 # instead of skipping.
 #
@@ -16,8 +15,12 @@
 #   through the verl.plugins entry point) makes verl see that TRL lacks it (fix_trl_probe).
 # - torch and transformers are frozen at whatever is installed (a constraint file), so this
 #   never pulls a CUDA torch or moves transformers past verl's cap (<5.11).
+# - OpenRLHF 0.11.2 is installed WITHOUT its dependencies (DeepSpeed, vLLM, flash-attn): it
+#   cannot be imported as a package, but tests/advantages/openrlhf_ref.py executes its plain
+#   torch functions (advantages, KL, KL controllers, policy loss) from the installed source, so
+#   the parity tests compare ours with OpenRLHF's own code.
 # Safe to run again: it exits at once when everything already imports at the tested versions.
-# Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC (pip specifiers).
+# Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC / GROUPRL_OPENRLHF_SPEC.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -25,6 +28,7 @@ PY=.venv/bin/python
 
 TRL_SPEC=${GROUPRL_TRL_SPEC:-trl==1.16.0}
 VERL_SPEC=${GROUPRL_VERL_SPEC:-verl==0.9.1}
+OPENRLHF_SPEC=${GROUPRL_OPENRLHF_SPEC:-openrlhf==0.11.2}
 # What `import verl.trainer.ppo.core_algos`, `verl.workers.config` and
 # `verl.trainer.ppo.ray_trainer.compute_advantage` and verl's trainer need beyond TRL's own
 # dependencies.
@@ -60,17 +64,8 @@ import verl.workers.engine_workers  # noqa: F401
 EOF
 }
 
-# OpenRLHF without its dependencies (DeepSpeed, vLLM): its advantage code is plain torch, which
-# tests/advantages/openrlhf_ref.py runs from the installed source for the parity tests.
-# Optional: where the wheel does not install (it is built for CPython 3.11) those tests skip.
-OPENRLHF_SPEC=${GROUPRL_OPENRLHF_SPEC:-openrlhf==0.11.2}
-if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('openrlhf') != '${OPENRLHF_SPEC#*==}')" 2>/dev/null; then
-  "$PY" -m pip install --disable-pip-version-check -q --no-deps "$OPENRLHF_SPEC" 2>&1 \
-    | grep -v -e "^WARNING: Location" || true
-fi
-
-if check "$TRL_SPEC" "$VERL_SPEC" >/dev/null 2>&1; then
-  echo "peers already installed: $TRL_SPEC $VERL_SPEC"
+if check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" >/dev/null 2>&1; then
+  echo "peers already installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC"
   exit 0
 fi
 
@@ -90,10 +85,11 @@ quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* 
 
 "${pip[@]}" "$TRL_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
 "${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
+"${pip[@]}" --no-deps "$OPENRLHF_SPEC" 2>&1 | quiet
 
-if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" 2>&1); then
+if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" 2>&1); then
   echo "$log" >&2
   echo "install-peers.sh: TRL/verl installed but the import check above failed" >&2
   exit 1
 fi
-echo "peers installed: $TRL_SPEC $VERL_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
+echo "peers installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'))"

@@ -139,7 +139,21 @@ EXPECTED = {
         "k3",
         0.0,
     ),
-}
+    # issue 22, loss side: surrogate_params given in full where they are not clip bounds
+    "sapo": (
+        "grpo", 0.0, None, None, "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, SMTM, False, None,
+        None, "k3", 0.0,
+    ),
+    "gmpo": ("grpo", 0.0, None, None, "gmpo", (0.4, 0.4), SMTM, False, None, None, "k3", 0.0),
+    "vespo": (
+        "grpo", 0.0, None, None, "vespo",
+        {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}, TM, False, None,
+        None, "k3", 0.0,
+    ),
+    "luspo": (
+        "grpo", 0.0, None, None, "gspo", GSPO, "seq_mean_token_sum", False, None, None, "k3", 0.0,
+    ),
+}  # fmt: skip
 
 # (reward_combination, reward_kl_coef, reward_kl, reward_kl_controller): ALGORITHMS.md §3-§4
 REWARD_SIDE = {name: (None, 0.0, "k1", "fixed") for name in EXPECTED}
@@ -173,8 +187,13 @@ def test_every_preset_of_the_table_exists_and_nothing_else():
 @pytest.mark.parametrize("name", list(EXPECTED))
 def test_preset_parameters_match_algorithms_md(name):
     p = presets.get(name)
+    full = isinstance(EXPECTED[name][FIELDS.index("surrogate_params")], dict)
     got = tuple(
-        (p.surrogate_params.get("eps_low"), p.surrogate_params.get("eps_high"))
+        (
+            dict(p.surrogate_params)
+            if full
+            else (p.surrogate_params.get("eps_low"), p.surrogate_params.get("eps_high"))
+        )
         if f == "surrogate_params"
         else getattr(p, f)
         for f in FIELDS
@@ -283,6 +302,8 @@ SCHEDULES.update({"dapo": (16, 1), "cispo": (16, 1), "gspo": (4, 1)})
 SCHEDULES.update({"f_grpo": (4, 1), "f_dapo": (4, 1), "f_cispo": (4, 1)})
 SCHEDULES["agpo"] = (1, 4)
 SCHEDULES.update({"gdpo": (4, 1), "remax": (4, 1), "gpg": (4, 1)})  # 512/128, 512/128, 1024/256
+# GMPO's authors' script (1,024 samples / 128 per step); SAPO, VESPO, LUSPO [OURS]: GSPO's four
+SCHEDULES.update({"gmpo": (8, 1), "sapo": (4, 1), "vespo": (4, 1), "luspo": (4, 1)})
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

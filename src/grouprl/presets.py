@@ -167,6 +167,29 @@ _DAPO_CLIP = {"eps_low": 0.2, "eps_high": 0.28}
 _CISPO_CLIP = {"eps_low": 1.0, "eps_high": 5.0}
 _GSPO_CLIP = {"eps_low": 3e-4, "eps_high": 4e-4}
 
+_SAPO_TAU = {"tau_pos": 1.0, "tau_neg": 1.05}
+_GMPO_CLIP = {"eps_low": 0.4, "eps_high": 0.4}
+_VESPO_PARAMS = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+_S_SAPO_TAU = (
+    "SAPO paper: tau_pos 1.0, tau_neg 1.05 (verl ActorConfig.tau_pos/tau_neg, TRL "
+    "sapo_temperature_pos/neg defaults)"
+)
+_S_SAPO_AGG = (
+    "seq-mean-token-mean: verl compute_policy_loss_sapo forces it; TRL's sapo normalises as grpo"
+)
+_S_SAPO_MB = (
+    "4 [OURS]: the gate only acts off the behaviour policy, and the SAPO text we could read "
+    "does not give its schedule; GSPO's (the same team's baseline): §5.1, four minibatches"
+)
+_S_GMPO_SH = "GMPO authors' scripts/qwen2.5-math-7b-gmpo.sh"
+_S_GMPO_MB = (
+    f"8: {_S_GMPO_SH}:54,59,61: rollout_batch_size 128 prompts x num_samples 8 = 1,024 samples, "
+    "train_batch_size 128 per optimizer step [OURS: oat's train_batch_size read as samples]"
+)
+_S_OFF_POLICY_MB = (
+    "4 [OURS]: {method}'s weight only acts off the behaviour policy; schedule not given in "
+    "the sources we could read; GSPO's four minibatches (§5.1)"
+)
 _S_GRPO_CLIP = "GRPO / PPO clip 0.2/0.2 (DeepSeekMath; verl clip_ratio, TRL epsilon default)"
 _S_DAPO = "DAPO (Yu et al. 2025)"
 _S_DAPO_CLIP = "DAPO clip-higher: eps_low 0.2, eps_high 0.28"
@@ -617,6 +640,70 @@ PRESETS: dict[str, Preset] = {
             },
             estimator="optimal_token_baseline",
             aggregation="token_mean",
+        ),
+        # -- issue 22, loss side: the surrogates the peers ship, as their sources run them
+        _p(
+            "sapo",
+            "SAPO: soft sigmoid gate instead of a clip, per-sequence token mean",
+            {
+                "surrogate": "SAPO (Gao et al. 2025, arXiv 2511.20347): soft gate on the ratio",
+                "surrogate_params": _S_SAPO_TAU,
+                "aggregation": _S_SAPO_AGG,
+                "minibatches": _S_SAPO_MB,
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="sapo",
+            surrogate_params=_SAPO_TAU,
+            minibatches=4,
+        ),
+        _p(
+            "gmpo",
+            "GMPO: geometric mean of the log-clipped token ratios, mean over sequences",
+            {
+                "estimator": f"{_S_GMPO_SH}:25 --critic_type grpo (group mean / std)",
+                "surrogate": "GMPO (Zhao et al. 2025, arXiv 2507.20673): geometric-mean ratio",
+                "surrogate_params": f"{_S_GMPO_SH}:20 CLIPRANGE=0.4, log space (TRL GMPOConfig)",
+                "aggregation": "GMPO: mean over sequences (TRL GMPOTrainer, verl geo_mean)",
+                "beta": f"{_S_GMPO_SH}:38 --beta 0",
+                "minibatches": _S_GMPO_MB,
+                "ppo_epochs": f"1: {_S_GMPO_SH}:37 --num_ppo_epochs 1",
+            },
+            surrogate="gmpo",
+            surrogate_params=_GMPO_CLIP,
+            minibatches=8,
+        ),
+        _p(
+            "vespo",
+            "VESPO: gamma weight of the sequence ratio on a REINFORCE term, token mean",
+            {
+                "surrogate": "VESPO (arXiv 2602.10693; TRL loss_type='vespo')",
+                "surrogate_params": "TRL GRPOConfig vespo_k_pos 2, vespo_lambda_pos 3, "
+                "vespo_k_neg 3, vespo_lambda_neg 2",
+                "aggregation": "TRL: vespo is normalised as dapo, the step's token mean",
+                "minibatches": _S_OFF_POLICY_MB.format(method="VESPO"),
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="vespo",
+            surrogate_params=_VESPO_PARAMS,
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "luspo",
+            "LUSPO: GSPO's sequence ratio, each sequence weighted by its length",
+            {
+                "surrogate": "LUSPO (arXiv 2602.05261) = GSPO's sequence-ratio clip "
+                "(TRL loss_type='luspo' needs importance_sampling_level='sequence')",
+                "surrogate_params": "GSPO paper: eps_low 3e-4, eps_high 4e-4 [OURS: LUSPO as GSPO]",
+                "aggregation": "TRL luspo: (per_token_loss * mask).sum(-1).mean(), the mean over "
+                "sequences of each sequence's token sum",
+                "minibatches": _S_GSPO_MB + " [OURS: LUSPO as GSPO]",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="gspo",
+            surrogate_params=_GSPO_CLIP,
+            aggregation="seq_mean_token_sum",
+            minibatches=4,
         ),
     ]
 }

@@ -490,8 +490,9 @@ def optimizer_step(
         log.empty += 1
         return
     micro = micro_batches(
-        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size
-    )
+        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size,
+        every_row=preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
+    )  # fmt: skip
     stats, finite, backward = StepStats(), True, False
     for m, grad in micro:
         if not batch.mask[m].any():  # no loss token (every completion masked): adds exactly 0
@@ -522,18 +523,31 @@ def optimizer_step(
 
 
 def micro_batches(
-    rows: torch.Tensor, targets: Targets, *, beta: float, g: int, size: int
+    rows: torch.Tensor,
+    targets: Targets,
+    *,
+    beta: float,
+    g: int,
+    size: int,
+    every_row: bool = False,
 ) -> list[tuple[torch.Tensor, bool]]:
     """The micro-batch plan of one optimizer step: ``(rows [m], with gradient)`` pairs.
 
     ``size`` sequences each (0: all of ``rows`` at once), the groups with a gradient first
     (:func:`gradient_rows`), then the rest: [OURS] groups whose every loss term is 0
     (dropped, or zero advantage without a KL term) run their forward without gradient, for
-    the logged statistics only.
+    the logged statistics only. ``every_row``: the surrogate has a term that does not vanish
+    at A = 0 (``losses.ZERO_AT_ZERO_ADVANTAGE``): every kept row carries a gradient.
     """
     active = gradient_rows(
-        rows, adv=targets.adv, keep=targets.keep, kl_weight=targets.kl_weight, beta=beta, g=g
-    )  # [n]
+        rows,
+        adv=targets.adv,
+        keep=targets.keep,
+        kl_weight=targets.kl_weight,
+        beta=beta,
+        g=g,
+        every_row=every_row,
+    )  # [n] fmt: skip
     return [
         (m, grad) for grad in (True, False) for m in rows[active == grad].split(size or len(rows))
         if len(m)
@@ -592,12 +606,14 @@ def gradient_rows(
     kl_weight: torch.Tensor,
     beta: float,
     g: int,
+    every_row: bool = False,
 ) -> torch.Tensor:
     """``[n]`` bool: the rows of groups where some row's loss has a gradient.
 
-    A row's loss terms are the surrogate, ∝ its advantage (every registered surrogate is
-    ``-A·f(ratio)`` or ``-A·w·logp``), and β·kl_weight·KL; a dropped row (``keep`` False) has
-    none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
+    A row's loss terms are the surrogate, ∝ its advantage (every surrogate of
+    ``losses.ZERO_AT_ZERO_ADVANTAGE`` is ``-A·f(ratio)`` or ``-A·w·logp``; for KL-Cov and DRO,
+    whose penalty acts at A = 0 too, ``every_row`` makes every kept row live), and
+    β·kl_weight·KL; a dropped row (``keep`` False) has none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
     and its gradient (GRPO's collapsed groups: all rewards equal). Decided per group, since a
     group's rows share one prompt forward. ``rows`` holds whole groups (``group_rows``). The
     loop passes no entropy bonus to ``losses.objective``; one would make every row live.
@@ -606,7 +622,7 @@ def gradient_rows(
     nonzero = adv_r != 0
     if nonzero.dim() > 1:  # per-token advantages: a row lives when any token's does
         nonzero = nonzero.any(-1)
-    live = keep_r & (nonzero | ((beta > 0) & (kl_r != 0)))  # [n]
+    live = keep_r & (nonzero | ((beta > 0) & (kl_r != 0)) | every_row)  # [n]
     return live.view(-1, g).any(-1).repeat_interleave(g)  # [n]
 
 
