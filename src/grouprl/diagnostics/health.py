@@ -1,7 +1,7 @@
 """Run health across steps: rules that turn logged numbers into warnings with an action.
 
 :class:`RunHealth` is fed the flat metric dict of each step (``step_metrics`` output plus
-anything else the trainer logs: ``loss``, ``balance/r_over_kl``, ...) and returns the
+anything else the trainer logs: ``loss``, ``balance/low_sigma/r_over_kl``, ...) and returns the
 warnings that fire at that step. Every rule is a named threshold with its source; rules
 whose metric is absent stay silent. Warnings repeat at most once per ``cooldown`` steps.
 """
@@ -62,7 +62,8 @@ class HealthConfig:
     nan_frac: float = 0.05
     """Share of unscorable (NaN) rewards above this = verifier trouble [OURS]."""
     r_over_kl_low: float = 0.5
-    """R/KL below this = reward branch KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
+    """R/KL (``balance/low_sigma/r_over_kl``, on Table 3's subset) below this = reward branch
+    KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
     r_over_kl_high: float = 3.0
     """R/KL above this = KL calibration lost [PAPER seed: GRPO at 3.1 in Table 3]."""
     entropy_frac: float = 0.1
@@ -231,7 +232,7 @@ class RunHealth:
         )
 
     def _balance_rule(self, step: int, m: dict[str, float]) -> list[str]:
-        ratio = m.get("balance/r_over_kl")
+        ratio = m.get("balance/low_sigma/r_over_kl")  # Table 3's subset: its thresholds
         if ratio is None or not math.isfinite(ratio):
             return []
         c = self.config
