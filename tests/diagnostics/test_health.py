@@ -88,7 +88,7 @@ def test_steps_without_the_metric_do_not_clear_an_episode():
     for s in range(100):
         m = {"acr/rate": 0.1, "acr/all_wrong": 0.1}
         if s % 10 == 0:
-            m["balance/r_over_kl"] = 0.3
+            m["balance/low_sigma/r_over_kl"] = 0.3
         out += h.update(s, m)
     assert len(out) == 1 and "kl_dominated" in out[0]
     (ep,) = h.episodes()
@@ -133,7 +133,12 @@ def test_tail_nan_balance_loss_rules():
     assert (
         h.update(
             0,
-            {"scale/inv_p99": 50.0, "reward/nan_frac": 0.01, "balance/r_over_kl": 1.0, "loss": 0.3},
+            {
+                "scale/inv_p99": 50.0,
+                "reward/nan_frac": 0.01,
+                "balance/low_sigma/r_over_kl": 1.0,
+                "loss": 0.3,
+            },
         )
         == []
     )
@@ -141,8 +146,10 @@ def test_tail_nan_balance_loss_rules():
     assert len(w) == 1 and "maxnorm_rloo" in w[0] and "delta_res" in w[0]
     w = h.update(2, {"reward/nan_frac": 0.2})
     assert len(w) == 1 and "verifier" in w[0]
-    assert "kl_dominated" in h.update(3, {"balance/r_over_kl": 0.48})[0]
-    assert "kl_overwhelmed" in RunHealth().update(3, {"balance/r_over_kl": 3.1})[0]
+    assert "kl_dominated" in h.update(3, {"balance/low_sigma/r_over_kl": 0.48})[0]
+    assert "kl_overwhelmed" in RunHealth().update(3, {"balance/low_sigma/r_over_kl": 3.1})[0]
+    # Table 3's thresholds are for its low-σ subset: the whole-batch number does not fire them
+    assert RunHealth().update(3, {"balance/batch/r_over_kl": 3.1}) == []
     assert "nonfinite_loss" in h.update(4, {"loss": float("nan")})[0]
     # Absent keys: silent.
     assert RunHealth().update(0, {}) == []

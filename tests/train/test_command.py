@@ -76,7 +76,7 @@ def test_bad_input_exits_2_with_the_choices_before_loading_a_model(
 CONFIGS = {  # what each example config says it runs (read off the files)
     "maze.yaml": ("tiny", "maze", "grpo", 150, 0.0),
     "maze_f_grpo.yaml": ("tiny", "maze", "f_grpo", 300, 0.0),
-    "maze_focal.yaml": ("tiny", "maze", "grpo", 400, 0.0),
+    "maze_focal.yaml": ("tiny", "maze", "f_grpo", 400, 0.0),
     "smollm2_arithmetic.yaml": ("smollm2", "basic_arithmetic", "f_grpo", 50, 0.0),
     "smollm2_lora_dapo.yaml": ("smollm2", "basic_arithmetic", "dapo", 50, 0.01),
 }

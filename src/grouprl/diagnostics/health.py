@@ -1,8 +1,8 @@
 """Run health across steps: rules that turn logged numbers into messages with an action.
 
 :class:`RunHealth` is fed the flat metric dict of each step (``step_metrics`` output plus
-anything else the trainer logs: ``loss``, ``balance/r_over_kl``, ...). Every rule is a named
-threshold with its source; rules whose metric is absent stay silent. A condition that
+anything else the trainer logs: ``loss``, ``balance/low_sigma/r_over_kl``, ...). Every rule is
+a named threshold with its source; rules whose metric is absent stay silent. A condition that
 persists is one *episode*: ``update`` returns its full message (what was seen and what to
 do) once, on the step it starts, then a short update only when it changes materially (its
 number moves past ``HealthConfig.change_abs`` / ``change_factor``, or its kind changes, at
@@ -67,7 +67,8 @@ class HealthConfig:
     nan_frac: float = 0.05
     """Share of unscorable (NaN) rewards above this = verifier trouble [OURS]."""
     r_over_kl_low: float = 0.5
-    """R/KL below this = reward branch KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
+    """R/KL (``balance/low_sigma/r_over_kl``, on Table 3's subset) below this = reward branch
+    KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
     r_over_kl_high: float = 3.0
     """R/KL above this = KL calibration lost [PAPER seed: GRPO at 3.1 in Table 3]."""
     entropy_frac: float = 0.1
@@ -377,7 +378,7 @@ class RunHealth:
         ]
 
     def _balance_rule(self, m: dict[str, float]) -> list[Finding]:
-        ratio = m.get("balance/r_over_kl")
+        ratio = m.get("balance/low_sigma/r_over_kl")  # Table 3's subset: its thresholds
         if ratio is None or not math.isfinite(ratio):
             return []
         c = self.config
@@ -528,8 +529,8 @@ _RULE_KEYS: dict[str, tuple[str, ...]] = {
     "acr_unstable": _ACR_KEYS,
     "inv_scale_tail": ("scale/inv_p99",),
     "nan_rewards": ("reward/nan_frac",),
-    "kl_dominated": ("balance/r_over_kl",),
-    "kl_overwhelmed": ("balance/r_over_kl",),
+    "kl_dominated": ("balance/low_sigma/r_over_kl",),
+    "kl_overwhelmed": ("balance/low_sigma/r_over_kl",),
     "nonfinite_loss": ("loss", "loss/total"),
     "entropy_collapse": ("policy/entropy_mean",),
     "truncation": ("length/truncated_frac",),

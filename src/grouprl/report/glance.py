@@ -83,6 +83,20 @@ def _finite(rows: list[dict[str, float]], key: str) -> list[tuple[float, float]]
     return [(r["step"], r[key]) for r in rows if key in r and math.isfinite(r[key])]
 
 
+def distinct_series(rows: list[dict[str, float]], keys: list[str]) -> tuple[str, ...]:
+    """``keys`` without those whose logged series repeats an earlier key's to within 1e-3 (a
+    binary reward's ``eval/reward_mean`` is ``eval/pass@1`` up to rounding)."""
+    seen: list[tuple[list[float], list[float]]] = []
+    out = []
+    for key in keys:
+        pts = _finite(rows, key)
+        x, y = [p[0] for p in pts], [p[1] for p in pts]
+        if not any(x == x2 and all(abs(a - b) < 1e-3 for a, b in zip(y, y2)) for x2, y2 in seen):
+            seen.append((x, y))
+            out.append(key)
+    return tuple(out)
+
+
 def _eval_changes(rows: list[dict[str, float]]) -> list[Change]:
     keys = sorted({k for r in rows for k in r if k.startswith("eval/")}, key=_pass_order)
     keys = list(distinct_series(rows, keys))
@@ -94,23 +108,6 @@ def _eval_changes(rows: list[dict[str, float]]) -> list[Change]:
             where = f"step {int(s0)} → step {int(s1)}"
             out.append(Change(key, key.split("/", 1)[1], v0, v1, where))
     return out
-
-
-def distinct_series(rows: list[dict[str, float]], keys: list[str]) -> tuple[str, ...]:
-    """``keys`` without those whose logged series repeats an earlier key's to within 1e-3 (a
-    binary reward's ``eval/reward_mean`` is ``eval/pass@1`` up to rounding)."""
-    seen, out = [], []
-    for key in keys:
-        x, y = _points(rows, key)
-        if not any(x == x2 and all(abs(a - b) < 1e-3 for a, b in zip(y, y2)) for x2, y2 in seen):
-            seen.append((x, y))
-            out.append(key)
-    return tuple(out)
-
-
-def _points(rows: list[dict[str, float]], key: str) -> tuple[list[float], list[float]]:
-    pts = _finite(rows, key)
-    return [p[0] for p in pts], [p[1] for p in pts]
 
 
 def _pass_order(key: str) -> tuple[int, str]:

@@ -123,9 +123,11 @@ class SamplingConfig:
     pool_size: int = 0
     """Prompts come from a finite pool of this many train examples, drawn once from the seed,
     and the preset's prompt sampler (``grouprl.sampling``) picks each step's P from it. 0 =
-    a fresh stream of prompts every step for the ``uniform`` sampler, and a pool of
-    ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs one (``sigma``,
-    IS-GRPO) [OURS]. A dataset task with fewer rows gives a pool of its distinct rows."""
+    the preset's ``pool_size`` (1024 for ``is_grpo``, ``is_grpo_baseline`` and
+    ``is_grpo_exact``, so they draw the same pool; 0 for the others: a fresh stream of prompts
+    every step), and ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs a pool when
+    the preset sets none [OURS]. A dataset task with fewer rows gives a pool of its distinct
+    rows."""
     max_resample_tries: int = 3
     """Dynamic sampling (DAPO): rounds of extra prompts before training on a short batch;
     DAPO's code uses ``max_num_gen_batches`` (0 = unlimited) [OURS default 3]."""

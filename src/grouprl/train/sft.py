@@ -152,6 +152,7 @@ def _train(model: Any, tokenizer: Any, task: Any, plan: dict[str, Any], progress
             )
     if bar:
         bar.stop()
+    opt.zero_grad(set_to_none=True)  # the last step's gradient must not reach the RL's first
     model.eval()
     tail = losses[-50:]
     return {

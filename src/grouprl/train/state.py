@@ -267,7 +267,12 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         policy,
         reference,
         make_controller(preset.controller, cfg),
-        Prompts(task, sampler=preset.sampler, pool_size=cfg.sampling.pool_size, seed=cfg.run.seed),
+        Prompts(
+            task,
+            sampler=preset.sampler,
+            pool_size=cfg.sampling.pool_size or preset.pool_size,
+            seed=cfg.run.seed,
+        ),
         optimizer,
         gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
         trigger=advantages.VirtualTrigger() if preset.virtual else None,
