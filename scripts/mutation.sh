@@ -82,7 +82,7 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
 score() {  # per-file killed / tested from mutmut's .meta files; survivors with their diffs
     local mod="$1" work="$2"
     (cd "$work" && "$PY" - "$mod" "$OUT/scores.txt" <<'EOF'
-import json, subprocess, sys, time
+import json, sys, time
 from pathlib import Path
 
 mod, scores = sys.argv[1], Path(sys.argv[2])
@@ -103,19 +103,22 @@ for meta in sorted(Path("mutants/src/grouprl", mod).rglob("*.py.meta")):
                  f"  ({uncovered} reached by no test)")
     total_k += killed
     total_t += len(counted)
-    survivors += [f"{k} ({s})" for k, s in counted.items() if s not in KILLED]
+    source = Path("src/grouprl", name)
+    survivors += [(f"{k} ({s})", source) for k, s in counted.items() if s not in KILLED]
 stamp = time.strftime("%Y-%m-%d %H:%M")
 head = f"# {mod} {stamp}: {total_k}/{total_t} killed"
 print(head, *lines, sep="\n")
 with scores.open("a") as f:
     print(head, *lines, sep="\n", file=f)
+from mutmut.mutation.diff_apply import get_diff_for_mutant
+
 with open("survivors.txt", "w") as f:
-    for key in survivors:
-        name = key.split(" (")[0]
-        diff = subprocess.run([sys.executable, "-c", "import sys; from mutmut.__main__ import cli; "
-                               "sys.argv[0] = 'mutmut'; cli()", "show", name],
-                              capture_output=True, text=True).stdout
-        print(f"## {key}\n{diff}", file=f)
+    for key, source in survivors:
+        try:
+            diff = get_diff_for_mutant(key.split(" (")[0], path=source)
+        except Exception as err:  # a diff mutmut cannot rebuild: the name is still listed
+            diff = f"(no diff: {err})"
+        print(f"## {key}\n{diff}\n", file=f)
 print(f"{len(survivors)} survivors with their diffs: {Path('survivors.txt').resolve()}")
 EOF
     )
