@@ -169,14 +169,14 @@ def test_soft_overlong_penalty_is_added_to_the_rewards_before_the_advantages(tmp
     task = HandTask({"ab": first_is("a", empty=0.5)}, reward_range=(-1.0, 1.0))
     result, policy, theta0 = train_hand(
         tmp_path, task, *DAPO_ONE_UPDATE, "sampling.max_new_tokens=3",
-        "sampling.overlong_cache=2", theta=(0.3, 0.3, 0.0),
+        "sampling.overlong_cache=2", "run.seed=5", theta=(0.3, 0.3, 0.0),
     )  # fmt: skip
     # DAPO eq. 13 with L_max = 3, L_cache = 2: 0 for L <= 1, (1 − L)/2 above: L = 2 -> −0.5,
     # L = 3 -> −1 (L counts the completion's tokens, <eos> included)
     lengths = [len(completion_tokens(c.text, 3)) for c in task.calls]
     penalty = [0.0 if n <= 1 else (1 - n) / 2 for n in lengths]
     shaped = [c.reward + p for c, p in zip(task.calls, penalty)]
-    assert len(set(lengths)) > 1, lengths
+    assert set(lengths) == {1, 2, 3}, lengths  # every branch of the penalty
     adv = {}
     for p in range(2):
         adv.update(zip(range(p * G, p * G + G), grpo_advantages(shaped[p * G : p * G + G])))
