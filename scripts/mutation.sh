@@ -12,6 +12,9 @@
 # the mutated function). One mutmut child at a time, under `nice`, so that the run can sit in
 # the background of a shared machine. Each module writes .mutation/<module>/survivors.txt
 # (every surviving mutant with its diff) and a line per file in .mutation/scores.txt.
+# Raise statements are not mutated: a mutant of an error message's wording is not a wrong
+# result (the messages are pinned where they matter by the tests of user errors); the
+# condition that raises is mutated like any other line.
 #
 # mutmut is in the dev extra (pip install -e '.[dev]'); PYTHON picks the interpreter
 # (default: .venv/bin/python, else python3).
@@ -66,6 +69,10 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
         echo "[mutmut]"
         echo "source_paths=src"
         echo "only_mutate=src/grouprl/$mod/*"
+        # the wording of error messages is not mutated (a raise statement and its message);
+        # the conditions that raise still are, and the tests provoke them
+        echo "do_not_mutate_patterns="
+        echo "    ^\\s*raise\\b"
         echo "pytest_add_cli_args_test_selection="
         for t in ${TESTS[$mod]}; do echo "    $t"; done
         echo "pytest_add_cli_args="

@@ -70,7 +70,7 @@ def test_statistics_are_the_losses_and_token_means_of_the_kept_tokens():
     assert s["kl_mean"] == pytest.approx(kl_sum / 6, abs=1e-12)
     assert s["entropy_mean"] == pytest.approx(ent_sum / 6, abs=1e-12)
     assert s["kept_frac"] == pytest.approx(3 / 4)
-    assert float(out.loss) == pytest.approx(pg + 0.5 * kl_sum / 6, abs=1e-12)
+    assert out.loss.item() == pytest.approx(pg + 0.5 * kl_sum / 6, abs=1e-12)
     assert float(out.entropy_bonus) == 0.0  # entropy_coeff defaults to 0: logged, not trained
     plain = losses.objective(logp, logp.detach(), adv, mask, keep=keep)
     assert plain.stats["kl_mean"] == 0.0 and plain.stats["entropy_mean"] == 0.0  # β = 0
@@ -82,7 +82,7 @@ def test_the_entropy_bonus_is_subtracted_with_its_coefficient():
     ent_mean = sum(ent[i, : int(mask[i].sum())].sum().item() for i in range(N)) / 9
     pg = sum(-adv[i].item() * int(mask[i].sum()) for i in range(N)) / 9
     assert float(out.entropy_bonus) == pytest.approx(0.1 * ent_mean, abs=1e-12)
-    assert float(out.loss) == pytest.approx(pg - 0.1 * ent_mean, abs=1e-12)
+    assert out.loss.item() == pytest.approx(pg - 0.1 * ent_mean, abs=1e-12)
 
 
 def test_the_unweighted_kl_branch_is_normalised_by_the_steps_totals():
