@@ -4,6 +4,7 @@
 #
 #   scripts/mutation.sh                      # every module: losses advantages diagnostics train
 #   scripts/mutation.sh losses advantages    # some of them
+#   scripts/mutation.sh train/loop.py        # one file, against the tests chosen for it
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
 #
 # Each module runs in its own scratch copy of the repository (.mutation/<module>/, ignored by
@@ -27,12 +28,13 @@ fi
 OUT="${MUTATION_DIR:-$ROOT/.mutation}"
 NICE="${MUTATION_NICE:-10}"
 
-# module -> the tests that exercise it (pytest paths, relative to the repository root)
+# module (or one file) -> the tests that exercise it (pytest paths, relative to the root)
 declare -A TESTS=(
     [losses]="tests/losses"
     [advantages]="tests/advantages"
     [diagnostics]="tests/diagnostics"
     [train]="tests/train"
+    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
 # run the unmutated code in child processes or take minutes per mutant
@@ -41,6 +43,7 @@ declare -A EXTRA=(
     [advantages]=""
     [diagnostics]=""
     [train]="-m not slow and not e2e"
+    [train/loop.py]=""
 )
 
 report_only=0
@@ -68,7 +71,7 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
     {
         echo "[mutmut]"
         echo "source_paths=src"
-        echo "only_mutate=src/grouprl/$mod/*"
+        if [[ "$mod" == *.py ]]; then echo "only_mutate=src/grouprl/$mod"; else echo "only_mutate=src/grouprl/$mod/*"; fi
         # the wording of error messages is not mutated (a raise statement and its message);
         # the conditions that raise still are, and the tests provoke them
         echo "do_not_mutate_patterns="
@@ -98,7 +101,8 @@ from mutmut.stats import status_by_exit_code as STATUS
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
 lines, survivors = [], []
 total_k = total_t = 0
-for meta in sorted(Path("mutants/src/grouprl", mod).rglob("*.py.meta")):
+metas = Path("mutants/src/grouprl", mod)
+for meta in sorted([Path(f"{metas}.meta")] if mod.endswith(".py") else metas.rglob("*.py.meta")):
     codes = json.loads(meta.read_text()).get("exit_code_by_key", {})
     status = {k: STATUS[v] for k, v in codes.items()}
     counted = {k: s for k, s in status.items() if s not in ("skipped", "not checked")}
@@ -133,7 +137,7 @@ EOF
 
 mkdir -p "$OUT"
 for mod in "${modules[@]}"; do
-    work="$OUT/$mod"
+    work="$OUT/${mod//\//_}"
     if [ "$report_only" -eq 0 ]; then
         prepare "$mod" "$work"
         echo "== $mod: mutating src/grouprl/$mod against ${TESTS[$mod]} (log: $work/mutmut.log)"
