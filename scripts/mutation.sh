@@ -34,7 +34,7 @@ declare -A TESTS=(
     [advantages]="tests/advantages"
     [diagnostics]="tests/diagnostics"
     [train]="tests/train"
-    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
+    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
 # run the unmutated code in child processes or take minutes per mutant
