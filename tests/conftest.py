@@ -16,6 +16,7 @@ import os
 from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch loads; run.threads=0 (auto) reads it
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
