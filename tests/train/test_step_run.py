@@ -102,40 +102,54 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint_to_resume(tmp_p
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("every", [1, 2])
-def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, every):
-    # β = 0.5, k1: at step 1 (π = π_ref) the reward branch's gradient g_R is (2) of
-    # hand_policy.py and the unweighted KL branch's g_KL = Σ w_t (e_y − π) (token_mean
-    # weights w_t = 1/M); R/KL = ‖g_R‖/(β‖g_KL‖), cosine = g_R·g_KL/(‖g_R‖‖g_KL‖). Measured
-    # every eval.balance_every steps: step 1 is not a multiple of 2
-    task = HandTask({"ab": first_is("a", empty=0.5)})
-    result, policy, theta0 = train_hand(
-        tmp_path, task, "algorithm.preset=rloo", "algorithm.beta=0.5", "algorithm.kl=k1",
-        f"eval.balance_every={every}",
-    )  # fmt: skip
-    m = result.metrics
-    if every == 2:
-        assert not any(k.startswith("balance/") for k in m)
-        return
-    rows = []
-    for grp in groups(task.calls, G):
-        rewards = [c.reward for c in grp]
-        mean = sum(rewards) / G  # RLOO: r − mean of the others = G/(G−1)·(r − mean)
-        rows += [
-            Row(completion_tokens(c.text, 1), G / (G - 1) * (c.reward - mean), theta0) for c in grp
-        ]
+def _balance(rows, theta0):
+    """(‖g_R‖, ‖g_KL‖, cosine) of rows at step 1: g_R from (2) of hand_policy.py, g_KL the
+    unweighted k1 branch Σ w_t (e_y − π), token_mean weights w_t = 1/M over these rows."""
     g_r = gradient(theta0, rows, aggregation="token_mean")
     g_kl = gradient(
         theta0, [Row(r.tokens, 0.0, theta0) for r in rows], aggregation="token_mean", beta=1.0,
         kl="k1", ref_theta=theta0,
     )  # fmt: skip
     norm_r, norm_kl = math.hypot(*g_r), math.hypot(*g_kl)
-    assert norm_r > 0.05 and norm_kl > 0.05
-    assert m["balance/reward_grad_norm"] == pytest.approx(norm_r, rel=1e-5)
-    assert m["balance/kl_grad_norm"] == pytest.approx(norm_kl, rel=1e-5)
-    assert m["balance/r_over_kl"] == pytest.approx(norm_r / (0.5 * norm_kl), rel=1e-5)
-    cos = sum(a * b for a, b in zip(g_r, g_kl)) / (norm_r * norm_kl)
-    assert m["balance/cosine"] == pytest.approx(cos, abs=1e-5)
+    return norm_r, norm_kl, sum(a * b for a, b in zip(g_r, g_kl)) / (norm_r * norm_kl)
+
+
+@pytest.mark.parametrize("every", [1, 2])
+def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, every):
+    # β = 0.5, k1, RLOO, token mean; group 0 has rewards 0 / 0.5 / 1 (σ ≈ 0.5), group 1
+    # 0.995 / 1 (σ < 1e-2: MaxNorm Table 3's low-σ subset). R/KL = ‖g_R‖/(β‖g_KL‖) on the
+    # whole minibatch (balance/batch/*) and on the subset's rows alone (balance/low_sigma/*).
+    # Measured every eval.balance_every steps: step 1 is not a multiple of 2
+    tables = {"ab": first_is("a", empty=0.5), "tiny": first_is("a", other=0.995, empty=0.995)}
+    task = HandTask(tables, plan=lambda split, seed, i: ("q", ["ab", "tiny"][i]))
+    result, policy, theta0 = train_hand(
+        tmp_path, task, "algorithm.preset=rloo", "algorithm.beta=0.5", "algorithm.kl=k1",
+        f"eval.balance_every={every}", "run.seed=2",
+    )  # fmt: skip
+    m = result.metrics
+    if every == 2:
+        assert not any(k.startswith("balance/") for k in m)
+        return
+    per_group = []
+    for grp in groups(task.calls, G):
+        rewards = [c.reward for c in grp]
+        assert len(set(rewards)) > 1, rewards  # both groups are updated
+        mean = sum(rewards) / G  # RLOO: r − mean of the others = G/(G−1)·(r − mean)
+        per_group.append(
+            [
+                Row(completion_tokens(c.text, 1), G / (G - 1) * (c.reward - mean), theta0)
+                for c in grp
+            ]
+        )
+    rows = per_group[0] + per_group[1]
+    for subset, part in (("batch", rows), ("low_sigma", per_group[1])):
+        norm_r, norm_kl, cos = _balance(part, theta0)
+        assert norm_r > 1e-4 and norm_kl > 0.05
+        assert m[f"balance/{subset}/reward_grad_norm"] == pytest.approx(norm_r, rel=1e-4)
+        assert m[f"balance/{subset}/kl_grad_norm"] == pytest.approx(norm_kl, rel=1e-5)
+        assert m[f"balance/{subset}/r_over_kl"] == pytest.approx(norm_r / (0.5 * norm_kl), rel=1e-4)
+        assert m[f"balance/{subset}/cosine"] == pytest.approx(cos, abs=1e-4)
+    assert m["balance/low_sigma/rows"] == G
     # and the step itself: both branches, AdamW eps 1
     want, _ = expected_update(
         theta0, [rows], aggregation="token_mean", opt=AdamW(lr=0.1), beta=0.5, kl="k1",
@@ -147,14 +161,18 @@ def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, every):
 
 def test_the_run_says_when_its_schedule_leaves_the_clip_idle(tmp_path, capsys):
     task = HandTask({"ab": first_is("a", empty=0.5)})
-    train_hand(tmp_path / "a", task)
-    assert "schedule: surrogate 'ppo_clip' runs one optimizer step per generation" in (
-        capsys.readouterr().out
-    )
-    train_hand(tmp_path / "b", task, "optim.minibatches=2")
-    assert "schedule:" not in capsys.readouterr().out
+    train_hand(tmp_path / "a", task)  # grpo's own schedule: one step per batch, a note
+    out = capsys.readouterr().out
+    assert "note: grpo takes one optimizer step per generation batch" in out
+    assert "warning:" not in out
+    # a schedule set to one step for a preset whose sources take more: a warning
+    train_hand(tmp_path / "b", task, "algorithm.preset=dapo", "optim.minibatches=1")
+    assert "warning: surrogate 'ppo_clip' runs one optimizer step" in capsys.readouterr().out
+    train_hand(tmp_path / "c", task, "optim.minibatches=2")  # the clip can act: nothing
+    out = capsys.readouterr().out
+    assert "note:" not in out and "warning:" not in out
     # a preset's minibatch count that does not divide the prompts is lowered, with a note
-    train_hand(tmp_path / "c", task, "algorithm.preset=gspo")
+    train_hand(tmp_path / "d", task, "algorithm.preset=gspo")
     assert "schedule: preset 'gspo' takes 4 minibatches" in capsys.readouterr().out
 
 
