@@ -36,6 +36,7 @@ from grouprl.advantages._groups import (
     check_positive,
     dense_valid,
     group_moments,
+    keyword_defaults,
     validate_rewards,
 )
 from grouprl.advantages.combine import REWARD_COMBINATIONS, weighted_sum
@@ -145,7 +146,7 @@ def needs(name: str, **params: Any) -> frozenset[str]:
     """
     if name in TOKEN_ESTIMATORS and name not in ESTIMATORS:
         return frozenset({"tokens", "old_logp", "sum_pi_squared"})
-    accepted = set(_estimator(name).__kwdefaults__ or {})
+    accepted = set(keyword_defaults(_estimator(name)))
     out = set()
     if "baseline" in accepted:
         out.add("baseline")
@@ -170,7 +171,7 @@ def _estimator(name: str) -> Callable[..., Advantages]:
 
 
 def _check_params(fn: Callable[..., Advantages], name: str, params: dict[str, Any]) -> None:
-    accepted = set(fn.__kwdefaults__ or {}) - set(INPUTS)
+    accepted = set(keyword_defaults(fn)) - set(INPUTS)
     unknown = set(params) - accepted
     if unknown:
         raise ValueError(
@@ -247,12 +248,12 @@ def _check_inputs(
     baseline: torch.Tensor | None,
 ) -> dict[str, torch.Tensor]:
     """The per-batch inputs the estimator reads, validated (shapes [P, G] and [P])."""
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(keyword_defaults(fn))
     out: dict[str, torch.Tensor] = {}
     p, g = rewards.shape
     if baseline is not None:
         if "baseline" not in accepted:
-            readers = [n for n, f in ESTIMATORS.items() if "baseline" in (f.__kwdefaults__ or {})]
+            readers = [n for n, f in ESTIMATORS.items() if "baseline" in keyword_defaults(f)]
             raise ValueError(
                 f"estimator {name!r} does not read a baseline; baseline= is for {', '.join(readers)}"
             )
@@ -362,7 +363,7 @@ def compute(
             "have no resolution and no correct/wrong levels: delta_res and virtual work on "
             "combine='sum' only [OURS]"
         )
-    if delta_res is not None and "tau_res" in (fn.__kwdefaults__ or {}):
+    if delta_res is not None and "tau_res" in keyword_defaults(fn):
         params.setdefault("tau_res", delta_res)
     _check_params(fn, name, params)
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
@@ -574,7 +575,7 @@ def _token_estimate(
     token_rewards_as,
     params,
 ):
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(keyword_defaults(fn))
     if baseline is not None:
         raise ValueError(f"token estimator {name!r} does not read a baseline (remax does)")
     if token_rewards_as is not None:
