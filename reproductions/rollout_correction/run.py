@@ -100,6 +100,8 @@ def _args(argv: list[str] | None):
         a.prompts, a.group, a.steps, a.max_new, a.last = 4, 4, 4, 4, 2
         a.eval_prompts, a.eval_samples, a.workers = 4, 8, 1
     a.eval_every = a.steps  # what maze.evaluate reads
+    # the maze setting's policy: the tiny model, its SFT (batch 64, lr 2e-3, cached)
+    a.model, a.sft_batch, a.sft_lr = "tiny", 64, 2e-3
     return a
 
 

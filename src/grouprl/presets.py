@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "frozen", "get", "names"]
+__all__ = ["BASELINE_SUFFIX", "PRESETS", "Preset", "baseline_of", "frozen", "get", "names"]
 
 
 def frozen(d: Any = None) -> MappingProxyType:
@@ -35,7 +35,10 @@ class Preset:
     Loss half: ``surrogate`` (+ ``surrogate_params``: clip bounds...), ``aggregation``,
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
-    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma").
+    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma");
+    ``pool_size`` (0 = the task's fresh stream, > 0 = that many train prompts drawn once, which
+    the sampler draws from; ``sampling.pool_size`` overrides it); ``sampler_weight`` (multiply
+    each group's advantages by the importance weight 1/(|pool|·p_x) of its draw).
     Update schedule: ``minibatches`` (optimizer steps per epoch over one generation batch, each
     on whole groups) and ``ppo_epochs`` (passes over the batch); the trainer runs them unless
     ``optim.minibatches`` / ``optim.ppo_epochs`` are set (ALGORITHMS.md §3 "Update schedule").
@@ -74,6 +77,8 @@ class Preset:
     controller: str | None = None  # None | "agpo"
     # -- prompt sampler (grouprl.sampling; ALGORITHMS.md §1, IS-GRPO)
     sampler: str = "uniform"
+    pool_size: int = 0
+    sampler_weight: bool = False
     # -- update schedule (ALGORITHMS.md §3): minibatches × ppo_epochs optimizer steps per batch
     minibatches: int = 1
     ppo_epochs: int = 1
@@ -85,6 +90,15 @@ class Preset:
         from grouprl.losses import correction  # validates the spec: unknown names, bad caps
 
         correction.check_spec(self.rollout_correction)
+        if (
+            isinstance(self.pool_size, bool)
+            or not isinstance(self.pool_size, int)
+            or (self.pool_size < 0)
+        ):
+            raise ValueError(
+                f"preset {self.name!r}: pool_size must be an integer >= 0 (0 = a fresh prompt "
+                f"stream), got {self.pool_size!r}"
+            )
         for key in ("minibatches", "ppo_epochs"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -92,6 +106,32 @@ class Preset:
                     f"preset {self.name!r}: {key} must be an integer >= 1 (optimizer steps per "
                     f"generation batch = minibatches × ppo_epochs), got {value!r}"
                 )
+        self._check_reward_side()
+
+    def _check_reward_side(self) -> None:
+        """The reward-side fields name things that exist (a clear error, listing them)."""
+        from grouprl.advantages import DEFAULT_COMBINATION, REWARD_COMBINATIONS
+        from grouprl.control import KL_CONTROLLERS
+        from grouprl.losses import KL_ESTIMATORS
+
+        checks = (
+            ("reward_combination", self.reward_combination, (None, *REWARD_COMBINATIONS)),
+            ("reward_kl", self.reward_kl, tuple(KL_ESTIMATORS)),
+            ("reward_kl_controller", self.reward_kl_controller, tuple(KL_CONTROLLERS)),
+        )
+        for key, value, valid in checks:
+            if value not in valid:
+                names = ", ".join(str(v) for v in valid)
+                raise ValueError(f"preset {self.name!r}: unknown {key} {value!r}; valid: {names}")
+        coef = self.reward_kl_coef
+        if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not coef >= 0:
+            raise ValueError(f"preset {self.name!r}: reward_kl_coef must be >= 0, got {coef!r}")
+        how = self.reward_combination or DEFAULT_COMBINATION.get(self.estimator, "sum")
+        if how != "sum" and self.overlong == "soft":
+            raise ValueError(
+                f"preset {self.name!r}: DAPO's soft overlong penalty changes the summed reward, "
+                f"which the {how!r} combination does not read; use overlong='mask' [OURS]"
+            )
 
     @property
     def optimizer_steps(self) -> int:
@@ -149,13 +189,40 @@ _DAPO_CLIP = {"eps_low": 0.2, "eps_high": 0.28}
 _CISPO_CLIP = {"eps_low": 1.0, "eps_high": 5.0}
 _GSPO_CLIP = {"eps_low": 3e-4, "eps_high": 4e-4}
 
+_SAPO_TAU = {"tau_pos": 1.0, "tau_neg": 1.05}
+_GMPO_CLIP = {"eps_low": 0.4, "eps_high": 0.4}
+_VESPO_PARAMS = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+_S_SAPO_TAU = (
+    "SAPO paper: tau_pos 1.0, tau_neg 1.05 (verl ActorConfig.tau_pos/tau_neg, TRL "
+    "sapo_temperature_pos/neg defaults)"
+)
+_S_SAPO_AGG = (
+    "seq-mean-token-mean: verl compute_policy_loss_sapo forces it; TRL's sapo normalises as grpo"
+)
+_S_SAPO_MB = (
+    "4 [OURS]: the gate only acts off the behaviour policy, and the SAPO text we could read "
+    "does not give its schedule; GSPO's (the same team's baseline): §5.1, four minibatches"
+)
+_S_GMPO_SH = "GMPO authors' scripts/qwen2.5-math-7b-gmpo.sh"
+_S_GMPO_MB = (
+    f"8: {_S_GMPO_SH}:54,59,61: rollout_batch_size 128 prompts x num_samples 8 = 1,024 samples, "
+    "train_batch_size 128 per optimizer step [OURS: oat's train_batch_size read as samples]"
+)
+_S_OFF_POLICY_MB = (
+    "4 [OURS]: {method}'s weight only acts off the behaviour policy; schedule not given in "
+    "the sources we could read; GSPO's four minibatches (§5.1)"
+)
 _S_GRPO_CLIP = "GRPO / PPO clip 0.2/0.2 (DeepSeekMath; verl clip_ratio, TRL epsilon default)"
 _S_DAPO = "DAPO (Yu et al. 2025)"
 _S_DAPO_CLIP = "DAPO clip-higher: eps_low 0.2, eps_high 0.28"
 _S_TOKEN_MEAN = "token mean over the step (DAPO; verl token-mean; ALGORITHMS.md §3 table)"
 _S_CISPO = "CISPO (MiniMax-M1): clipped stop-gradient IS weight on every token"
 _S_CISPO_CLIP = "eps 1.0/5.0 (weight in [0, 6]) as F-GRPO and ScaleRL use"
-_S_FOCAL = "F-GRPO: focal weight (1 - mu)^gamma, gamma 0.5 (the paper picked 0.5 or 1.0)"
+_S_FOCAL = (
+    "F-GRPO eqs. 11-13: focal weight (1 - mu)^gamma, mu = X/N the share of correct rollouts; "
+    "gamma 0.5 (Table 7: 0.5 in 7 of its 9 model x method set-ups, 1.0 in the others)"
+)
+_S_FOCAL_BETA = "0.0: F-GRPO App. L.2 drops the KL term (following DAPO) for every method"
 _S_MAXNORM = "MaxNorm-AC seed paper: s_q = max(tau_res, max_j |u_j|), |A| <= 1, c carries no grad"
 _S_RES = "MaxNorm-AC resolution protocol: delta_res 1e-2 for rewards in [0, 1]"
 _S_KL_UNSCALED = "MaxNorm-AC: KL added as beta·KL, never divided by s_q (kl_weight 1)"
@@ -197,6 +264,31 @@ _S_FOCAL_MB = (
     "per step)"
 )
 _S_FOCAL_EPOCHS = "1: F-GRPO App. L.2, Table 5: PPO epochs 1"
+_S_FOCAL_AGG = (
+    "token mean: F-GRPO App. L.2 'use token-mean loss aggregation' for every method, its GRPO, "
+    "DAPO and CISPO baselines included"
+)
+_S_FDAPO_NO_DS = (
+    "off: F-GRPO App. B describes its DAPO by the asymmetric clip only (no dynamic sampling); "
+    "f_dapo_full adds it [OURS]"
+)
+_S_FDAPO_NO_OVERLONG = (
+    "None: F-GRPO App. B / L.2 name no overlong shaping (rewards 1/0 from math-verify); "
+    "f_dapo_full adds DAPO's soft penalty [OURS]"
+)
+_S_IS_SAMPLER = (
+    "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn with p ~ max(sigma_hat, "
+    "sigma_floor) so the expected update is parallel to the full gradient; running estimate, "
+    "floor and replacement are [OURS]"
+)
+_S_IS_POOL = (
+    "1024 [OURS]: train prompts drawn once from the run's seed (the paper samples its data "
+    "set); is_grpo and is_grpo_baseline draw the same pool"
+)
+_S_FOCAL_BASELINE = (
+    "0: the F-GRPO paper's baseline for this F-preset, every other field equal (App. L.2: its "
+    "GRPO, DAPO and CISPO baselines run the same schedule, token mean, no KL)"
+)
 _S_AVSPO_SCHEDULE = (
     "1: the ACR authors' train_grpo.sh:37,39 (TRL GRPO, per_device_train_batch_size 1, "
     "gradient_accumulation_steps 1) with TRL's num_iterations=1: one step per generation batch"
@@ -208,7 +300,11 @@ _S_SAME_AS_GRPO = (
 _GRPO_SCHEDULE = {"minibatches": _S_GRPO_SCHEDULE, "ppo_epochs": _S_GRPO_SCHEDULE}
 _DAPO_SCHEDULE = {"minibatches": _S_DAPO_MB, "ppo_epochs": _S_ONE_EPOCH}
 _CISPO_SCHEDULE = {"minibatches": _S_CISPO_MB, "ppo_epochs": _S_ONE_EPOCH}
-_FOCAL_SCHEDULE = {"minibatches": _S_FOCAL_MB, "ppo_epochs": _S_FOCAL_EPOCHS}
+_FOCAL_SCHEDULE = {
+    "minibatches": _S_FOCAL_MB,
+    "ppo_epochs": _S_FOCAL_EPOCHS,
+    "beta": _S_FOCAL_BETA,
+}
 
 _DEFAULT_SOURCES: dict[str, str] = {
     "estimator": "GRPO: (r - mean)/(std + 1e-6), ddof 1 (DeepSeekMath; verl, TRL)",
@@ -233,6 +329,8 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "overlong": "None: truncated completions are trained on as they are (TRL default)",
     "controller": "None: fixed clip and temperature",
     "sampler": "uniform: every prompt of the pool equally likely (GRPO, TRL and verl default)",
+    "pool_size": "0: a fresh prompt stream from the task (no finite pool)",
+    "sampler_weight": "off: no importance weight on the advantages",
     "minibatches": _S_SAME_AS_GRPO,
     "ppo_epochs": _S_SAME_AS_GRPO,
     "rollout_correction": "none: the sources sample and train with one engine at one precision "
@@ -342,20 +440,38 @@ PRESETS: dict[str, Preset] = {
         _p(
             "f_grpo",
             "F-GRPO: GRPO with the focal weight (1 - mu)^0.5, token mean",
-            {"focal_gamma": _S_FOCAL, "aggregation": "F-GRPO paper: token mean", **_FOCAL_SCHEDULE},
+            {"focal_gamma": _S_FOCAL, "aggregation": _S_FOCAL_AGG, **_FOCAL_SCHEDULE},
             focal_gamma=0.5,
             aggregation="token_mean",
             minibatches=4,
         ),
         _p(
             "f_dapo",
-            "F-DAPO: DAPO with the focal weight (1 - mu)^0.5",
+            "F-DAPO as F-GRPO App. B describes DAPO: clip-higher 0.2/0.28, token mean, focal 0.5",
+            {
+                "focal_gamma": _S_FOCAL,
+                "surrogate_params": _S_DAPO_CLIP + "; F-GRPO App. B describes DAPO by this clip",
+                "aggregation": _S_FOCAL_AGG,
+                "dynamic_sampling": _S_FDAPO_NO_DS,
+                "overlong": _S_FDAPO_NO_OVERLONG,
+                **_FOCAL_SCHEDULE,
+            },
+            focal_gamma=0.5,
+            surrogate_params=_DAPO_CLIP,
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "f_dapo_full",
+            "F-DAPO with DAPO's dynamic sampling and soft overlong penalty [OURS]",
             {
                 "focal_gamma": _S_FOCAL,
                 "surrogate_params": _S_DAPO_CLIP,
-                "aggregation": "F-GRPO paper / DAPO: token mean",
-                "dynamic_sampling": f"{_S_DAPO}, as the F-DAPO base",
-                "overlong": f"{_S_DAPO}, as the F-DAPO base",
+                "aggregation": _S_FOCAL_AGG,
+                "dynamic_sampling": f"[OURS] {_S_DAPO}'s dynamic sampling added to F-DAPO; "
+                "F-GRPO App. B describes DAPO by its clip only",
+                "overlong": f"[OURS] {_S_DAPO}'s soft overlong penalty added to F-DAPO (the focal "
+                "weight's mu still reads the verifier's correctness, F-GRPO eq. 11)",
                 **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
@@ -372,7 +488,7 @@ PRESETS: dict[str, Preset] = {
                 "focal_gamma": _S_FOCAL + "; F-CISPO on Qwen2.5-7B used 1.0",
                 "surrogate": _S_CISPO,
                 "surrogate_params": _S_CISPO_CLIP,
-                "aggregation": "F-GRPO paper / CISPO: token mean",
+                "aggregation": _S_FOCAL_AGG,
                 **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
@@ -474,12 +590,45 @@ PRESETS: dict[str, Preset] = {
                 "estimator": "IS-GRPO (Why GRPO needs normalization): per-prompt GRPO "
                 "normalisation, no extra weight (grouprl.sampling docstring)",
                 "aggregation": _S_TOKEN_MEAN,
-                "sampler": "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn "
-                "with p ~ max(sigma_hat, sigma_floor) so the expected update is parallel to the "
-                "full gradient; running estimate, floor and replacement are [OURS]",
+                "sampler": _S_IS_SAMPLER,
+                "pool_size": _S_IS_POOL,
             },
             aggregation="token_mean",
             sampler="sigma",
+            pool_size=1024,
+        ),
+        _p(
+            "is_grpo_baseline",
+            "GRPO on is_grpo's prompt pool, drawn uniformly: is_grpo's fair baseline",
+            {
+                "estimator": "GRPO (DeepSeekMath), as is_grpo",
+                "aggregation": _S_TOKEN_MEAN + ", as is_grpo",
+                "sampler": "uniform over the pool: is_grpo with the sampler off, every other "
+                "field equal (Why GRPO needs normalization compares schemes on one data set)",
+                "pool_size": _S_IS_POOL,
+            },
+            aggregation="token_mean",
+            pool_size=1024,
+        ),
+        _p(
+            "is_grpo_exact",
+            "IS-GRPO with one sigma: r - mean times the draw's importance weight 1/(|pool| p_x)",
+            {
+                "estimator": "Dr.GRPO's r - mean (no group std): its per-prompt expectation "
+                "is ((G-1)/G)·grad J_x at every G [OURS, issue 23]",
+                "aggregation": _S_TOKEN_MEAN,
+                "sampler": _S_IS_SAMPLER,
+                "pool_size": _S_IS_POOL,
+                "sampler_weight": "on [OURS, issue 23]: 1/(|pool|·p_x) with p_x the probability "
+                "the sampler drew x with, so the sigma that draws is the sigma that divides and "
+                "the expected update is parallel to the full gradient at every G "
+                "(grouprl.sampling docstring)",
+            },
+            estimator="dr_grpo",
+            aggregation="token_mean",
+            sampler="sigma",
+            pool_size=1024,
+            sampler_weight=True,
         ),
         _p(
             "agpo",
@@ -500,9 +649,221 @@ PRESETS: dict[str, Preset] = {
             beta=0.03,
             ppo_epochs=4,
         ),
+        # -- the peers' methods, estimator / reward side (issue 22; ALGORITHMS.md §1, §3)
+        _p(
+            "reinforce_pp_global",
+            "REINFORCE++: k1 KL in the reward, returns whitened over the batch's tokens",
+            {
+                "estimator": "REINFORCE++ (arXiv 2501.03262 §3): global advantage normalisation, "
+                "no group baseline; OpenRLHF --algo.advantage.estimator reinforce",
+                "aggregation": "OpenRLHF --actor.loss_agg_mode default token-mean "
+                "(cli/train_ppo_ray.py)",
+                "reward_kl_coef": "0.01: OpenRLHF --algo.kl.init_coef default, folded into the "
+                "reward by compute_reward unless --algo.kl.use_loss (cli/train_ppo_ray.py)",
+                "reward_kl": "k1: OpenRLHF --algo.kl.estimator default (cli/train_ppo_ray.py)",
+            },
+            estimator="reinforce_pp_global",
+            aggregation="token_mean",
+            reward_kl_coef=0.01,
+        ),
+        _p(
+            "gdpo",
+            "GDPO: each reward function normalised in its group, the sum whitened over the batch",
+            {
+                "estimator": "GDPO (arXiv 2601.05242 §3): batch normalisation of the summed, "
+                "per-reward normalised advantages",
+                "reward_combination": "GDPO §3: group-wise normalisation of each reward before "
+                "the sum (TRL normalize_then_sum; verl gdpo)",
+                "aggregation": "verl actor loss_agg_mode default token-mean "
+                "(verl/trainer/config/actor/actor.yaml:82), which NVlabs/GDPO "
+                "verl-GDPO/train_gdpo.sh keeps",
+                "minibatches": "4: NVlabs/GDPO verl-GDPO/train_gdpo.sh:46,53 (train_batch_size "
+                "512 / ppo_mini_batch_size 128)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="gdpo",
+            reward_combination="normalize_then_sum",
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "remax",
+            "ReMax: greedy-completion baseline, KL folded into the reward",
+            {
+                "estimator": "ReMax (arXiv 2310.10505, Algorithm 1): the greedy completion's "
+                "reward as the baseline; verl remax",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "reward_kl_coef": "0.001: verl examples/remax_trainer/"
+                "run_qwen2.5-3b_seq_balance.sh:31,33 (use_kl_in_reward, kl_coef 0.001)",
+                "reward_kl": "k1: the same script, :32 (kl_penalty=kl)",
+                "minibatches": "4: verl examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh:11,19 "
+                "(train_batch_size 512 / ppo_mini_batch_size 128)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="remax",
+            aggregation="token_mean",
+            reward_kl_coef=0.001,
+            minibatches=4,
+        ),
+        _p(
+            "opo",
+            "OPO: length-weighted optimal baseline, exact on-policy, no KL",
+            {
+                "estimator": "OPO (arXiv 2505.23585 §3): the length-weighted reward baseline, "
+                "no std division; verl opo",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "minibatches": "1: exact on-policy training, verl docs/algo/opo.md:22,25 "
+                "(ppo_mini_batch_size = train_batch_size)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="opo",
+            aggregation="token_mean",
+        ),
+        _p(
+            "gpg",
+            "GPG: batch-corrected group advantage, -A·log π loss, no KL",
+            {
+                "estimator": "GPG (arXiv 2504.02546): α·(r − mean)/F_norm, α = B/(B − M), "
+                "F_norm = 1 (AMAP-ML/GPG README's best row)",
+                "surrogate": "GPG: −A·log π, no ratio or clip (verl compute_policy_loss_gpg; "
+                "examples/gpg_trainer/run_qwen2-7b_math.sh:29 loss_mode=gpg)",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "minibatches": "4: verl examples/gpg_trainer/run_qwen2-7b_math.sh:18,26 "
+                "(train_batch_size 1024 / ppo_mini_batch_size 256)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="gpg",
+            surrogate="reinforce",
+            surrogate_params={},
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "otb",
+            "Optimal token baseline: per-token variance-weighted baseline, no KL",
+            {
+                "estimator": "verl optimal_token_baseline (docs/algo/otb.md): "
+                "B_t = Σ G_t W_t / Σ W_t over the group",
+                "aggregation": "verl actor loss_agg_mode default token-mean (actor.yaml:82)",
+                "minibatches": "1: verl examples/otb_trainer/run_qwen2_5-7b.sh:15,26 "
+                "(train_batch_size 128 = ppo_mini_batch_size 128)",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            estimator="optimal_token_baseline",
+            aggregation="token_mean",
+        ),
+        # -- issue 22, loss side: the surrogates the peers ship, as their sources run them
+        _p(
+            "sapo",
+            "SAPO: soft sigmoid gate instead of a clip, per-sequence token mean",
+            {
+                "surrogate": "SAPO (Gao et al. 2025, arXiv 2511.20347): soft gate on the ratio",
+                "surrogate_params": _S_SAPO_TAU,
+                "aggregation": _S_SAPO_AGG,
+                "minibatches": _S_SAPO_MB,
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="sapo",
+            surrogate_params=_SAPO_TAU,
+            minibatches=4,
+        ),
+        _p(
+            "gmpo",
+            "GMPO: geometric mean of the log-clipped token ratios, mean over sequences",
+            {
+                "estimator": f"{_S_GMPO_SH}:25 --critic_type grpo (group mean / std)",
+                "surrogate": "GMPO (Zhao et al. 2025, arXiv 2507.20673): geometric-mean ratio",
+                "surrogate_params": f"{_S_GMPO_SH}:20 CLIPRANGE=0.4, log space (TRL GMPOConfig)",
+                "aggregation": "GMPO: mean over sequences (TRL GMPOTrainer, verl geo_mean)",
+                "beta": f"{_S_GMPO_SH}:38 --beta 0",
+                "minibatches": _S_GMPO_MB,
+                "ppo_epochs": f"1: {_S_GMPO_SH}:37 --num_ppo_epochs 1",
+            },
+            surrogate="gmpo",
+            surrogate_params=_GMPO_CLIP,
+            minibatches=8,
+        ),
+        _p(
+            "vespo",
+            "VESPO: gamma weight of the sequence ratio on a REINFORCE term, token mean",
+            {
+                "surrogate": "VESPO (arXiv 2602.10693; TRL loss_type='vespo')",
+                "surrogate_params": "TRL GRPOConfig vespo_k_pos 2, vespo_lambda_pos 3, "
+                "vespo_k_neg 3, vespo_lambda_neg 2",
+                "aggregation": "TRL: vespo is normalised as dapo, the step's token mean",
+                "minibatches": _S_OFF_POLICY_MB.format(method="VESPO"),
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="vespo",
+            surrogate_params=_VESPO_PARAMS,
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "luspo",
+            "LUSPO: GSPO's sequence ratio, each sequence weighted by its length",
+            {
+                "surrogate": "LUSPO (arXiv 2602.05261) = GSPO's sequence-ratio clip "
+                "(TRL loss_type='luspo' needs importance_sampling_level='sequence')",
+                "surrogate_params": "GSPO paper: eps_low 3e-4, eps_high 4e-4 [OURS: LUSPO as GSPO]",
+                "aggregation": "TRL luspo: (per_token_loss * mask).sum(-1).mean(), the mean over "
+                "sequences of each sequence's token sum",
+                "minibatches": _S_GSPO_MB + " [OURS: LUSPO as GSPO]",
+                "ppo_epochs": _S_ONE_EPOCH,
+            },
+            surrogate="gspo",
+            surrogate_params=_GSPO_CLIP,
+            aggregation="seq_mean_token_sum",
+            minibatches=4,
+        ),
     ]
 }
 """Preset name -> Preset (ALGORITHMS.md §3)."""
+
+BASELINE_SUFFIX = "_baseline"
+"""``<f-preset>_baseline``: the F-preset with γ = 0 and every other field equal (its schedule,
+aggregation, clip, β, filters): the paper's baseline for that F-preset (F-GRPO App. L.2)."""
+
+
+def _baselines(table: dict[str, Preset]) -> dict[str, Preset]:
+    """For every preset with a focal weight, ``<name>_baseline``: the same with γ = 0.
+
+    Generated, not written out, so that a baseline can never drift from its F-preset; placed
+    right after it in :func:`names`. [OURS] naming: the suffix keeps the pair adjacent and says
+    what the preset is for; ``grpo`` stays the GRPO of its own sources (DeepSeekMath's schedule,
+    seq-mean-token-mean), which differs from ``f_grpo`` in three fields, not one.
+    """
+    out: dict[str, Preset] = {}
+    for name, p in table.items():
+        out[name] = p
+        if p.focal_gamma:
+            out[name + BASELINE_SUFFIX] = p.with_(
+                name=name + BASELINE_SUFFIX,
+                description=f"{name} with the focal weight off (γ = 0), every other field equal: "
+                "its fair baseline",
+                focal_gamma=0.0,
+                sources={**p.sources, "focal_gamma": _S_FOCAL_BASELINE},
+            )
+    return out
+
+
+PRESETS = _baselines(PRESETS)
+
+
+def baseline_of(name: str) -> Preset:
+    """The fair baseline of preset ``name``: ``<name>_baseline``, equal in every field but the
+    method's own (γ for an F-preset, the sampler for ``is_grpo``).
+
+    A ValueError for a preset that has none (the message lists those that do).
+    """
+    get(name)  # an unknown name: the usual error
+    if name + BASELINE_SUFFIX not in PRESETS:
+        have = [n for n in PRESETS if n + BASELINE_SUFFIX in PRESETS]
+        raise ValueError(
+            f"preset {name!r} has no fair baseline (no focal weight, no prompt sampler of its "
+            f"own); presets with one: {', '.join(have)}"
+        )
+    return PRESETS[name + BASELINE_SUFFIX]
 
 
 def names() -> list[str]:

@@ -15,6 +15,8 @@ def test_every_registered_name_is_listed(capsys):
         losses.SURROGATES,
         losses.AGGREGATIONS,
         losses.KL_ESTIMATORS,
+        losses.KL_VARIANTS,
+        losses.KL_CORRECTIONS,
         losses.CORRECTIONS,
         presets.PRESETS,
         tasks.TASKS,

@@ -83,8 +83,29 @@ def test_trl_loss_settings_map_presets_onto_trl():
         "epsilon": 0.2,
         "epsilon_high": 0.2,
         "importance_sampling_level": "token",
+        "delta": None,
         "beta": 0.0,
+        "use_bias_correction_kl": False,  # the preset's KL is the plain k3 (TRL default: True)
     }
+    # issue 22: SAPO, VESPO, LUSPO, BNPO and the dual clip have TRL knobs; GMPO, Clip-Cov,
+    # KL-Cov, DPPO and DRO run through grouprl's loss
+    sapo = s(presets.get("sapo"))
+    assert sapo["loss_type"] == "sapo" and sapo["sapo_temperature_neg"] == 1.05
+    seq_sapo = presets.get("sapo").with_(surrogate_params={"tau_pos": 1.0, "level": "sequence"})
+    assert s(seq_sapo)["importance_sampling_level"] == "sequence"
+    assert s(presets.get("sapo").with_(aggregation="token_mean")) is None  # TRL: grpo's mean
+    vespo = s(presets.get("vespo"))
+    assert vespo["loss_type"] == "vespo" and vespo["vespo_k_neg"] == 3.0
+    luspo = s(presets.get("luspo"))
+    assert (luspo["loss_type"], luspo["importance_sampling_level"]) == ("luspo", "sequence")
+    assert s(presets.get("dapo").with_(aggregation="micro_token_mean"))["loss_type"] == "bnpo"
+    dual = {"eps_low": 0.2, "eps_high": 0.28, "clip_ratio_c": 3.0}
+    assert s(presets.get("dapo").with_(surrogate_params=dual))["delta"] == 3.0
+    dual["clip_ratio_c"] = 1.1  # below 1 + eps_high TRL's delta is another loss
+    assert s(presets.get("dapo").with_(surrogate_params=dual)) is None
+    for name in ("gmpo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl", "dro"):
+        assert s(presets.get("grpo").with_(surrogate=name, surrogate_params={})) is None
+    assert s(presets.get("dapo").with_(aggregation="token_sum")) is None
     assert s(presets.get("f_grpo"))["loss_type"] == "dapo"
     assert s(presets.get("dapo"))["epsilon_high"] == 0.28
     assert s(presets.get("dr_grpo"))["loss_type"] == "dr_grpo"
@@ -138,24 +159,46 @@ def test_trainer_rejects_what_it_cannot_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_grouprl_loss_path_equals_trls_loss(tmp_path):
-    # GRPO preset = ppo_clip 0.2/0.2 + seq_mean_token_mean = TRL loss_type "grpo": same seed, same
-    # generations, so the two paths must give the same losses and gradient norms.
-    # gradient_accumulation_steps=2 checks that the StepTotals follow TRL's normalisers.
+@pytest.mark.parametrize(
+    ("spec", "targs"),
+    [
+        ({"preset": "grpo"}, {}),
+        ({"preset": "sapo"}, {}),  # issue 22: TRL's sapo vs grouprl's, on TRL's tensors
+        ({"preset": "vespo"}, {}),
+        ({"preset": "luspo"}, {}),
+        # TRL's token mask and its ratio-weighted k3 KL (use_bias_correction_kl) on both paths
+        (
+            {"estimator": "grpo"},
+            {"loss_type": "grpo", "beta": 0.04, "top_entropy_quantile": 0.5},
+        ),
+    ],
+    ids=["grpo", "sapo", "vespo", "luspo", "kl+entropy_mask"],
+)
+def test_grouprl_loss_path_equals_trls_loss(tmp_path, spec, targs):
+    # The same loss through TRL's code (the preset's knobs set by trl_loss_settings) and through
+    # grouprl's objective: same seed, same generations, so the two paths must give the same
+    # losses and gradient norms. gradient_accumulation_steps=2 checks that the StepTotals
+    # follow TRL's normalisers.
     kw = dict(gradient_accumulation_steps=2, per_device_train_batch_size=4, num_iterations=2)
+    model = None
+    if targs.get("beta"):  # TRL builds its reference model from a model folder
+        model = str(tmp_path / "model")
+        tiny_model().save_pretrained(model)
     a, _ = run(
         tmp_path / "trl",
         trainer_cls=gt.GroupRLGRPOTrainer,
-        preset="grpo",
         loss="trl",
-        args=config(tmp_path / "trl", **kw),
+        model=model,
+        args=config(tmp_path / "trl", **kw, **targs),
+        **spec,
     )
     b, _ = run(
         tmp_path / "ours",
         trainer_cls=gt.GroupRLGRPOTrainer,
-        preset="grpo",
         loss="grouprl",
-        args=config(tmp_path / "ours", **kw),
+        model=model,
+        args=config(tmp_path / "ours", **kw, **targs),
+        **spec,
     )
     assert not a._grouprl_loss and b._grouprl_loss
     la = [h for h in a.state.log_history if "loss" in h]

@@ -435,6 +435,54 @@ def test_registered_losses_equal_verls_and_backpropagate(ours, theirs, config, m
     assert metrics["actor/ppo_kl"] == pytest.approx(their_metrics["actor/ppo_kl"], abs=1e-6)
 
 
+NEW_LOSSES = [
+    # issue 22: (grouprl name, verl name, ActorConfig fields, PolicyLossConfig fields, modes)
+    ("grouprl_sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, {}, ["seq-mean-token-mean"]),
+    ("grouprl_gmpo", "geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.3}, {}, ["seq-mean-token-mean"]),
+    ("grouprl_clip_cov", "clip_cov", {}, {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0}, ["token-mean", "token-sum"]),
+    ("grouprl_kl_cov", "kl_cov", {}, {"kl_cov_ratio": 0.1, "ppo_kl_coef": 0.5}, ["token-mean", "seq-mean-token-sum"]),
+    ("grouprl_dppo_tv", "dppo_tv", {"clip_ratio_low": 0.05, "clip_ratio_high": 0.1}, {}, ["token-mean"]),
+    ("grouprl_dppo_kl", "dppo_kl", {"clip_ratio_low": 0.02, "clip_ratio_high": 0.03}, {}, ["token-mean"]),
+    ("grouprl_dro", "dro", {}, {"dro_beta": 0.3}, ["token-mean", "seq-mean-token-mean"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("ours", "theirs", "actor", "policy", "modes"), NEW_LOSSES)
+def test_new_registered_losses_read_verls_config_and_equal_verls(
+    ours, theirs, actor, policy, modes
+):
+    from verl.workers.config import PolicyLossConfig
+
+    cfg = actor_config(**actor, policy_loss=PolicyLossConfig(loss_mode=ours, **policy))
+    old, logp, adv, mask = loss_inputs(seed=5)
+    old = old.clamp(max=-0.05)
+    for mode in modes:
+        lp1 = logp.detach().clamp(max=-1e-3).requires_grad_()
+        lp2 = lp1.detach().clone().requires_grad_()
+        torch.manual_seed(3)  # Clip-Cov's random draw, the same on both sides
+        loss, metrics = core_algos.get_policy_loss_fn(ours)(old, lp1, adv, mask, mode, cfg)
+        torch.manual_seed(3)
+        want, _ = core_algos.get_policy_loss_fn(theirs)(old, lp2, adv, mask, mode, cfg)
+        (grad,) = torch.autograd.grad(loss, lp1)
+        (want_grad,) = torch.autograd.grad(want, lp2)
+        torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grad, want_grad, atol=1e-6, rtol=1e-5)
+        assert grad.abs().sum() > 0 and "actor/ppo_kl" in metrics
+
+
+def test_vespo_registers_with_trls_defaults_and_dro_needs_its_beta():
+    old, logp, adv, mask = loss_inputs(seed=6)
+    loss, _ = core_algos.get_policy_loss_fn("grouprl_vespo")(
+        old, logp, adv, mask, "token-mean", actor_config()
+    )
+    per_token, _ = losses.surrogate("vespo", logp, old, adv, mask)
+    torch.testing.assert_close(loss, losses.aggregate("token_mean", per_token, mask))
+    with pytest.raises(ValueError, match="DRO needs beta > 0"):
+        core_algos.get_policy_loss_fn("grouprl_dro")(
+            old, logp, adv, mask, "token-mean", actor_config()
+        )
+
+
 def test_registered_losses_follow_verls_global_batch_info_and_is_weights():
     cfg = actor_config()
     cfg.global_batch_info.update({"dp_size": 2, "batch_num_tokens": 50, "global_batch_size": 12})

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from grouprl import losses
 from grouprl.losses import StepTotals, step_totals
 
-AGGS = list(losses.AGGREGATIONS)
+AGGS = [a for a in losses.AGGREGATIONS if a in losses.EXACT_UNDER_ACCUMULATION]
 
 
 def test_hand_values():
@@ -28,6 +28,18 @@ def test_hand_values():
     # Dr.GRPO with the generation limit L_max = 5 instead of the padded width 3: 10 / (2·5) = 1
     totals = step_totals(mask, max_len=5)
     assert float(losses.aggregate("seq_mean_token_sum_norm", per_token, mask, totals)) == 1.0
+    # token_sum = 1+2+3+4 = 10; seq_mean_token_sum = (6 + 4)/2 = 5 (verl, TRL luspo)
+    assert float(losses.aggregate("token_sum", per_token, mask)) == 10.0
+    assert float(losses.aggregate("seq_mean_token_sum", per_token, mask)) == 5.0
+    # micro_token_mean (TRL bnpo): one batch = token mean 2.5; as two micro-batches of one row:
+    # (6/3)/2 + (4/1)/2 = 1 + 2 = 3, not the step's token mean 2.5
+    assert float(losses.aggregate("micro_token_mean", per_token, mask)) == 2.5
+    two = step_totals([mask[:1], mask[1:]])
+    parts = [
+        losses.aggregate("micro_token_mean", per_token[i : i + 1], mask[i : i + 1], two)
+        for i in (0, 1)
+    ]
+    assert [float(p) for p in parts] == [1.0, 2.0]
 
 
 def test_fully_masked_rows_count_in_no_normaliser():
@@ -89,7 +101,7 @@ def test_float32_micro_batches_within_1e6(agg):
     full = losses.aggregate(agg, per_token, mask)
     totals = step_totals([mask[:4], mask[4:8], mask[8:12], mask[12:]])
     parts = sum(losses.aggregate(agg, per_token[s], mask[s], totals) for s in _split(16, 4))
-    assert abs(float(parts) - float(full)) <= 1e-6
+    assert abs(float(parts) - float(full)) <= 1e-6 * max(1.0, abs(float(full)))  # token_sum: ~1e2
 
 
 def test_naive_per_micro_batch_normalisation_is_wrong():
@@ -157,3 +169,42 @@ def test_bad_input():
         step_totals(torch.ones(2, 5), max_len=3)
     with pytest.raises(ValueError, match="keep tensors"):
         step_totals([torch.ones(2, 5)], keep=[torch.ones(2), torch.ones(2)])
+
+
+@pytest.mark.parametrize(
+    "agg, what",
+    [
+        ("token_mean", "valid tokens"),
+        ("seq_mean_token_mean", "sequences with a valid token"),
+        ("seq_mean_token_sum_norm", "sequences with a valid token"),
+    ],
+)
+def test_a_zero_normaliser_names_what_was_counted(agg, what):
+    with pytest.raises(ValueError, match=rf"the normaliser \({what}\) is 0"):
+        losses.aggregate(agg, torch.ones(2, 3), torch.zeros(2, 3))
+
+
+def test_step_totals_of_zero_width_masks_and_errors_that_name_the_shapes():
+    empty = step_totals([torch.zeros(2, 0), torch.zeros(3, 0)])
+    assert (empty.num_tokens, empty.num_seqs, empty.max_len, empty.is_empty) == (0, 0, 0, True)
+    with pytest.raises(ValueError, match="needs at least one mask"):
+        step_totals([])
+    with pytest.raises(ValueError, match=r"each mask must be \[N, T\], got shape \(4,\)"):
+        step_totals(torch.ones(4))
+    with pytest.raises(ValueError, match=r"keep must be \[N\]=\(2,\) for its mask, got \(3,\)"):
+        step_totals(torch.ones(2, 5), keep=torch.ones(3))
+    with pytest.raises(ValueError, match="it must be the generation limit, at least the padded"):
+        step_totals(torch.ones(2, 5), max_len=3)
+
+
+def test_the_per_sequence_mean_keeps_the_losses_dtype_whatever_the_masks():
+    # a float64 (or bool) mask must not widen a float32 loss
+    per_token = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    for mask in (
+        torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.float64),
+        torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool),
+    ):
+        for agg in AGGS:
+            out = losses.aggregate(agg, per_token, mask)
+            assert out.dtype == torch.float32, (agg, mask.dtype, out.dtype)
+        assert float(losses.aggregate("seq_mean_token_mean", per_token, mask)) == 2.25

@@ -33,8 +33,12 @@ def test_k3_is_clamped_like_verl():
 
 
 def test_kl_bad_input():
-    with pytest.raises(ValueError, match="valid estimators: k1, k2, k3"):
-        losses.kl("low_var_kl", torch.zeros(1, 1), torch.zeros(1, 1))
+    with pytest.raises(
+        ValueError, match=r"valid names: k1, k2, k3, abs, kl, mse, low_var_kl, k1\+"
+    ):
+        losses.kl("k9", torch.zeros(1, 1), torch.zeros(1, 1))
+    with pytest.raises(ValueError, match=r"unknown KL estimator 'k3\+\+'"):
+        losses.kl("k3++", torch.zeros(1, 1), torch.zeros(1, 1))
     with pytest.raises(ValueError, match="ref_logp must have the shape"):
         losses.kl("k3", torch.zeros(2, 3), torch.zeros(2, 2))
 
@@ -178,7 +182,7 @@ def test_objective_bad_input():
         losses.objective(logp, old, adv, torch.zeros_like(mask))
 
 
-@pytest.mark.parametrize("aggregation", list(losses.AGGREGATIONS))
+@pytest.mark.parametrize("aggregation", sorted(losses.EXACT_UNDER_ACCUMULATION))
 @pytest.mark.parametrize("parts", [2, 4])
 def test_objective_micro_batches_equal_one_batch(aggregation, parts):
     # the trainer's path: keep, KL with kl_weight and the entropy bonus, split into micro-

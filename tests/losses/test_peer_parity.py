@@ -11,9 +11,8 @@ losses are plain functions (``core_algos.compute_policy_loss_*``, ``agg_loss``,
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
-from types import SimpleNamespace
 
+import peer_calls
 import pytest
 import torch
 
@@ -42,48 +41,15 @@ def _trl_loss(
     loss_type, logp, old, ref, adv, mask, *, eps_low, eps_high, beta, max_len=None, level="token"
 ):
     """Run TRL's GRPOTrainer._compute_loss on our tensors; return (loss, d loss / d logp)."""
-    trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
+    pytest.importorskip("trl.trainer.grpo_trainer")
     lp = logp.detach().clone().requires_grad_()
-    n, t = lp.shape
-    stub = SimpleNamespace(
-        top_entropy_quantile=1.0,
-        off_policy_mask_threshold=None,
-        importance_sampling_level=level,
-        beta=beta,
-        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
-        loss_type=loss_type,
-        epsilon_low=eps_low,
-        epsilon_high=eps_high,
-        use_vllm=False,
-        vllm_importance_sampling_correction=False,
-        model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=1,
-        max_completion_length=max_len or t,
-        accelerator=SimpleNamespace(
-            num_processes=1,
-            gather=lambda x: x,
-            gather_for_metrics=lambda x: x,
-            reduce=lambda x, reduction="sum": x,
-            sync_gradients=True,
-        ),
-        _entropy_bonus_enabled=False,
-        aux_loss_enabled=False,
-        _metrics=defaultdict(lambda: defaultdict(list)),
-        _get_per_token_logps_and_entropies=lambda *a, **k: (lp, torch.zeros_like(lp), None),
-    )
-    inputs = {
-        "prompt_ids": torch.zeros(n, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(n, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(n, t, dtype=torch.long),
-        "completion_mask": mask,
-        "advantages": adv,
-        "old_per_token_logps": old,
-        "ref_per_token_logps": ref,
-        "num_items_in_batch": mask.sum(),
-    }
-    loss = trl_grpo.GRPOTrainer._compute_loss(stub, None, inputs)
+    metrics: dict = {}
+    loss = peer_calls.trl_loss(
+        lp, old, ref, adv, mask, loss_type=loss_type, eps=(eps_low, eps_high), beta=beta,
+        level=level, max_len=max_len, metrics=metrics,
+    )  # fmt: skip
     (grad,) = torch.autograd.grad(loss, lp)
-    return loss.detach(), grad, stub._metrics["train"]
+    return loss.detach(), grad, metrics
 
 
 def _ours(logp, old, ref, adv, mask, *, surrogate, params, aggregation, beta, totals=None):
@@ -199,15 +165,7 @@ def verl():
 
 
 def _verl_config(config_mod, eps_low, eps_high, clip_ratio_c=3.0):
-    return config_mod.ActorConfig(
-        strategy="fsdp",
-        rollout_n=1,
-        clip_ratio=eps_low,
-        clip_ratio_low=eps_low,
-        clip_ratio_high=eps_high,
-        clip_ratio_c=clip_ratio_c,
-        ppo_micro_batch_size_per_gpu=1,
-    )
+    return peer_calls.verl_config(clip=(eps_low, eps_high), c=clip_ratio_c)
 
 
 VERL_AGG = {

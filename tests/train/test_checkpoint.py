@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from grouprl.train import checkpoint as ckpt
+from grouprl.train.layout import list_checkpoints
 
 
 def _model_and_opt(seed=0):
@@ -49,7 +50,7 @@ def test_keep_last_and_no_temporary_leftovers(tmp_path):
     model, opt = _model_and_opt()
     for step in (1, 2, 3, 4):
         ckpt.save(tmp_path, step, model=model, optimizer=opt, state={}, keep_last=2)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000003", "step_00000004"]
     assert not list(tmp_path.glob(".tmp-*"))
 
 

@@ -17,6 +17,7 @@ from train_toy import TINY_MAZE_ARGS, grouprl_command, make, subprocess_env
 from grouprl import cli
 from grouprl.train import checkpoint as ckpt
 from grouprl.train import sinks
+from grouprl.train.api import write_report
 from grouprl.train.diskfull import DiskFullError, is_disk_full
 from grouprl.train.loop import train
 from grouprl.train.sinks import JsonlAppender, Sinks, read_jsonl
@@ -142,7 +143,12 @@ def test_report_full_disk_removes_the_partial_report(tmp_path, monkeypatch):
 
     monkeypatch.setattr(html, "write_page", partial_page)
     run = tmp_path / "run"
-    message = _full_disk_message(run, "optim.steps=2", "run.report=true")
+    cfg, inj = make(run, "optim.steps=2", "run.report=true")
+    result = train(cfg, **inj)
+    assert not (run / "report.html").exists()  # the trainer writes no report ...
+    with pytest.raises(DiskFullError) as info:
+        write_report(cfg, result)  # ... the entry points do, after train()
+    message = str(info.value)
     assert f"while writing {run / 'report.html'} at step 2" in message
     assert "The partial report.html was removed" in message
     assert f"Last good checkpoint: {run / 'checkpoints/step_00000002'} (step 2)" in message
@@ -190,7 +196,7 @@ def test_tensorboard_full_disk_is_the_same_message(tmp_path, monkeypatch):
 
 
 def test_config_yaml_full_disk_keeps_the_old_file(tmp_path, monkeypatch):
-    Sinks(tmp_path, {"a": 1}, total_steps=1, tensorboard=False, progress=False).close(report=False)
+    Sinks(tmp_path, {"a": 1}, total_steps=1, tensorboard=False, progress=False).close()
     real = Path.write_text
 
     def full(self, *args, **kwargs):

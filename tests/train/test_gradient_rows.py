@@ -6,6 +6,7 @@ import pytest
 import torch
 from train_toy import make
 
+from grouprl import losses
 from grouprl.train import loop
 from grouprl.train.loop import gradient_rows, train
 from grouprl.train.sinks import read_jsonl
@@ -30,6 +31,25 @@ def test_gradient_rows_known_answer():
     got = gradient_rows(torch.tensor([2, 3, 0, 1]), adv=adv, keep=keep, kl_weight=kl_w,
                         beta=0.0, g=2)  # fmt: skip
     assert got.tolist() == [True, True, False, False]
+    # KL-Cov's and DRO's penalties act at A = 0: every kept row is live, dropped rows never
+    assert set(losses.SURROGATES) - {"kl_cov", "dro"} == losses.ZERO_AT_ZERO_ADVANTAGE
+    got = gradient_rows(rows, adv=adv, keep=keep, kl_weight=kl_w, beta=0.0, g=2, every_row=True)
+    assert got.tolist() == [True, True, True, True, False, False]
+
+
+@pytest.mark.parametrize("name", sorted(losses.SURROGATES))
+def test_zero_advantage_rows_add_nothing_exactly_for_the_listed_surrogates(name):
+    # off-policy rows with A = 0: the loss and its gradient vanish iff the surrogate says so
+    g = torch.Generator().manual_seed(0)
+    logp = (-torch.rand(4, 5, generator=g, dtype=torch.float64) - 0.1).requires_grad_()
+    old = logp.detach() + 0.3 * torch.randn(4, 5, generator=g, dtype=torch.float64)
+    params = {"dro": {"beta": 0.2}, "kl_cov": {"kl_cov_ratio": 0.5}}.get(name, {})
+    adv = torch.zeros(4, dtype=torch.float64)
+    adv[0] = 1.0  # one live row, so that the covariance centring is not degenerate
+    per_token, _ = losses.surrogate(name, logp, old, adv, torch.ones(4, 5), **params)
+    (grad,) = torch.autograd.grad(per_token[1:].sum(), logp)
+    vanishes = bool((per_token[1:] == 0).all() and (grad == 0).all())
+    assert vanishes == (name in losses.ZERO_AT_ZERO_ADVANTAGE)
 
 
 @pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo"])  # the three aggregations
@@ -95,3 +115,32 @@ def test_a_step_where_no_group_has_a_gradient_still_steps_adamw(tmp_path, monkey
     monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
     train(cfg, **inj)
     assert seen == [True, True]
+
+
+@pytest.mark.parametrize("surrogate", ["dro", "kl_cov"])
+def test_penalty_surrogates_backpropagate_zero_advantage_groups(tmp_path, monkeypatch, surrogate):
+    """DRO's and KL-Cov's penalties act on a row with A = 0 once the policy has moved (the
+    second minibatch): the trainer must not skip those groups. The gradients AdamW receives
+    equal those of the run that backpropagates every group."""
+    grads: dict[str, list[list[torch.Tensor]]] = {"plan": [], "all": []}
+    real_step, real_rows = torch.optim.AdamW.step, loop.gradient_rows
+
+    def recording_step(self, *args, **kwargs):
+        grads[mode].append([p.grad.clone() for g in self.param_groups for p in g["params"]])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", recording_step)
+    params = "beta=0.5" if surrogate == "dro" else "kl_cov_ratio=0.5"
+    for mode in ("plan", "all"):
+        if mode == "all":
+            monkeypatch.setattr(loop, "gradient_rows", lambda r, **k: torch.ones_like(r).bool())
+        cfg, inj = make(tmp_path / mode, "optim.steps=1", "optim.minibatches=2",
+                        "sampling.prompts_per_step=16", "optim.grad_clip=0",
+                        f"algorithm.overrides.surrogate={surrogate}",
+                        f"algorithm.overrides.surrogate_params.{params}")  # fmt: skip
+        train(cfg, **inj)
+    monkeypatch.setattr(loop, "gradient_rows", real_rows)
+    assert len(grads["plan"]) == len(grads["all"]) == 2
+    for step_a, step_b in zip(grads["plan"], grads["all"], strict=True):
+        for x, y in zip(step_a, step_b):
+            torch.testing.assert_close(x, y, atol=1e-7, rtol=1e-5)

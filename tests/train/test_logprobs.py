@@ -268,3 +268,32 @@ def test_keep_bytes_decides_recompute(monkeypatch):
     with torch.no_grad():
         completion_logprobs(model, *batch, keep_bytes=0)  # no gradient: nothing to keep for
     assert calls == [True, False, True]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("recompute", [True, False])
+def test_sum_pi_squared_matches_the_full_softmax(fused, recompute, monkeypatch):
+    """Σ_v π(v)² at each position (the optimal token baseline's input), fused head or
+    log_softmax path, kept or recomputed: the full softmax at the same temperature; the
+    gradient of the log-probs is unchanged by asking for it."""
+    from grouprl.train import logprobs as lp_mod
+
+    if not fused:
+        monkeypatch.setattr(lp_mod, "_fused_head", lambda head, h: False)
+    vocab = 700
+    model = _model(vocab)
+    prompt, pmask, comp, cmask = _batch(vocab)
+    ids, mask = torch.cat([prompt, comp], 1), torch.cat([pmask, cmask], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits
+    probs = torch.softmax(logits[:, prompt.shape[1] - 1 : -1].float() / 0.7, -1)  # [N, T, V]
+    want = probs.square().sum(-1) * cmask
+    out = completion_logprobs(
+        model, prompt, pmask, comp, cmask, temperature=0.7, chunk=4, recompute=recompute,
+        sum_pi_squared=True,
+    )  # fmt: skip
+    torch.testing.assert_close(out.sum_pi_squared, want, atol=1e-6, rtol=1e-5)
+    assert out.sum_pi_squared.requires_grad is False
+    plain = completion_logprobs(model, prompt, pmask, comp, cmask, temperature=0.7, chunk=4)
+    assert plain.sum_pi_squared is None
+    torch.testing.assert_close(out.logp, plain.logp)

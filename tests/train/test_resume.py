@@ -12,6 +12,7 @@ from train_toy import make
 
 from grouprl import models
 from grouprl.train import resume
+from grouprl.train.api import write_report
 from grouprl.train.config import RunConfig
 from grouprl.train.loop import train
 from grouprl.train.sinks import read_jsonl
@@ -97,7 +98,9 @@ def test_resume_anyway_continues_and_records_the_change_in_metrics_and_report(tm
     )
     with warnings.catch_warnings():  # the report of a short run raises no warning
         warnings.simplefilter("error")
-        assert train(cfg, **inj).step == 3
+        result = train(cfg, **inj)
+        assert result.step == 3
+        write_report(cfg, result)  # what grouprl train does after train()
     out = capsys.readouterr().out
     assert "resume: --resume-anyway: continuing" in out
     assert "optim.steps: 2 (checkpoint) -> 3 (now)" in out  # bookkeeping, printed

@@ -111,3 +111,17 @@ def test_a_group_without_a_loss_token_adds_nothing_to_the_step(tmp_path):
         torch.testing.assert_close(a, b, atol=1e-7, rtol=0)
     for key in ("policy/ratio_mean", "policy/ratio_max", "loss/pg", "optim/grad_norm"):
         assert m_with[key] == pytest.approx(m_without[key], rel=1e-6, abs=1e-9), key
+
+
+def test_per_token_advantages_follow_the_rows_and_decide_the_gradient_groups():
+    # [N, T] advantages (a token-level estimator): rows() slices them like every [N] value,
+    # and a group lives when any token of any of its rows has a non-zero advantage
+    adv = torch.zeros(6, 3)
+    adv[1, 2] = 0.5  # group 0 (rows 0-1): one token
+    adv[4] = -1.0  # group 2 (rows 4-5)
+    t = Targets(adv, torch.ones(6, dtype=torch.bool), torch.ones(6), None, {})
+    assert t.rows(torch.tensor([4, 1])).adv.tolist() == [[-1.0] * 3, [0.0, 0.0, 0.5]]
+    plan = loop.micro_batches(torch.arange(6), t, beta=0.0, g=2, size=0)
+    assert [(m.tolist(), grad) for m, grad in plan] == [([0, 1, 4, 5], True), ([2, 3], False)]
+    with pytest.raises(ValueError, match=r"adv may be \[N, T\] per token"):
+        Targets(torch.zeros(6, 3, 2), torch.ones(6, dtype=torch.bool), torch.ones(6), None, {})

@@ -14,7 +14,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, check_positive, group_moments
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    check_positive,
+    group_moments,
+    keyword_defaults,
+)
 
 __all__ = ["REWARD_COMBINATIONS", "combine", "normalize_then_sum", "weighted_sum"]
 
@@ -74,13 +79,17 @@ def normalize_then_sum(
     p, g, k = rewards.shape
     w = _weights(weights, k, rewards)
     per_func = rewards.permute(0, 2, 1).reshape(p * k, g)  # [P·K, G]: one row per (group, fn)
-    valid = ~torch.isnan(per_func)
-    m = group_moments(per_func, None if bool(valid.all()) else valid, ddof, tau)
-    norm = m.dev / (m.std + eps)[:, None]  # [P·K, G], 0 at NaN entries
+    has_nan = not bool(torch.isfinite(per_func.sum()))  # one reduction (inf was refused)
+    m = group_moments(per_func, ~torch.isnan(per_func) if has_nan else None, ddof, tau)
+    scale = (m.std + eps).reciprocal_()  # [P·K]
     if zero_collapsed:
-        norm = norm.masked_fill(m.collapsed[:, None], 0.0)
-    total = (norm.reshape(p, k, g) * w[None, :, None]).sum(dim=1)  # [P, G]
-    return _unscorable(rewards, total)
+        scale = scale.masked_fill_(m.collapsed, 0.0)
+    norm = m.dev.mul_(scale[:, None])  # [P·K, G], 0 at NaN entries (dev is a fresh tensor)
+    if k == 1:
+        total = norm.view(p, g) * w[0] if bool(w[0] != 1) else norm.view(p, g)
+    else:
+        total = (norm.view(p, k, g) * w[None, :, None]).sum(dim=1)  # [P, G]
+    return _unscorable(rewards, total) if has_nan else total
 
 
 REWARD_COMBINATIONS: dict[str, Callable[..., torch.Tensor]] = {
@@ -111,9 +120,9 @@ def combine(
         )
     if not rewards.is_floating_point():
         raise ValueError(f"rewards must be floating point (NaN = None), got {rewards.dtype}")
-    if bool(torch.isinf(rewards).any()):
+    if not bool(torch.isfinite(rewards.sum())) and bool(torch.isinf(rewards).any()):
         raise ValueError("per-function rewards contain ±inf; return NaN (None) when unscorable")
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(keyword_defaults(fn))
     unknown = set(params) - accepted
     if unknown:
         raise ValueError(

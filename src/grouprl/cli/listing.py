@@ -36,6 +36,16 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
     "surrogates": ("Surrogates", "grouprl.losses", "SURROGATES"),
     "aggregations": ("Aggregations", "grouprl.losses", "AGGREGATIONS"),
     "kl": ("KL estimators", "grouprl.losses", "KL_ESTIMATORS"),
+    "kl_names": (
+        "KL names: verl's aliases and + (straight-through) forms",
+        "grouprl.losses",
+        "KL_VARIANTS",
+    ),
+    "kl_corrections": (
+        "KL importance corrections (objective's kl_correction)",
+        "grouprl.losses",
+        "KL_CORRECTIONS",
+    ),
     "corrections": (
         "Rollout corrections (algorithm.rollout_correction)",
         "grouprl.losses",
@@ -49,6 +59,8 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
 
 def first_line(obj: object) -> str:
     """One-line description of a registry entry: a preset's description or a docstring's first line."""
+    if isinstance(obj, str):  # registries of plain descriptions (KL_VARIANTS...)
+        return obj
     text = getattr(obj, "description", None) or (getattr(obj, "__doc__", None) or "")
     text = text.strip().splitlines()[0] if text.strip() else ""
     return text.replace("``", "")

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from grouprl._json import jsonl_lines
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
 from grouprl.diagnostics.health import RunHealth
 from grouprl.diagnostics.regime import sigma_mean_cv
@@ -67,8 +68,7 @@ class GroupFile:
         return sum(r.shape[0] for _, r in self.batches.values())
 
 
-def _parse_line(line: str) -> tuple[Any, Any, list[float]]:
-    obj = json.loads(line)
+def _parse_line(obj: Any) -> tuple[Any, Any, list[float]]:
     if not isinstance(obj, dict):
         raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
     if "rewards" not in obj:
@@ -106,21 +106,20 @@ def load_groups(path: str | Path) -> GroupFile:
     errors: list[tuple[int, str]] = []
     n_err = n_lines = 0
     try:
-        with open(path, encoding="utf-8") as fh:
-            for no, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                n_lines += 1
-                try:
-                    step, pid, vals = _parse_line(line)
-                except (ValueError, TypeError) as err:  # json.JSONDecodeError is a ValueError
-                    n_err += 1
-                    if len(errors) < MAX_ERRORS_KEPT:
-                        errors.append((no, str(err)))
-                    continue
-                ids, rows = by_step.setdefault(step, ([], []))
-                ids.append(pid if pid is not None else f"line{no}")
-                rows.append(vals)
+        for no, obj, error in jsonl_lines(path):
+            n_lines += 1
+            try:
+                if error is not None:
+                    raise ValueError(error)
+                step, pid, vals = _parse_line(obj)
+            except (ValueError, TypeError) as err:
+                n_err += 1
+                if len(errors) < MAX_ERRORS_KEPT:
+                    errors.append((no, str(err)))
+                continue
+            ids, rows = by_step.setdefault(step, ([], []))
+            ids.append(pid if pid is not None else f"line{no}")
+            rows.append(vals)
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not a UTF-8 text file ({err.reason})") from None
     except OSError as err:

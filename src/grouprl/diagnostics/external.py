@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from grouprl._json import jsonl_lines, read_jsonl
 from grouprl.diagnostics.diagnose import MAX_ERRORS_KEPT, GroupFile
 
 __all__ = [
@@ -154,12 +155,9 @@ def _trl_files(path: Path) -> list[Path]:
 def _first_object(path: Path) -> dict | None:
     """The first non-empty line of a JSONL file as a dict (None if unreadable or not one)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    obj = json.loads(line)
-                    return obj if isinstance(obj, dict) else None
-    except (OSError, UnicodeDecodeError, ValueError):
+        for _, obj, _ in jsonl_lines(path):
+            return obj if isinstance(obj, dict) else None
+    except (OSError, UnicodeDecodeError):
         return None
     return None
 
@@ -323,14 +321,13 @@ def load_trl(
 def _verl_lines(files: Iterable[Path], score_key: str) -> Iterator[_Sample | tuple[int, str]]:
     for f in files:
         try:
-            text = f.read_text(encoding="utf-8")
+            lines = list(jsonl_lines(f))
         except (OSError, UnicodeDecodeError) as err:
             raise ValueError(f"{f}: cannot read ({err})") from None
-        for no, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
+        for no, obj, error in lines:
             try:
-                obj = json.loads(line)
+                if error is not None:
+                    raise ValueError(error)
                 if not isinstance(obj, dict):
                     raise ValueError("not a JSON object")
                 missing = [k for k in ("input", "step", score_key) if k not in obj]
@@ -458,15 +455,16 @@ def load_mismatch(path: str | Path) -> MismatchLog | None:
     None when ``path`` is none of these."""
     path = Path(path)
     if _is_verl_metrics_file(path):
-        with open(path, encoding="utf-8") as fh:
-            lines = [json.loads(line) for line in fh if line.strip()]
+        lines = read_jsonl(path)  # a torn last line is skipped
         steps = ((int(o["step"]), o["data"]) for o in lines if isinstance(o, dict))
         return MismatchLog("verl", path, _mismatch_rows("verl", steps), metrics_only=True)
     if path.is_dir() and (path / "metrics.jsonl").is_file():
-        from grouprl.report.run import read_metrics
-
-        rows, _ = read_metrics(path / "metrics.jsonl")
-        steps = ((int(r["step"]), r) for r in rows)
+        rows = {  # by step, the last row of a repeated step winning (report.read_metrics)
+            int(r["step"]): r
+            for r in read_jsonl(path / "metrics.jsonl")
+            if isinstance(r, dict) and isinstance(r.get("step"), int)
+        }
+        steps = ((step, rows[step]) for step in sorted(rows))
         return MismatchLog("grouprl", path / "metrics.jsonl", _mismatch_rows("grouprl", steps))
     state = _trl_state(path) if path.exists() else None
     if state is not None:

@@ -19,13 +19,18 @@ TRL has no advantage hook):
   AVSPO trigger advances once per generation batch in training, is only read in
   evaluation, and is saved in every checkpoint (``grouprl_state.json``).
 - The preset's loss half is mapped onto TRL's own knobs when TRL can express it
-  (:func:`trl_loss_settings`: ``loss_type``, ``epsilon``, ``epsilon_high``,
-  ``importance_sampling_level``); otherwise (``reinforce``, a dual clip, a k1/k2 KL, a
-  per-group KL weight or group skip with β > 0) ``_compute_loss`` computes
-  :func:`grouprl.losses.objective` with TRL's log-probabilities and TRL's normalisers, and
-  with TRL's rollout corrections (the vLLM importance-sampling ratio of
-  ``vllm_importance_sampling_mode`` and DeepSeek-V3.2's ``off_policy_mask_threshold``) as its
-  ``correction_weight``, exactly as TRL's own loss applies them.
+  (:func:`trl_loss_settings`: ``loss_type``, ``epsilon``, ``epsilon_high``, ``delta``,
+  ``importance_sampling_level``, ``sapo_temperature_*``, ``vespo_*``,
+  ``use_bias_correction_kl``); otherwise (``reinforce``, ``gmpo``, ``clip_cov``, ``kl_cov``,
+  ``dppo_*``, ``dro``, a k1/k2 KL, a per-group KL weight or group skip with β > 0)
+  ``_compute_loss`` computes :func:`grouprl.losses.objective` with TRL's log-probabilities,
+  TRL's normalisers, its ``top_entropy_quantile`` (the threshold over each micro-batch on each
+  process, where TRL gathers the micro-batch across processes), its
+  ``use_bias_correction_kl`` (``kl_correction="ratio"``, or ``"sequence_ratio"`` at
+  ``importance_sampling_level="sequence"``) and TRL's rollout corrections (the vLLM
+  importance-sampling ratio of ``vllm_importance_sampling_mode`` and DeepSeek-V3.2's
+  ``off_policy_mask_threshold``) as its ``correction_weight``, exactly as TRL's own loss
+  applies them.
 - :class:`GroupRLDiagnosticsCallback` adds ``grouprl/*`` metrics (ACR split, inverse-scale
   tails, tail-miss risk, estimator stats; with vLLM log-probs the ``mismatch/*`` metrics of
   :func:`grouprl.diagnostics.mismatch_metrics`, raw ratio quantiles included) to TRL's metric
@@ -85,10 +90,13 @@ TRL_LOSS_TYPES: dict[str, str] = {
     "seq_mean_token_mean": "grpo",
     "token_mean": "dapo",
     "seq_mean_token_sum_norm": "dr_grpo",
+    "seq_mean_token_sum": "luspo",
+    "micro_token_mean": "bnpo",
 }
-"""Our aggregation -> TRL ``loss_type`` with the same normaliser (TRL 1.x ``_compute_loss``:
-``grpo`` per-sequence token mean, ``dapo`` token mean over the optimizer step, ``dr_grpo``
-sum / (B · max_completion_length))."""
+"""Our aggregation -> TRL ``loss_type`` of the PPO-clip family with the same normaliser (TRL
+1.x ``_compute_loss``: ``grpo`` per-sequence token mean, ``dapo`` token mean over the optimizer
+step, ``dr_grpo`` sum / (B · max_completion_length), ``luspo`` mean over sequences of the token
+sums, ``bnpo`` each micro-batch's own token mean)."""
 
 TAIL_MISS_RHO = 0.1
 """Share of a prompt's correct mass held by rare modes for the tail-miss risk
@@ -171,42 +179,82 @@ def schedule_note(spec: Preset, args: Any) -> str | None:
     )
 
 
+def _clip_family(preset: Preset, params: dict[str, Any]) -> dict[str, Any] | None:
+    """TRL settings for ``ppo_clip`` / ``gspo`` (TRL's grpo, dapo, dr_grpo, luspo, bnpo)."""
+    loss_type = TRL_LOSS_TYPES.get(preset.aggregation)
+    if loss_type is None:
+        return None
+    defaults = (3e-4, 4e-4) if preset.surrogate == "gspo" else (0.2, 0.2)
+    eps_low = float(params.get("eps_low", defaults[0]))
+    eps_high = float(params.get("eps_high", defaults[1]))
+    dual = params.get("clip_ratio_c")
+    # TRL's two-sided delta caps the unclipped ratio; for delta >= 1 + eps_high that is the dual
+    # clip c = delta (tests/losses/test_peer_parity_methods.py); below, TRL has no equivalent
+    if dual is not None and float(dual) < 1.0 + eps_high:
+        return None
+    return {
+        "loss_type": loss_type,
+        "epsilon": eps_low,
+        "epsilon_high": eps_high,
+        "importance_sampling_level": "sequence" if preset.surrogate == "gspo" else "token",
+        "delta": None if dual is None else float(dual),
+    }
+
+
+def _soft_family(preset: Preset, params: dict[str, Any]) -> dict[str, Any] | None:
+    """TRL settings for ``sapo`` (normalised as TRL's grpo) and ``vespo`` (as its dapo)."""
+    if preset.surrogate == "sapo":
+        if preset.aggregation != "seq_mean_token_mean" or "log_ratio_clamp" in params:
+            return None
+        return {
+            "loss_type": "sapo",
+            "sapo_temperature_pos": float(params.get("tau_pos", 1.0)),
+            "sapo_temperature_neg": float(params.get("tau_neg", 1.05)),
+            "importance_sampling_level": params.get("level", "token"),
+        }
+    known = {"k_pos", "lambda_pos", "k_neg", "lambda_neg"}
+    if preset.aggregation != "token_mean" or set(params) - known:
+        return None
+    defaults = {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+    out: dict[str, Any] = {"loss_type": "vespo", "importance_sampling_level": "token"}
+    out.update({f"vespo_{k}": float(params.get(k, v)) for k, v in defaults.items()})
+    return out
+
+
 def trl_loss_settings(preset: Preset) -> dict[str, Any] | None:
     """``GRPOConfig`` fields that make TRL's own loss compute ``preset``'s loss half, or None.
 
-    None when TRL 1.x cannot express it: the ``reinforce`` surrogate, a dual clip
-    (``clip_ratio_c``), a KL other than TRL's k3 with β > 0, an aggregation TRL lacks, CISPO
-    with a lower weight bound (TRL clips the weight from above only) or CISPO without the
-    token mean. GSPO maps to ``importance_sampling_level="sequence"`` (TRL does not clamp
-    log s at 10 as verl and we do; identical below that).
+    TRL 1.x expresses: ``ppo_clip`` and ``gspo`` (``importance_sampling_level="sequence"``)
+    with any aggregation of :data:`TRL_LOSS_TYPES`, a dual clip ``c ≥ 1 + ε_high`` as TRL's
+    two-sided ``delta``; ``cispo`` with the token mean and no lower weight bound (TRL clips
+    the weight from above only); ``sapo`` with the per-sequence token mean; ``vespo`` with the
+    token mean. None otherwise (``reinforce``, ``gmpo`` — TRL's GMPO is a separate trainer
+    class —, ``clip_cov``, ``kl_cov``, ``dppo_*``, ``dro``, a KL other than TRL's k3 with
+    β > 0), and the trainer runs :func:`grouprl.losses.objective` instead. The preset's KL
+    term is the plain estimator, so ``use_bias_correction_kl`` is set to False (TRL's default
+    is True: its KL gradient would otherwise carry the ratio weight). TRL does not clamp
+    ``log s`` at 10 for GSPO as verl and we do; identical below that.
     """
-    loss_type = TRL_LOSS_TYPES.get(preset.aggregation)
     params = dict(preset.surrogate_params)
-    if loss_type is None or (preset.beta > 0 and preset.kl != "k3"):
+    if preset.beta > 0 and preset.kl != "k3":
         return None
+    common = {"beta": float(preset.beta), "use_bias_correction_kl": False}
     if preset.surrogate in ("ppo_clip", "gspo"):
-        if params.get("clip_ratio_c") is not None:
+        settings = _clip_family(preset, params)
+    elif preset.surrogate in ("sapo", "vespo"):
+        settings = _soft_family(preset, params)
+    elif preset.surrogate == "cispo":
+        if preset.aggregation != "token_mean" or float(params.get("eps_low", 1.0)) < 1.0:
             return None
-        level = "sequence" if preset.surrogate == "gspo" else "token"
-        defaults = (3e-4, 4e-4) if preset.surrogate == "gspo" else (0.2, 0.2)
-        return {
-            "loss_type": loss_type,
-            "epsilon": float(params.get("eps_low", defaults[0])),
-            "epsilon_high": float(params.get("eps_high", defaults[1])),
-            "importance_sampling_level": level,
-            "beta": float(preset.beta),
-        }
-    if preset.surrogate == "cispo":
-        if loss_type != "dapo" or float(params.get("eps_low", 1.0)) < 1.0:
-            return None
-        return {
+        settings = {
             "loss_type": "cispo",
             "epsilon": 0.2,
             "epsilon_high": 1.0 + float(params.get("eps_high", 5.0)),
             "importance_sampling_level": "token",
-            "beta": float(preset.beta),
         }
-    return None
+    else:
+        return None
+    return None if settings is None else {**settings, **common}
 
 
 def _needs_grouprl_loss(preset: Preset) -> bool:
@@ -443,6 +491,8 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         settings = trl_loss_settings(spec) if from_preset else None
         if use_ours and spec.beta > 0 and targs.beta == 0.0:
             settings = {**(settings or {}), "beta": float(spec.beta)}
+        if from_preset:  # a preset's KL term is the plain estimator (TRL's default is True)
+            settings = {**(settings or {}), "use_bias_correction_kl": False}
         combination = spec.reward_combination or adv_lib.DEFAULT_COMBINATION.get(
             spec.estimator, "sum"
         )
@@ -477,7 +527,6 @@ class GroupRLGRPOTrainer(GRPOTrainer):
 
     def _check_grouprl_loss_args(self) -> None:
         unsupported = {
-            "top_entropy_quantile < 1": self.top_entropy_quantile < 1.0,
             "entropy bonus": bool(getattr(self, "_entropy_bonus_enabled", False)),
         }
         bad = [k for k, v in unsupported.items() if v]
@@ -645,6 +694,10 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         )[:2]
         old = inputs.get("old_per_token_logps")
         mode = "train" if self.model.training else "eval"
+        kl_correction = None
+        if getattr(self.args, "use_bias_correction_kl", False):  # TRL >= 1.x
+            sequence = self.importance_sampling_level == "sequence"
+            kl_correction = "sequence_ratio" if sequence else "ratio"
         weight = self._grouprl_correction_weight(inputs, logps, old, mask)
         out = loss_lib.objective(
             logps,
@@ -661,6 +714,8 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             beta=float(self.beta),
             kl_weight=inputs.get("grouprl_kl_weight"),
             entropy=entropies,
+            kl_correction=kl_correction,
+            top_entropy_quantile=float(self.top_entropy_quantile),
             correction_weight=weight,
         )
         m = self._metrics[mode]

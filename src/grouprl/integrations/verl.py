@@ -573,6 +573,23 @@ def _clip_bounds(config: Any) -> dict[str, float]:
     return {"eps_low": clip if low is None else low, "eps_high": clip if high is None else high}
 
 
+def _policy_loss_fields(config: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The given fields of ``config.policy_loss`` that are set (verl's PolicyLossConfig)."""
+    section = config.get("policy_loss", None)
+    if section is None:
+        return {}
+    return {k: section.get(k, None) for k in keys if section.get(k, None) is not None}
+
+
+def _dppo_params(config: Any) -> dict[str, float]:
+    bounds = _clip_bounds(config)
+    return {
+        "delta_low": bounds["eps_low"],
+        "delta_high": bounds["eps_high"],
+        "clip_ratio_c": config.get("clip_ratio_c", 20.0),
+    }
+
+
 _LOSS_PARAMS: dict[str, Callable[[Any], dict[str, float]]] = {
     # verl ``compute_policy_loss_vanilla``: clip_ratio_low/high, dual clip clip_ratio_c = 3.0
     "ppo_clip": lambda c: {**_clip_bounds(c), "clip_ratio_c": c.get("clip_ratio_c", 3.0)},
@@ -581,6 +598,24 @@ _LOSS_PARAMS: dict[str, Callable[[Any], dict[str, float]]] = {
     # verl ``compute_policy_loss_gspo``: the same clip_ratio_low/high on the sequence ratio
     "gspo": _clip_bounds,
     "reinforce": lambda c: {},
+    # verl ``compute_policy_loss_sapo``: ActorConfig.tau_pos / tau_neg
+    "sapo": lambda c: {"tau_pos": c.get("tau_pos", 1.0), "tau_neg": c.get("tau_neg", 1.05)},
+    # verl ``compute_policy_loss_geo_mean``: clip_ratio_low/high as log-space bounds
+    "gmpo": _clip_bounds,
+    # verl ``compute_policy_loss_clip_cov`` / ``_kl_cov``: PolicyLossConfig's fields
+    "clip_cov": lambda c: {
+        **_clip_bounds(c),
+        **_policy_loss_fields(c, ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
+    },
+    "kl_cov": lambda c: _policy_loss_fields(c, ("kl_cov_ratio", "ppo_kl_coef")),
+    # verl ``compute_policy_loss_dppo_*``: clip_ratio_low/high are the divergence thresholds,
+    # clip_ratio_c the IS-weight truncation (20.0 when the config has none)
+    "dppo_tv": _dppo_params,
+    "dppo_kl": _dppo_params,
+    # verl ``compute_policy_loss_dro``: policy_loss.dro_beta (required)
+    "dro": lambda c: {"beta": _policy_loss_fields(c, ("dro_beta",)).get("dro_beta")},
+    # vespo: no verl counterpart and no ActorConfig field; TRL's defaults
+    "vespo": lambda c: {},
 }
 """Surrogate -> its parameters read from verl's ActorConfig (same meaning as verl's losses)."""
 
@@ -593,6 +628,12 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
     sequence counts across data-parallel ranks and micro-batches mean what they mean in verl.
     Metrics: verl's ``actor/pg_clipfrac`` (our ``clip_frac_region``), ``actor/ppo_kl``,
     ``actor/pg_clipfrac_lower`` (dual clip), plus ``actor/grouprl/<stat>``.
+
+    Unlike verl's own ``sapo`` and ``geo_mean``, which force a per-sequence mean whatever
+    ``loss_agg_mode`` says, every grouprl loss follows ``loss_agg_mode``: set
+    ``actor.loss_agg_mode=seq-mean-token-mean`` for SAPO's and GMPO's own aggregation.
+    ``grouprl_clip_cov`` / ``grouprl_kl_cov`` select their tokens within verl's micro-batch, as
+    verl's do.
     """
     if name not in loss_lib.SURROGATES:
         raise ValueError(

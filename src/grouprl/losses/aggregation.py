@@ -29,12 +29,17 @@ import torch
 
 __all__ = [
     "AGGREGATIONS",
+    "EXACT_UNDER_ACCUMULATION",
     "StepTotals",
     "aggregate",
+    "entropy_threshold",
+    "micro_token_mean",
     "seq_mean_token_mean",
+    "seq_mean_token_sum",
     "seq_mean_token_sum_norm",
     "step_totals",
     "token_mean",
+    "token_sum",
 ]
 
 
@@ -49,11 +54,18 @@ class StepTotals:
             the generation limit ``max_completion_length``; verl uses the padded width of the
             mask unless ``loss_scale_factor`` is set. Give the generation limit for a
             normaliser that stays constant across steps.
+        num_micro: micro-batches in the step (``micro_token_mean``, TRL's ``bnpo``, divides
+            each micro-batch's own token mean by it).
+        entropy_threshold: the step's top-entropy threshold for
+            :func:`grouprl.losses.objective`'s ``top_entropy_quantile`` (None: each call takes
+            the quantile of its own micro-batch, as TRL does).
     """
 
     num_tokens: float
     num_seqs: float
     max_len: float
+    num_micro: int = 1
+    entropy_threshold: float | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -66,6 +78,8 @@ def step_totals(
     *,
     keep: torch.Tensor | Sequence[torch.Tensor] | None = None,
     max_len: int | None = None,
+    entropies: torch.Tensor | Sequence[torch.Tensor] | None = None,
+    top_entropy_quantile: float = 1.0,
 ) -> StepTotals:
     """Build :class:`StepTotals` from the masks of every micro-batch of one optimizer step.
 
@@ -74,6 +88,10 @@ def step_totals(
     out of the counts, as :func:`grouprl.losses.objective` masks them out of the loss.
     ``max_len``: L_max for ``seq_mean_token_sum_norm``; default the widest mask
     (verl's default); pass the generation limit to match TRL / Dr.GRPO.
+    ``entropies``, ``top_entropy_quantile``: the token entropies of every micro-batch (same
+    shapes as ``masks``) and ρ < 1 set ``entropy_threshold``, the (1 − ρ)-quantile of the
+    step's kept valid tokens' entropies (:func:`grouprl.losses.entropy_threshold`), so that the
+    top-entropy mask is the one-batch mask in every micro-batch.
     """
     mask_list = [masks] if isinstance(masks, torch.Tensor) else list(masks)
     if not mask_list:
@@ -87,6 +105,7 @@ def step_totals(
     tokens = 0.0
     seqs = 0.0
     width = 0
+    kept_masks = []
     for m, k in zip(mask_list, keep_list):
         if m.dim() != 2:
             raise ValueError(f"each mask must be [N, T], got shape {tuple(m.shape)}")
@@ -97,6 +116,7 @@ def step_totals(
                     f"keep must be [N]={tuple(counts.shape)} for its mask, got {tuple(k.shape)}"
                 )
             counts = counts * k.bool()
+        kept_masks.append(m.bool() if k is None else m.bool() & k.bool()[:, None])
         tokens += float(counts.sum())
         seqs += float((counts > 0).sum())
         width = max(width, m.shape[-1])
@@ -107,7 +127,41 @@ def step_totals(
                 "generation limit, at least the padded completion width"
             )
         width = max_len
-    return StepTotals(num_tokens=tokens, num_seqs=seqs, max_len=float(width))
+    threshold = None
+    if entropies is not None and top_entropy_quantile < 1.0:
+        ent_list = [entropies] if isinstance(entropies, torch.Tensor) else list(entropies)
+        if [e.shape for e in ent_list] != [m.shape for m in mask_list]:
+            raise ValueError("entropies must have the shapes of masks, one per micro-batch")
+        threshold = entropy_threshold(ent_list, kept_masks, top_entropy_quantile)
+    return StepTotals(
+        num_tokens=tokens,
+        num_seqs=seqs,
+        max_len=float(width),
+        num_micro=len(mask_list),
+        entropy_threshold=threshold,
+    )
+
+
+def entropy_threshold(
+    entropies: torch.Tensor | Sequence[torch.Tensor],
+    masks: torch.Tensor | Sequence[torch.Tensor],
+    quantile: float,
+) -> float | None:
+    """The entropy above which a token is among the top ρ = ``quantile`` share of valid tokens.
+
+    ``torch.quantile`` (linear interpolation) at 1 − ρ of the valid tokens' entropies of all
+    the given micro-batches (TRL ``get_high_entropy_mask``, grpo_trainer.py:1380-1415, takes it
+    over one micro-batch gathered across processes; "Beyond the 80/20 Rule", Wang et al. 2025,
+    arXiv 2506.01939, keeps the top 20 %: ρ = 0.2). None when there is no valid token.
+    """
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {quantile}")
+    ent_list = [entropies] if isinstance(entropies, torch.Tensor) else list(entropies)
+    mask_list = [masks] if isinstance(masks, torch.Tensor) else list(masks)
+    values = torch.cat([e.detach()[m.bool()].float() for e, m in zip(ent_list, mask_list)])
+    if values.numel() == 0:
+        return None
+    return float(torch.quantile(values, 1.0 - quantile))
 
 
 def _check(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -180,14 +234,66 @@ def seq_mean_token_sum_norm(
     return _masked_sum(per_token, m).sum() / denom
 
 
+def token_sum(
+    per_token: torch.Tensor, mask: torch.Tensor, totals: StepTotals | None = None
+) -> torch.Tensor:
+    """Sum of the valid tokens' losses, no normaliser (verl ``token-sum``).
+
+    verl multiplies by the data-parallel size so the ranks' averaged gradients add up to the
+    global sum; one process here. A sum needs no step count: micro-batch sums add up exactly.
+    The loss scale then grows with the batch and the lengths (pair it with a smaller lr).
+    """
+    m = _check(per_token, mask)
+    return _masked_sum(per_token, m).sum()
+
+
+def seq_mean_token_sum(
+    per_token: torch.Tensor, mask: torch.Tensor, totals: StepTotals | None = None
+) -> torch.Tensor:
+    """Mean over sequences of each sequence's token *sum* (verl ``seq-mean-token-sum``).
+
+    ``(1/S) Σ_i Σ_t ℓ_it`` with S the step's sequences that have a valid token: a sequence
+    weighs by its length, unlike ``seq_mean_token_mean``. LUSPO's aggregation (TRL
+    ``loss_type="luspo"``: ``(per_token_loss * mask).sum(-1).mean()``; TRL's mean also counts
+    rows without a valid token, which add 0 to the sum).
+    """
+    m = _check(per_token, mask)
+    denom = totals.num_seqs if totals is not None else float((m.sum(dim=-1) > 0).sum())
+    return _masked_sum(per_token, m).sum() / _denominator(denom, "sequences with a valid token")
+
+
+def micro_token_mean(
+    per_token: torch.Tensor, mask: torch.Tensor, totals: StepTotals | None = None
+) -> torch.Tensor:
+    """Each micro-batch's own token mean, averaged over the step's micro-batches (TRL ``bnpo``).
+
+    ``(Σ_t ℓ / Σ_t 1 over this micro-batch) / num_micro`` (TRL ``_compute_loss``: ``bnpo``
+    normalises by the local batch's tokens, then divides by the accumulation steps). This is
+    the micro-batch-local reading kept on purpose: it equals ``token_mean`` when the step is
+    one micro-batch or the micro-batches hold equal token counts, and otherwise weighs the
+    tokens of a short micro-batch more (the normaliser bug of verl #5625 / TRL #3178, as TRL
+    ships it). Without ``totals``: the token mean of this batch.
+    """
+    m = _check(per_token, mask)
+    local = _masked_sum(per_token, m).sum() / _denominator(float(m.sum()), "valid tokens")
+    return local / (totals.num_micro if totals is not None else 1)
+
+
 AggregationFn = Callable[[torch.Tensor, torch.Tensor, "StepTotals | None"], torch.Tensor]
 
 AGGREGATIONS: dict[str, AggregationFn] = {
     "token_mean": token_mean,
     "seq_mean_token_mean": seq_mean_token_mean,
     "seq_mean_token_sum_norm": seq_mean_token_sum_norm,
+    "seq_mean_token_sum": seq_mean_token_sum,
+    "token_sum": token_sum,
+    "micro_token_mean": micro_token_mean,
 }
 """Aggregation name -> function ``(per_token [N, T], mask [N, T], totals) -> scalar``."""
+
+EXACT_UNDER_ACCUMULATION: frozenset[str] = frozenset(AGGREGATIONS) - {"micro_token_mean"}
+"""Aggregations whose micro-batch losses, given the step's StepTotals, sum to the one-batch
+loss (``micro_token_mean`` is TRL's micro-batch-local ``bnpo``, by design not)."""
 
 
 def aggregate(

@@ -13,7 +13,24 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["KL_ESTIMATORS", "k1", "k2", "k3", "kl", "token_entropy"]
+__all__ = [
+    "KL_ALIASES",
+    "KL_CORRECTIONS",
+    "KL_ESTIMATORS",
+    "KL_IS_WEIGHT_CLIP",
+    "KL_VARIANTS",
+    "STRAIGHT_THROUGH",
+    "k1",
+    "k2",
+    "k3",
+    "kl",
+    "kl_abs",
+    "kl_corrected",
+    "kl_names",
+    "resolve_kl",
+    "straight_through_k2",
+    "token_entropy",
+]
 
 K3_LOG_RATIO_CLAMP = 20.0
 """``ref − logp`` is clamped to ±20 before ``exp`` in k3 (verl ``low_var_kl``)."""
@@ -51,26 +68,141 @@ def k3(
     return (torch.exp(d) - d - 1.0).clamp(-clamp, clamp)
 
 
+def kl_abs(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """|logp − ref_logp|: the absolute log-ratio (verl ``"abs"``), ≥ 0, biased as a KL value."""
+    return (logp - ref_logp).abs()
+
+
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     "k1": k1,
     "k2": k2,
     "k3": k3,
+    "abs": kl_abs,
 }
 """KL estimator name -> function ``(logp [N, T], ref_logp [N, T]) -> [N, T]``."""
 
+KL_ALIASES: dict[str, str] = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+"""verl's other names for the same estimators (``kl_penalty_forward``, core_algos.py:2216-2251)."""
+
+STRAIGHT_THROUGH = "+"
+"""Suffix of verl's straight-through names (``k1+``, ``k3+``, ``abs+``...): the value of the
+named estimator, the gradient of k2 (verl ``kl_penalty``, core_algos.py:2188-2213)."""
+
+KL_CORRECTIONS: dict[str, str] = {
+    "ratio": "rho·KL, rho = pi/pi_old per token, with its gradient (TRL use_bias_correction_kl)",
+    "sequence_ratio": "s·KL with the sequence ratio s (TRL, importance_sampling_level=sequence)",
+    "straight_through": "the KL value, the gradient of sg(min(rho, 10))·k2 (OpenRLHF "
+    "kl.unbiased_gradient)",
+}
+"""Importance corrections of the KL term for updates taken off the behaviour policy
+(:func:`kl_corrected`), with one line each (``grouprl list kl_corrections``)."""
+
+KL_IS_WEIGHT_CLIP = 10.0
+"""Cap on the detached weight π/π_old of the ``straight_through`` correction (OpenRLHF
+``KL_IS_WEIGHT_CLIP``, models/utils.py:67)."""
+
+
+KL_VARIANTS: dict[str, str] = {
+    **{alias: f"verl's name for {base}" for alias, base in KL_ALIASES.items()},
+    **{
+        name + STRAIGHT_THROUGH: f"the value of {name}, the gradient of k2 (verl straight-through)"
+        for name in [*KL_ESTIMATORS, *KL_ALIASES]
+    },
+}
+"""Every other name :func:`kl` accepts, with what it means (``grouprl list kl_names``)."""
+
+
+def kl_names() -> list[str]:
+    """Every name :func:`kl` accepts: estimators, verl's aliases, and each with ``+``."""
+    base = [*KL_ESTIMATORS, *KL_ALIASES]
+    return [*base, *(n + STRAIGHT_THROUGH for n in base)]
+
+
+def resolve_kl(name: str) -> tuple[str, bool]:
+    """``(estimator, straight_through)`` for a KL name: ``"low_var_kl+"`` -> ``("k3", True)``."""
+    if not isinstance(name, str):
+        raise ValueError(f"a KL estimator name must be a string, got {type(name).__name__}")
+    straight = name.endswith(STRAIGHT_THROUGH)
+    base = name[: -len(STRAIGHT_THROUGH)] if straight else name
+    base = KL_ALIASES.get(base, base)
+    if base not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {name!r}; valid names: {', '.join(kl_names())}")
+    return base, straight
+
+
+def straight_through_k2(
+    value: torch.Tensor, logp: torch.Tensor, ref_logp: torch.Tensor
+) -> torch.Tensor:
+    """``value`` forward, the gradient of k2 = ½(logp − ref)² backward: ``(logp − ref)·∇logp``.
+
+    k1 and k3 are unbiased KL *values* under π's samples but their expected gradients are not
+    ∇KL; k2's is (on-policy). verl's ``+`` names bind the two (Schulman 2020; verl ``kl_penalty``).
+    """
+    surrogate = k2(logp, ref_logp)
+    return value.detach() + surrogate - surrogate.detach()
+
 
 def kl(name: str, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """Per-token KL estimate ``[N, T]`` of the estimator ``name`` (k1, k2, k3)."""
-    try:
-        fn = KL_ESTIMATORS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown KL estimator {name!r}; valid estimators: {', '.join(KL_ESTIMATORS)}"
-        ) from None
+    """Per-token KL estimate ``[N, T]`` of ``name``: k1, k2, k3, abs, verl's aliases (kl, mse,
+    low_var_kl), and any of them with ``+`` (value of the estimator, gradient of k2)."""
+    base, straight = resolve_kl(name)
     if not isinstance(ref_logp, torch.Tensor) or ref_logp.shape != logp.shape:
         got = tuple(ref_logp.shape) if isinstance(ref_logp, torch.Tensor) else type(ref_logp)
         raise ValueError(f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {got}")
-    return fn(logp, ref_logp.detach())
+    ref = ref_logp.detach()
+    value = KL_ESTIMATORS[base](logp, ref)
+    return straight_through_k2(value, logp, ref) if straight else value
+
+
+def kl_corrected(
+    name: str,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    mask: torch.Tensor,
+    *,
+    correction: str,
+    weight_clip: float = KL_IS_WEIGHT_CLIP,
+) -> torch.Tensor:
+    """The KL term ``[N, T]`` with an importance correction for tokens sampled from π_old.
+
+    A KL loss evaluated on π_old's samples has the expected gradient of the reverse KL only
+    on-policy. The peers' readings of the fix (DeepSeek-V3.2, arXiv 2512.02556, whose unbiased
+    KL estimate TRL's ``GRPOConfig.use_bias_correction_kl`` cites):
+
+    - ``"ratio"``: ``ρ·KL`` with ``ρ = π/π_old`` per token, ρ carrying its gradient (TRL
+      ``use_bias_correction_kl``, grpo_trainer.py:3101-3107). For k3 the gradient is then
+      ``ρ·(logp − ref)·∇logp`` (d(ρ·k3) = ρ·k3·∇logp + ρ·(1 − e^(ref − logp))·∇logp); the
+      value is ρ·k3. On-policy ρ = 1 but its gradient is ∇logp, so the KL gradient changes there
+      too (TRL's doc says so).
+    - ``"sequence_ratio"``: the same with the sequence ratio ``exp(mean_t log ρ)`` broadcast
+      over the tokens (TRL with ``importance_sampling_level="sequence"``).
+    - ``"straight_through"``: the value of the estimator, the gradient of
+      ``sg(min(ρ, weight_clip))·k2`` = ``w·(logp − ref)·∇logp`` (OpenRLHF
+      ``compute_approx_kl(..., unbiased_gradient=True)``, models/utils.py:70-128, w capped at
+      :data:`KL_IS_WEIGHT_CLIP`): every estimator then has the same, unbiased gradient. With
+      ``old_logp=None``, w = 1: verl's ``k*+`` gradient.
+
+    ``old_logp=None`` means on-policy (``logp.detach()``).
+    """
+    if correction not in KL_CORRECTIONS:
+        raise ValueError(
+            f"unknown KL correction {correction!r}; valid corrections: {', '.join(KL_CORRECTIONS)}"
+        )
+    value = kl(name, logp, ref_logp)
+    old = logp.detach() if old_logp is None else old_logp.detach()
+    log_ratio = logp - old  # [N, T]
+    if correction == "ratio":
+        return torch.exp(log_ratio) * value
+    if correction == "sequence_ratio":
+        m = mask.to(logp.dtype)
+        log_seq = (log_ratio * m).sum(dim=-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+        return torch.exp(log_seq) * value
+    if not weight_clip > 0:
+        raise ValueError(f"kl_weight_clip must be > 0, got {weight_clip}")
+    weight = torch.exp(log_ratio.detach()).clamp(max=weight_clip)
+    surrogate = weight * k2(logp, ref_logp.detach())
+    return value.detach() + surrogate - surrogate.detach()
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grouprl.losses.aggregation import StepTotals, aggregate
+from grouprl.losses.aggregation import StepTotals, aggregate, entropy_threshold
+from grouprl.losses.kl import KL_IS_WEIGHT_CLIP, kl_corrected
 from grouprl.losses.kl import kl as kl_fn
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 from grouprl.types import to_floats
@@ -65,6 +66,29 @@ def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -
     return t
 
 
+def _top_entropy(
+    entropy: torch.Tensor | None,
+    eff: torch.Tensor,
+    quantile: float,
+    totals: StepTotals | None,
+    shape: torch.Size,
+) -> torch.Tensor | None:
+    """``[N, T]`` bool: the kept tokens whose entropy reaches the top-ρ threshold (None: ρ = 1)."""
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"top_entropy_quantile must be in [0, 1], got {quantile}")
+    if quantile >= 1.0:
+        return None
+    if entropy is None or entropy.shape != shape:
+        raise ValueError(
+            f"top_entropy_quantile={quantile} needs entropy=[N, T]={tuple(shape)} (the token "
+            "entropies, losses.token_entropy(logits))"
+        )
+    thr = totals.entropy_threshold if totals is not None else None
+    if thr is None:
+        thr = entropy_threshold(entropy, eff, quantile)
+    return eff & (entropy.detach() >= thr)
+
+
 def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
     """``[N, T]`` or ``[N, 1]`` detached weight, checked finite and >= 0 (None: no weight)."""
     if w is None:
@@ -79,6 +103,37 @@ def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tens
     if not bool((torch.isfinite(w) & (w >= 0)).all()):
         raise ValueError("correction_weight must be finite and >= 0 (an importance weight)")
     return w if w.dim() == 2 else w[:, None]
+
+
+def _kl_tokens(
+    name: str,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    eff: torch.Tensor,
+    dtype: torch.dtype,
+    correction: str | None,
+    weight_clip: float,
+) -> torch.Tensor:
+    """``[N, T]`` per-token KL (importance-corrected when ``correction`` is set), 0 outside
+    ``eff``; padding is zero-filled first so that -inf / NaN there never reaches the graph."""
+    zero = torch.zeros((), dtype=dtype, device=logp.device)  # float32 at least (check_inputs)
+    safe_logp = torch.where(eff, logp.to(dtype), zero)
+    safe_ref = torch.where(eff, ref_logp.to(dtype), zero)
+    if correction is None:
+        value = kl_fn(name, safe_logp, safe_ref)
+    else:
+        safe_old = None if old_logp is None else torch.where(eff, old_logp.to(dtype), zero)
+        value = kl_corrected(
+            name,
+            safe_logp,
+            safe_ref,
+            safe_old,
+            eff.to(dtype),
+            correction=correction,
+            weight_clip=weight_clip,
+        )
+    return value * eff.to(dtype)
 
 
 def objective(
@@ -98,6 +153,9 @@ def objective(
     kl_weight: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
+    kl_correction: str | None = None,
+    kl_weight_clip: float = KL_IS_WEIGHT_CLIP,
+    top_entropy_quantile: float = 1.0,
     correction_weight: torch.Tensor | None = None,
     correction_keep: torch.Tensor | None = None,
 ) -> Objective:
@@ -116,6 +174,20 @@ def objective(
         kl_weight: ``[N]`` multiplier on β per sequence (``Advantages.kl_weight`` expanded).
         entropy, entropy_coeff: ``[N, T]`` token entropies (:func:`token_entropy`) and the
             bonus coefficient; the bonus is subtracted (higher entropy lowers the loss).
+        kl_correction, kl_weight_clip: None (the plain KL term), or an importance correction of
+            the KL term for off-policy steps (:func:`grouprl.losses.kl_corrected`: ``"ratio"``
+            = TRL ``use_bias_correction_kl``, ``"sequence_ratio"`` = the same at TRL's sequence
+            level, ``"straight_through"`` = OpenRLHF ``kl.unbiased_gradient``, whose weight is
+            capped at ``kl_weight_clip``).
+        top_entropy_quantile: ρ < 1 keeps in the surrogate branch only the valid tokens whose
+            entropy is at least the (1 − ρ)-quantile ("Beyond the 80/20 Rule", arXiv
+            2506.01939, ρ = 0.2; TRL ``top_entropy_quantile``, grpo_trainer.py:3050-3053,
+            3143-3144): the other tokens' surrogate loss is 0, the normalisers and the KL
+            branch are unchanged, and the entropy bonus acts on the kept tokens only (TRL
+            also divides it by their count; here it takes the objective's aggregation). Needs
+            ``entropy``. The threshold is ``totals.entropy_threshold`` when the
+            step's totals carry one (one threshold for every micro-batch: the one-batch mask),
+            else the quantile over this call's kept tokens (TRL's micro-batch reading).
         correction_weight: ``[N, T]`` (or ``[N]``) rollout-correction weight
             (:class:`grouprl.losses.correction.Correction` ``.weight``): a detached factor on
             the surrogate's per-token loss only, as verl (``pg_losses * rollout_is_weights``)
@@ -145,7 +217,7 @@ def objective(
             )
         eff = eff & correction_keep.bool()
     corr_w = _correction_weight(correction_weight, logp)
-    any_kept = bool(eff.any())
+    any_kept = bool(eff.sum() > 0)  # a sum: faster than any() on a bool tensor on CPU
     sur_mask = eff if any_kept else mask  # validate the raw inputs when nothing is kept
     per_token, stats = surrogate_fn(
         surrogate, logp, old_logp, adv, sur_mask, **dict(surrogate_params or {})
@@ -156,21 +228,25 @@ def objective(
         stats = {key: 0.0 for key in stats}
         stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
         return Objective(zero, zero, zero, zero, per_token * 0.0, stats, zero)
+    extra: dict[str, torch.Tensor | float] = {}
+    token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
+    if token_keep is not None:
+        per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
+        extra["entropy_mask_frac"] = token_keep.sum() / eff.sum()
     if corr_w is not None:
         per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
     total = per_token  # already 0 outside eff (the surrogate's mask)
     pg_loss = aggregate(aggregation, total, eff_f, totals)
     kl_loss = kl_unweighted = zero
     n_tok = eff_f.sum()
-    extra = {"kl_mean": zero.detach(), "entropy_mean": zero.detach()}
+    extra.update(kl_mean=zero.detach(), entropy_mean=zero.detach())
     if beta > 0:
         if ref_logp is None:
             raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
         w = _per_sample("kl_weight", kl_weight, n, logp).detach().to(per_token.dtype)
-        dt, dt_dev = per_token.dtype, per_token.device  # float32 at least (check_inputs)
-        safe_logp = torch.where(eff, logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
-        safe_ref = torch.where(eff, ref_logp.to(dt), torch.zeros((), dtype=dt, device=dt_dev))
-        kl_tok = kl_fn(kl, safe_logp, safe_ref) * eff_f  # [N, T]
+        kl_tok = _kl_tokens(
+            kl, logp, ref_logp, old_logp, eff, per_token.dtype, kl_correction, kl_weight_clip
+        )  # [N, T], 0 outside eff
         kl_term = beta * w[:, None] * kl_tok
         kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
         kl_unweighted = aggregate(aggregation, kl_tok, eff_f, totals)
@@ -180,10 +256,11 @@ def objective(
     if entropy is not None:
         if entropy.shape != logp.shape:
             raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
-        ent = torch.where(
-            eff, entropy.to(eff_f.dtype), torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
-        )
+        zero_f = torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
+        ent = torch.where(eff, entropy.to(eff_f.dtype), zero_f)
         extra["entropy_mean"] = ent.detach().sum() / n_tok
+        if token_keep is not None:  # the bonus acts where the surrogate does
+            ent = torch.where(token_keep, ent, zero_f)
         if entropy_coeff > 0:
             ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
             total = total - entropy_coeff * ent

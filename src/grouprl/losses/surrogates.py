@@ -25,162 +25,48 @@ is an error.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
 
+from grouprl.losses.covariance import clip_cov, kl_cov
+from grouprl.losses.gated import sapo, vespo
+from grouprl.losses.geometric import gmpo
+from grouprl.losses.ratio import (
+    LOG_RATIO_CLAMP,
+    Eps,
+    check_eps,
+    check_inputs,
+    eps_column,
+    masked_mean,
+    ratio_stats,
+    sequence_log_ratio,
+    sequence_ratio_tokens,
+)
+from grouprl.losses.trust_region import dppo_kl, dppo_tv, dro
 from grouprl.types import to_floats
 
 __all__ = [
     "CLIPPED",
     "SURROGATES",
+    "ZERO_AT_ZERO_ADVANTAGE",
     "check_inputs",
     "cispo",
+    "clip_cov",
+    "dppo_kl",
+    "dppo_tv",
+    "dro",
+    "gmpo",
     "gspo",
+    "kl_cov",
+    "on_policy_note",
     "on_policy_warning",
     "ppo_clip",
     "reinforce",
+    "sapo",
     "surrogate",
+    "vespo",
 ]
-
-LOG_RATIO_CLAMP = 20.0
-"""|log ρ| is clamped to this before ``exp`` (verl ``compute_policy_loss_vanilla``)."""
-
-
-def _shape(t: torch.Tensor) -> tuple[int, ...]:
-    return tuple(t.shape)
-
-
-def check_inputs(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor | None,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate surrogate inputs; return ``(logp, old_logp, adv [N, 1] or [N, T], mask float)``.
-
-    Raises ValueError for: non-tensors, ``logp`` not 2-D ``[N, T]``, ``old_logp`` / ``mask`` of
-    another shape, ``adv`` neither ``[N]`` nor ``[N, T]``, a mask with no valid token, and
-    non-finite ``logp`` / ``old_logp`` / ``adv`` at valid positions. Masked positions are
-    zero-filled so that padding never produces NaN (ALGORITHMS.md §3 inputs); float16 /
-    bfloat16 inputs are computed in float32.
-    """
-    for name, t in (("logp", logp), ("adv", adv), ("mask", mask)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if logp.dim() != 2:
-        raise ValueError(
-            f"logp must be [N sequences, T tokens], got shape {_shape(logp)}; "
-            "a single sequence needs logp.unsqueeze(0)"
-        )
-    if old_logp is None:
-        old_logp = logp.detach()
-    if not isinstance(old_logp, torch.Tensor) or old_logp.shape != logp.shape:
-        got = _shape(old_logp) if isinstance(old_logp, torch.Tensor) else type(old_logp).__name__
-        raise ValueError(
-            f"old_logp must have the shape of logp {_shape(logp)}, got {got}; both are the "
-            "per-token log-probabilities of the same completion tokens"
-        )
-    if mask.shape != logp.shape:
-        raise ValueError(
-            f"mask must have the shape of logp {_shape(logp)}, got {_shape(mask)}; pass the "
-            "completion mask (1 = real token), not the prompt+completion attention mask"
-        )
-    n = logp.shape[0]
-    if adv.shape == (n,):
-        adv = adv[:, None]  # [N, 1]
-    elif adv.shape != logp.shape:
-        raise ValueError(
-            f"adv must be [N]={n} (one advantage per sequence) or [N, T]={_shape(logp)}, got "
-            f"{_shape(adv)}; flatten a [P, G] advantage with Advantages.per_sample"
-        )
-    valid = mask.bool()
-    if not valid.any():
-        raise ValueError(
-            "mask has no valid token (all zero): the loss would be 0/0; drop empty batches "
-            "before the loss, or pass StepTotals to aggregate() for an empty micro-batch"
-        )
-    if not torch.isfinite(adv.detach()).all():
-        raise ValueError(
-            "adv has non-finite values; advantages of NaN rewards must be 0 (see "
-            "grouprl.advantages), never NaN"
-        )
-    # half-precision log-probs are upcast: exp(logp - old_logp) in bf16 has ~3 significant
-    # digits, far coarser than a 0.2 clip range [OURS]
-    dtype = torch.promote_types(logp.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=logp.device)
-    logp = torch.where(valid, logp.to(dtype), zero)
-    old_logp = torch.where(valid, old_logp.detach().to(dtype), zero)
-    # padding is 0 now, so one isfinite per tensor checks exactly the valid positions
-    for name, t in (("logp", logp), ("old_logp", old_logp)):
-        finite = torch.isfinite(t.detach())
-        if not finite.all():
-            raise ValueError(
-                f"{name} has {int((~finite).sum())} non-finite value(s) at valid (mask = 1) "
-                "positions; check the model's logits (fp16 overflow?) and the mask alignment"
-            )
-    return logp, old_logp, adv.detach().to(dtype), valid.to(dtype)
-
-
-def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (x * mask).sum() / mask.sum()
-
-
-@torch.no_grad()
-def _ratio_stats(
-    ratio: torch.Tensor,
-    adv: torch.Tensor,
-    mask: torch.Tensor,
-    lo: float | torch.Tensor | None,
-    hi: float | torch.Tensor | None,
-    log_ratio: torch.Tensor,
-) -> dict[str, torch.Tensor]:
-    """Ratio and clip statistics over valid tokens (TRL GRPOTrainer's clip_ratio/* metrics)."""
-    valid = mask.bool()
-    r = ratio.detach().expand_as(mask)
-    a = adv.expand_as(mask)
-    inf = torch.tensor(torch.inf, dtype=r.dtype, device=r.device)
-    stats = {
-        "ratio_mean": _masked_mean(r, mask),
-        "ratio_min": torch.where(valid, r, inf).amin(),
-        "ratio_max": torch.where(valid, r, -inf).amax(),
-        "approx_kl": _masked_mean(-log_ratio.detach().expand_as(mask), mask),
-    }
-    low = (r < lo) & (a < 0) if lo is not None else torch.zeros_like(valid)
-    high = (r > hi) & (a > 0) if hi is not None else torch.zeros_like(valid)
-    stats["clip_frac_low"] = _masked_mean(low.to(mask.dtype), mask)
-    stats["clip_frac_high"] = _masked_mean(high.to(mask.dtype), mask)
-    stats["clip_frac_region"] = _masked_mean((low | high).to(mask.dtype), mask)
-    return stats
-
-
-Eps = float | torch.Tensor
-
-
-def _eps_ok(e: Eps) -> bool:
-    """Finite and >= 0 (a float, or every entry of a per-sequence tensor)."""
-    if isinstance(e, torch.Tensor):
-        return bool(((e >= 0) & torch.isfinite(e)).all())
-    return math.isfinite(float(e)) and float(e) >= 0
-
-
-def _check_eps(eps_low: Eps, eps_high: Eps) -> None:
-    ok = _eps_ok(eps_low) and _eps_ok(eps_high)
-    if not ok:
-        raise ValueError(f"clip bounds must be >= 0, got eps_low={eps_low}, eps_high={eps_high}")
-
-
-def _eps_column(eps: Eps, n: int, like: torch.Tensor) -> float | torch.Tensor:
-    """A float stays a float; a per-sequence ``[N]`` tensor becomes ``[N, 1]``."""
-    if not isinstance(eps, torch.Tensor):
-        return float(eps)
-    if eps.shape != (n,):
-        raise ValueError(
-            f"a tensor clip bound must be [N]={n} (one per sequence, e.g. AGPO's per-prompt "
-            f"epsilon repeated G times), got {tuple(eps.shape)}"
-        )
-    return eps.detach().to(like.dtype)[:, None]
 
 
 def ppo_clip(
@@ -206,25 +92,25 @@ def ppo_clip(
     ``log_ratio_clamp`` = 20 as in verl (TRL does not clamp; identical for |log ρ| < 20).
     Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``).
     """
-    _check_eps(eps_low, eps_high)
+    check_eps(eps_low, eps_high)
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(
             f"clip_ratio_c (dual clip) must be > 1 (verl uses 3.0), got {clip_ratio_c}"
         )
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    lo = 1.0 - _eps_column(eps_low, logp.shape[0], logp)  # float or [N, 1]
-    hi = 1.0 + _eps_column(eps_high, logp.shape[0], logp)
+    lo = 1.0 - eps_column(eps_low, logp.shape[0], logp)  # float or [N, 1]
+    hi = 1.0 + eps_column(eps_high, logp.shape[0], logp)
     log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
     loss1 = -adv * ratio
     loss2 = -adv * torch.clamp(ratio, lo, hi)
     per_token = torch.maximum(loss1, loss2)  # [N, T]
-    stats = _ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
+    stats = ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
     if clip_ratio_c is not None:
         loss3 = -adv * clip_ratio_c
         dual = (adv < 0) & (per_token > loss3)
         per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
-        stats["clip_frac_dual"] = _masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
+        stats["clip_frac_dual"] = masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
     return per_token * mask, to_floats(stats)
 
 
@@ -248,19 +134,19 @@ def cispo(
     active) and ``eps_high = epsilon_high − 1`` reproduce it. Clip stats count where the
     weight is clipped (low: ρ < 1 − ε_low, high: ρ > 1 + ε_high), for either sign of A.
     """
-    _check_eps(eps_low, eps_high)
+    check_eps(eps_low, eps_high)
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
     log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
     ratio = torch.exp(log_ratio).detach()  # [N, T]
     weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, T], no gradient
     per_token = -weight * adv * logp
-    stats = _ratio_stats(ratio, adv, mask, None, None, log_ratio)
+    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
     with torch.no_grad():
         low = (ratio < 1.0 - eps_low).to(mask.dtype)
         high = (ratio > 1.0 + eps_high).to(mask.dtype)
-        stats["clip_frac_low"] = _masked_mean(low, mask)
-        stats["clip_frac_high"] = _masked_mean(high, mask)
-        stats["clip_frac_region"] = _masked_mean(torch.maximum(low, high), mask)
+        stats["clip_frac_low"] = masked_mean(low, mask)
+        stats["clip_frac_high"] = masked_mean(high, mask)
+        stats["clip_frac_region"] = masked_mean(torch.maximum(low, high), mask)
     return per_token * mask, to_floats(stats)
 
 
@@ -285,17 +171,16 @@ def gspo(
     ``log_ratio_max`` = 10 (verl). Defaults ε = 3e-4 / 4e-4 (GSPO paper). Use it with
     ``seq_mean_token_mean`` to match the paper's sequence-level objective.
     """
-    _check_eps(eps_low, eps_high)
+    check_eps(eps_low, eps_high)
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    lengths = mask.sum(dim=-1).clamp_min(1.0)  # [N]
-    log_seq = ((logp - old_logp) * mask).sum(dim=-1) / lengths  # [N]
-    log_ratio = logp - logp.detach() + log_seq.detach()[:, None]  # [N, T]
+    log_seq = sequence_log_ratio(logp - old_logp, mask)  # [N]
+    log_ratio = sequence_ratio_tokens(log_seq, logp)  # [N, T]
     ratio = torch.exp(log_ratio.clamp(max=log_ratio_max))  # [N, T]
     loss1 = -adv * ratio
     loss2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(loss1, loss2)
-    stats = _ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
-    stats["approx_kl"] = _masked_mean((old_logp - logp).detach(), mask)
+    stats = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
+    stats["approx_kl"] = masked_mean((old_logp - logp).detach(), mask)
     return per_token * mask, to_floats(stats)
 
 
@@ -313,7 +198,7 @@ def reinforce(
     """
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
     log_ratio = (logp - old_logp).detach()
-    stats = _ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
     return -adv * logp * mask, to_floats(stats)
 
 
@@ -324,21 +209,40 @@ SURROGATES: dict[str, SurrogateFn] = {
     "cispo": cispo,
     "gspo": gspo,
     "reinforce": reinforce,
+    "sapo": sapo,
+    "gmpo": gmpo,
+    "vespo": vespo,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
+    "dppo_tv": dppo_tv,
+    "dppo_kl": dppo_kl,
+    "dro": dro,
 }
 """Surrogate name -> function ``(logp, old_logp, adv, mask, **params) -> (per_token, stats)``."""
 
 
-CLIPPED: frozenset[str] = frozenset({"ppo_clip", "cispo", "gspo"})
-"""Surrogates whose clip (or clipped weight) depends on ρ = π/π_old: it can only act once the
-policy has moved, i.e. from the second optimizer step on the same generation batch."""
+CLIPPED: frozenset[str] = frozenset(
+    {"ppo_clip", "cispo", "gspo", "sapo", "gmpo", "vespo", "kl_cov", "dppo_tv", "dppo_kl", "dro"}
+)
+"""Surrogates whose clip, gate, weight or penalty depends on ρ = π/π_old: it can only act once
+the policy has moved, i.e. from the second optimizer step on the same generation batch; at
+ρ ≡ 1 each is REINFORCE with its advantages (SAPO's gate has slope 1 at ρ = 1, VESPO's φ(1) = 1,
+the KL-Cov and DRO penalties have zero gradient there, DPPO keeps every token). Clip-Cov is not
+here: its covariance selection acts on-policy too."""
+
+
+ZERO_AT_ZERO_ADVANTAGE: frozenset[str] = frozenset(SURROGATES) - {"kl_cov", "dro"}
+"""Surrogates whose per-token loss (and gradient) is exactly 0 on a row with A = 0: every one
+of the form −A·f(ρ) or −A·w·logp. KL-Cov's |log ρ| penalty and DRO's ½β(log ρ)² act on a row
+whatever its advantage, so a trainer must not skip such rows (``train.loop.gradient_rows``)."""
 
 
 def on_policy_warning(name: str, minibatches: int, ppo_epochs: int) -> str | None:
     """A warning when a clip-based surrogate runs one optimizer step per generation batch.
 
     With ``minibatches × ppo_epochs == 1`` the only optimizer step is taken at the behaviour
-    policy, so ρ ≡ 1 at every token (up to float noise), every clip fraction is 0 and
-    ``ppo_clip`` / ``cispo`` / ``gspo`` reduce to REINFORCE with the preset's advantages and
+    policy, so ρ ≡ 1 at every token (up to float noise), every clip fraction is 0 and each
+    surrogate of :data:`CLIPPED` reduces to REINFORCE with the preset's advantages and
     aggregation (ALGORITHMS.md §3 "Update schedule"). None when the schedule lets the clip act
     or the surrogate has no clip.
     """
@@ -350,6 +254,23 @@ def on_policy_warning(name: str, minibatches: int, ppo_epochs: int) -> str | Non
         "never acts and the update is REINFORCE with these advantages. Set optim.minibatches or "
         "optim.ppo_epochs above 1 for the clip to act (DAPO and CISPO take 16 minibatches, GSPO "
         "4, AGPO 4 epochs)."
+    )
+
+
+def on_policy_note(name: str, preset: str, minibatches: int, ppo_epochs: int) -> str | None:
+    """One line for a clip-based surrogate run at its preset's own one-step schedule.
+
+    The same fact as :func:`on_policy_warning` (ρ ≡ 1, the clip never acts), but nothing to
+    fix: the preset's sources take one update per generation batch (DeepSeekMath §4.2 for
+    ``grpo``; ALGORITHMS.md §3 "Update schedule"), so it is said once, as a note [OURS: issue
+    25, where the default run opened on a warning that read as "the default is broken"].
+    None when the warning's condition does not hold.
+    """
+    if on_policy_warning(name, minibatches, ppo_epochs) is None:
+        return None
+    return (
+        f"{preset} takes one optimizer step per generation batch, as its sources do: every "
+        f"step is on-policy (ratio 1), so the {name} clip does not act"
     )
 
 

@@ -23,13 +23,13 @@ import functools
 import gzip
 import hashlib
 import importlib.util
-import json
 import math
 import re
 import secrets
 from pathlib import Path
 from typing import Any
 
+from grouprl._json import jsonl_lines
 from grouprl.tasks.base import Example, Task, chat_render, check_n, split_rng
 from grouprl.tasks.sandbox import (
     SandboxError,
@@ -74,7 +74,7 @@ def load_humaneval() -> tuple[dict[str, str], ...]:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / "data" / "HumanEval.jsonl.gz"
     with gzip.open(path, "rt", encoding="utf-8") as f:
-        problems = tuple(json.loads(line) for line in f if line.strip())
+        problems = tuple(obj for _, obj, error in jsonl_lines(f) if error is None)
     if len(problems) != 164:
         raise ValueError(f"{path} holds {len(problems)} problems, expected 164: a damaged file?")
     return problems

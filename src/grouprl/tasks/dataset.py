@@ -18,7 +18,7 @@ chat messages through the tokenizer's chat template with ``add_generation_prompt
 completions reach the reward functions as text, or as ``[{"role": "assistant", "content":
 text}]`` for chat prompts.
 
-**Rewards**: :class:`grouprl.rewards.Rewards`: TRL's reward-function contract, weights with
+**Rewards**: :class:`grouprl.tasks.rewards.Rewards`: TRL's reward-function contract, weights with
 TRL's ``reward_weights`` meaning, failures counted NaN. Every problem that can be found
 without a model is found when the task is built: no rows, no ``prompt`` column, a prompt
 that is neither text nor messages, a reward file, module or function that does not exist,
@@ -40,7 +40,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from grouprl.rewards import (
+from grouprl.tasks.base import Example, Task, held_out, row_order
+from grouprl.tasks.rewards import (
     EXCLUDED_COLUMNS,
     RewardBatch,
     Rewards,
@@ -49,7 +50,6 @@ from grouprl.rewards import (
     spec_of,
     trainer_state,
 )
-from grouprl.tasks.base import Example, Task, held_out, row_order
 
 __all__ = ["DatasetTask", "is_chat", "load_table"]
 

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from grouprl._json import jsonl_lines
 from grouprl.tasks.base import Example, Task, chat_render, held_out, row_order
 
 __all__ = ["MathTask", "load_rows", "math_verify_reward"]
@@ -73,12 +74,10 @@ def load_rows(source: str, *, hf_split: str = "train") -> list[dict[str, Any]]:
         if path.suffix == ".json" and text.lstrip().startswith("["):
             return list(json.loads(text))
         rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{source}:{lineno}: not a JSON object ({err})") from err
+        for lineno, obj, error in jsonl_lines(path):
+            if error is not None:
+                raise ValueError(f"{source}:{lineno}: not a JSON object ({error})")
+            rows.append(obj)
         return rows
     try:
         import datasets

@@ -50,7 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SECTIONS", "run"]
+__all__ = ["SECTIONS", "run", "write_report"]
 
 SECTIONS: tuple[str, ...] = ("task", "sampling", "algorithm", "optim", "eval", "run")
 """The keyword arguments that carry configuration: one dict per section of RunConfig (the
@@ -193,5 +193,45 @@ def run(
     sections["task"]["params"] = _task_params(task, dataset)
     cfg = load_config(config, _overrides(sections), validate=False).validate(check_names=named)
     if named:
-        return train(cfg, task=task)
-    return train(cfg, model=model, tokenizer=_tokenizer_for(model, tokenizer), task=task)
+        result = train(cfg, task=task)
+    else:
+        result = train(cfg, model=model, tokenizer=_tokenizer_for(model, tokenizer), task=task)
+    write_report(cfg, result)
+    return result
+
+
+def write_report(cfg: Any, result: Any) -> Path | None:
+    """``report.html`` of a finished run from its folder's files (``run.report``), after
+    ``train()`` returned; None when not written (a run that stopped early, ``run.report``
+    false, no matplotlib, or a bug of the report, which is printed: metrics are kept).
+
+    The entry points call it (``grouprl train``, :func:`run`): the trainer never imports
+    the report (docs/design.md, "Layers"). A full disk removes the partial page and raises
+    ``DiskFullError``.
+    """
+    from grouprl.train.diskfull import DiskFullError, is_disk_full
+
+    if not cfg.run.report or result.step < cfg.optim.steps:
+        return None
+    try:
+        from grouprl.report import write_run_report
+    except ImportError:
+        return None
+    run_dir = Path(result.run_dir)
+    try:
+        return write_run_report(run_dir)
+    except Exception as err:  # a report bug must not lose a finished run
+        if is_disk_full(err):
+            partial = run_dir / "report.html"
+            partial.unlink(missing_ok=True)
+            raise DiskFullError(
+                partial,
+                step=result.step,
+                ckpt_dir=run_dir / "checkpoints",
+                cleaned="The partial report.html was removed; metrics, rewards and "
+                "checkpoints are complete (--resume on a finished run only writes its "
+                "report).",
+                cause=err,
+            ) from err
+        print(f"report.html not written ({type(err).__name__}: {err}); metrics are kept")
+        return None

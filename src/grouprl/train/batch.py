@@ -39,6 +39,7 @@ __all__ = [
     "Round",
     "Scorer",
     "evaluate",
+    "greedy_rewards",
     "group_rows",
     "join_rounds",
     "sample_groups",
@@ -65,6 +66,15 @@ class Batch:
     example_ids: tuple[str, ...]  # [P]
     group_size: int
     temperature: float  # of old_logp and of every log-prob the step computes on this batch
+    baseline: torch.Tensor | None = None  # [P] reward of each prompt's greedy completion (ReMax)
+    reward_parts: torch.Tensor | None = None  # [P, G, K] per reward function (GDPO), NaN = None
+    reward_weights: tuple[float, ...] | None = None  # [K] the functions' weights
+    verifier_rewards: torch.Tensor | None = None
+    """``[P, G]`` the verifier's rewards before any shaping (DAPO's soft overlong penalty); the
+    focal weight's μ̂ reads these (F-GRPO eq. 11). None: ``rewards`` are unshaped."""
+    draw_weights: torch.Tensor | None = None
+    """``[P]`` the importance weight 1/(|pool|·p_x) of each group's prompt draw (a prompt
+    sampler over a pool); None: a fresh stream."""
     rollout_logp: torch.Tensor | None = None
     """[N, T] the sampler's own log-probs when it ran at another precision than the trainer
     (``model.rollout_precision``): ``old_logp`` is then the trainer's recomputation at the
@@ -90,6 +100,11 @@ class Round:
     rollouts: Rollouts
     rewards: torch.Tensor  # [n, G]
     kept: torch.Tensor  # [k] indices into the n groups
+    baseline: torch.Tensor | None = None  # [n] greedy completions' rewards (ReMax)
+    reward_parts: torch.Tensor | None = None  # [n, G, K] per reward function (GDPO)
+    reward_weights: tuple[float, ...] | None = None  # [K]
+    verifier_rewards: torch.Tensor | None = None  # [n, G] before shaping; None = rewards
+    draw_weights: torch.Tensor | None = None  # [n] 1/(|pool|·p_x); None = a fresh stream
 
 
 def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -174,7 +189,7 @@ class Scorer:
         """Rewards of decoded completions (NaN = unscorable), their counters and extra metrics.
 
         A task with a batched reward path (``reward_batch``: the dataset task's TRL-style
-        reward functions, ``grouprl.rewards``) scores the whole batch with one call per
+        reward functions, ``grouprl.tasks.rewards``) scores the whole batch with one call per
         function, under the same timeout and unscorable limit, with the completions' token
         ids.
 
@@ -251,7 +266,7 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
     wp = max(r.rollouts.prompt_ids.shape[1] for r in rounds)
     wc = max(r.rollouts.completion_ids.shape[1] for r in rounds)
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("pi", "pm", "ci", "cm", "lp", "tr")}
-    rewards, ids = [], []
+    rewards, ids, base, split, raw, weights = [], [], [], [], [], []
     for r in rounds:
         roll = r.rollouts
         rows = group_rows(r.kept, g).to(roll.prompt_ids.device)  # [k·G]
@@ -261,9 +276,18 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         parts["cm"].append(_pad(roll.completion_mask[rows], wc, False))
         parts["lp"].append(_pad(roll.old_logp[rows], wc, False))
         parts["tr"].append(roll.truncated[rows])
-        rewards.append(r.rewards[r.kept.to(r.rewards.device)])
+        kept = r.kept.to(r.rewards.device)
+        rewards.append(r.rewards[kept])
+        raw.append((r.rewards if r.verifier_rewards is None else r.verifier_rewards)[kept])
+        if r.draw_weights is not None:
+            weights.append(r.draw_weights[r.kept.to(r.draw_weights.device)])
         ids += [r.examples[i].id for i in r.kept.tolist()]
+        if r.baseline is not None:
+            base.append(r.baseline[kept])
+        if r.reward_parts is not None:
+            split.append(r.reward_parts[kept])
     c = {k: torch.cat(v) for k, v in parts.items()}
+    shaped = any(r.verifier_rewards is not None for r in rounds)
     return Batch(
         prompt_ids=c["pi"],
         prompt_mask=c["pm"],
@@ -275,7 +299,29 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         example_ids=tuple(ids),
         group_size=g,
         temperature=temperature,
+        baseline=torch.cat(base) if len(base) == len(rounds) else None,
+        reward_parts=torch.cat(split) if len(split) == len(rounds) else None,
+        reward_weights=rounds[0].reward_weights,
+        verifier_rewards=torch.cat(raw) if shaped else None,
+        draw_weights=torch.cat(weights) if len(weights) == len(rounds) else None,
     )
+
+
+def greedy_rewards(
+    policy: Policy,
+    scorer: Scorer,
+    examples: list[Example],
+    sampling: hf.Sampling,
+    gen: torch.Generator,
+    *,
+    timer: Any = None,
+) -> tuple[Rollouts, torch.Tensor]:
+    """One greedy (argmax-decoded) completion per example and its reward ``[P, 1]``: ReMax's
+    baseline (arXiv 2310.10505, Algorithm 1; verl generates it next to the sampled ones with
+    ``do_sample=False``). ``sampling``: the rollout settings; only the temperature changes."""
+    greedy = replace(sampling, temperature=0.0, logprob_temperature=None)
+    roll, rewards, _ = sample_groups(policy, scorer, examples, 1, greedy, gen, timer=timer)
+    return roll, rewards
 
 
 # ---- held-out evaluation -----------------------------------------------------------------------

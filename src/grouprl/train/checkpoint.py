@@ -31,20 +31,19 @@ import numpy as np
 import torch
 
 from grouprl.train.diskfull import DiskFullError, is_disk_full
+from grouprl.train.layout import checkpoint_name, list_checkpoints
 
 __all__ = [
     "CheckpointError",
     "Loaded",
     "capture_rng",
     "latest_good",
-    "list_checkpoints",
     "restore_rng",
     "save",
     "verify",
 ]
 
 _FILES = ("model.pt", "optimizer.pt", "state.pt")
-_PREFIX = "step_"
 
 
 class CheckpointError(RuntimeError):
@@ -162,7 +161,7 @@ def save(
     """
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    final = ckpt_dir / f"{_PREFIX}{step:08d}"
+    final = ckpt_dir / checkpoint_name(step)
     tmp = ckpt_dir / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     writing = [tmp]  # the file being written, for the message of a full disk
@@ -223,15 +222,6 @@ def _write_files(
     writing[0] = tmp / "manifest.json"
     _fsync_write_text(tmp / "manifest.json", json.dumps(manifest, indent=1))
     _fsync_dir(tmp)
-
-
-def list_checkpoints(ckpt_dir: str | Path) -> list[Path]:
-    """Finished checkpoint folders, oldest first (temporary folders are ignored)."""
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        return []
-    found = [p for p in ckpt_dir.iterdir() if p.is_dir() and p.name.startswith(_PREFIX)]
-    return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
 def verify(path: str | Path) -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+from grouprl.train.layout import checkpoint_step, list_checkpoints
+
 __all__ = ["DISK_FULL_ERRNOS", "DiskFullError", "is_disk_full", "last_checkpoint"]
 
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
@@ -40,8 +42,6 @@ def is_disk_full(err: BaseException | None) -> bool:
 
 def last_checkpoint(ckpt_dir: str | Path) -> Path | None:
     """The newest finished checkpoint folder in ``ckpt_dir`` (None when there is none)."""
-    from grouprl.train.checkpoint import list_checkpoints
-
     found = list_checkpoints(ckpt_dir)
     return found[-1] if found else None
 
@@ -71,7 +71,7 @@ class DiskFullError(RuntimeError):
         self.path, self.step, self.ckpt_dir = Path(path), step, Path(ckpt_dir)
         self.last_checkpoint = last_checkpoint(ckpt_dir)
         last = (
-            f"{self.last_checkpoint} (step {int(self.last_checkpoint.name.split('_')[-1])})"
+            f"{self.last_checkpoint} (step {checkpoint_step(self.last_checkpoint)})"
             if self.last_checkpoint is not None
             else "none yet (a resumed run starts again from step 0)"
         )

@@ -42,10 +42,12 @@ __all__ = ["TokenLogProbs", "completion_logprobs", "length_buckets", "position_i
 
 @dataclass
 class TokenLogProbs:
-    """Per-token log-probs ``[N, T]`` (0 at padding) and, optionally, entropies ``[N, T]``."""
+    """Per-token log-probs ``[N, T]`` (0 at padding) and, optionally, entropies ``[N, T]``
+    and Σ_v π(v)² ``[N, T]`` (the optimal token baseline's input), both without gradient."""
 
     logp: torch.Tensor
     entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
 
 
 def position_ids(mask: torch.Tensor) -> torch.Tensor:
@@ -223,7 +225,7 @@ class _HeadLogProb(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, bias, y, temperature, keep, with_entropy):
+    def forward(ctx, h, weight, bias, y, temperature, keep, with_entropy, with_spi=False):
         z = torch.nn.functional.linear(h, weight, bias)  # [c, V]
         if temperature != 1.0:
             z.div_(temperature)
@@ -238,14 +240,15 @@ class _HeadLogProb(torch.autograd.Function):
             ent = log_total - torch.linalg.vecdot(p, z)
         else:
             ent = torch.zeros_like(logp)
+        spi = torch.linalg.vecdot(p, p) if with_spi else torch.zeros_like(logp)  # Σ_v π_v²
         saved = p if keep else top.squeeze(-1) + log_total  # [c, V] or the log-normaliser [c]
         ctx.save_for_backward(h, weight, bias, y, saved)
         ctx.keep, ctx.temperature = keep, temperature
-        ctx.mark_non_differentiable(ent)
-        return logp, ent
+        ctx.mark_non_differentiable(ent, spi)
+        return logp, ent, spi
 
     @staticmethod
-    def backward(ctx, grad_logp, grad_ent):
+    def backward(ctx, grad_logp, grad_ent, grad_spi):
         h, weight, bias, y, saved = ctx.saved_tensors
         t = ctx.temperature
         if ctx.keep:
@@ -262,7 +265,7 @@ class _HeadLogProb(torch.autograd.Function):
         grad_h = grad_z @ weight if need_h else None
         grad_w = grad_z.t() @ h if need_w else None
         grad_b = grad_z.sum(0) if bias is not None and need_b else None
-        return grad_h, grad_w, grad_b, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
 
 
 def _fused_head(head: Any, h: torch.Tensor) -> bool:
@@ -276,17 +279,21 @@ def _fused_head(head: Any, h: torch.Tensor) -> bool:
 
 
 def _chunk_logp(
-    head: torch.nn.Module, h: torch.Tensor, y: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
+    head: torch.nn.Module,
+    h: torch.Tensor,
+    y: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    with_spi: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logits = head(h).float() / temperature  # [c, V]
     logp_all = torch.log_softmax(logits, dim=-1)  # [c, V]
     logp = logp_all.gather(-1, y[:, None]).squeeze(-1)  # [c]
-    if with_entropy:
-        with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)  # [c]
-    else:
-        ent = torch.zeros_like(logp).detach()
-    return logp, ent
+    with torch.no_grad():
+        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+        # Σπ² = exp(logsumexp(2z) − 2·logsumexp(z)) (verl docs/algo/otb.md), from log π here
+        spi = (2 * logp_all).exp().sum(-1) if with_spi else torch.zeros_like(logp)
+    return logp, ent.detach(), spi.detach()
 
 
 def _identity_head(x: torch.Tensor) -> torch.Tensor:
@@ -313,6 +320,7 @@ def completion_logprobs(
     trim: bool = True,
     bucket_overhead: float | None = None,
     keep_bytes: int = KEEP_BYTES,
+    sum_pi_squared: bool = False,
 ) -> TokenLogProbs:
     """Log-probs ``[N, T]`` of the completion tokens under ``model`` at ``temperature``.
 
@@ -335,6 +343,8 @@ def completion_logprobs(
         bucket_overhead: the cost of one more decoder call, in tokens, for the bucketing
             (None: from the model's size, :func:`_default_overhead`).
         keep_bytes: the ``recompute=None`` threshold.
+        sum_pi_squared: also return Σ_v π(v)² ``[N, T]`` at each position (no gradient): the
+            optimal token baseline's w_t = 1 − 2π_t + Σπ² (verl ``calculate_sum_pi_squared``).
 
     Padding positions get log-prob 0 and entropy 0. Models that are not Hugging Face causal
     LMs (no separate decoder / output head) fall back to ``model(...).logits``, which holds
@@ -345,6 +355,7 @@ def completion_logprobs(
         return _completion_logprobs(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
             chunk, entropy, recompute, group_size, trim, bucket_overhead, keep_bytes,
+            sum_pi_squared,
         )  # fmt: skip
 
 
@@ -362,6 +373,7 @@ def _completion_logprobs(
     trim: bool,
     overhead: float | None,
     keep_bytes: int,
+    spi: bool = False,
 ) -> TokenLogProbs:
     n, tp = prompt_ids.shape
     t = completion_ids.shape[1]
@@ -382,18 +394,20 @@ def _completion_logprobs(
         kept = flat_h.shape[0] * vocab * 4  # bytes of [M, V] fp32
         recompute = torch.is_grad_enabled() and split and kept > keep_bytes
     fused = split and _fused_head(head, flat_h)
-    pieces, ents = [], []
+    pieces, ents, spis = [], [], []
     for start in range(0, flat_h.shape[0], chunk):
         h, y = flat_h[start : start + chunk], flat_y[start : start + chunk]
         if fused:
-            lp, en = _HeadLogProb.apply(h, head.weight, head.bias, y, float(temperature),
-                                        not recompute, entropy)  # fmt: skip
+            lp, en, sp = _HeadLogProb.apply(h, head.weight, head.bias, y, float(temperature),
+                                            not recompute, entropy, spi)  # fmt: skip
         elif recompute:
-            lp, en = checkpoint(_chunk_logp, head, h, y, temperature, entropy, use_reentrant=False)
+            lp, en, sp = checkpoint(_chunk_logp, head, h, y, temperature, entropy, spi,
+                                    use_reentrant=False)  # fmt: skip
         else:
-            lp, en = _chunk_logp(head, h, y, temperature, entropy)
+            lp, en, sp = _chunk_logp(head, h, y, temperature, entropy, spi)
         pieces.append(lp)
         ents.append(en)
+        spis.append(sp)
     logp = hidden.new_zeros((n, t), dtype=torch.float32)  # [N, T]
     ent = None
     if pieces:
@@ -402,4 +416,9 @@ def _completion_logprobs(
         ent = torch.zeros((n, t), dtype=torch.float32, device=hidden.device)
         if ents:
             ent = ent.masked_scatter(sel, torch.cat(ents).detach())
-    return TokenLogProbs(logp, ent)
+    sp = None
+    if spi:
+        sp = torch.zeros((n, t), dtype=torch.float32, device=hidden.device)
+        if spis:
+            sp = sp.masked_scatter(sel, torch.cat(spis).detach())
+    return TokenLogProbs(logp, ent, sp)

@@ -45,6 +45,7 @@ from grouprl.train.batch import (
     Batch,
     Round,
     evaluate,
+    greedy_rewards,
     group_rows,
     join_rounds,
     sample_groups,
@@ -57,7 +58,7 @@ from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
 from grouprl.train.targets import Targets
 from grouprl.types import Rollouts
 
-__all__ = ["RunResult", "TrainingError", "train", "train_step"]
+__all__ = ["RunResult", "TrainingError", "schedule_lines", "train", "train_step"]
 
 
 class TrainingError(RuntimeError):
@@ -105,15 +106,10 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
         progress=cfg.run.progress,
         note=run.resume_note,  # --resume-anyway's change, in the first row
     )
-    schedule = cfg.schedule(run.preset)  # the preset's update schedule unless optim sets it
-    for note in (
-        schedule.note,
-        losses.on_policy_warning(run.preset.surrogate, schedule.minibatches, schedule.ppo_epochs),
-    ):
-        if note:
-            run.print(f"schedule: {note}")
+    for line in schedule_lines(cfg, run.preset):
+        run.print(line)
     if note := _matched_note(run):
-        run.print(f"rollout correction: {note}")
+        run.print(f"note: {note}")
     metrics: dict[str, float] = {}
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
@@ -138,10 +134,8 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
                     f"stopped by signal {stop.signum} after step {run.step}; "
                     f"resume with --resume --out {run.run_dir}"
                 )
-    except BaseException:  # no report after a failure (a full disk, ...)
-        run.sinks.close(report=False)
-        raise
-    run.sinks.close(report=cfg.run.report and run.step >= cfg.optim.steps)
+    finally:
+        run.sinks.close()
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
 
 
@@ -154,6 +148,26 @@ def _matched_note(run: Run) -> str | None:
         "the rollouts are sampled at the training precision (model.rollout_precision=same), "
         "so their log-probs are the trainer's and every correction weight is 1"
     )
+
+
+def schedule_lines(cfg: RunConfig, preset: Any) -> list[str]:
+    """What the run says about its update schedule before the first step.
+
+    A clip-based surrogate at one optimizer step per batch is a one-line note when that is
+    the preset's own schedule (its sources': ``losses.on_policy_note``) and a warning with
+    what to set when ``optim.minibatches`` / ``optim.ppo_epochs`` chose another one
+    (``losses.on_policy_warning``) [OURS: issue 25, the default run opened on a warning].
+    """
+    schedule = cfg.schedule(preset)  # the preset's update schedule unless optim sets it
+    n, epochs = schedule.minibatches, schedule.ppo_epochs
+    out = [f"schedule: {schedule.note}"] if schedule.note else []
+    if (n, epochs) == (preset.minibatches, preset.ppo_epochs):
+        note = losses.on_policy_note(preset.surrogate, preset.name, n, epochs)
+        out += [f"note: {note}"] if note else []
+    else:
+        warning = losses.on_policy_warning(preset.surrogate, n, epochs)
+        out += [f"warning: {warning}"] if warning else []
+    return out
 
 
 def _evaluate(run: Run) -> dict[str, float]:
@@ -180,44 +194,41 @@ def train_step(run: Run) -> dict[str, float]:
     # -- 2b. rollouts from another engine: the trainer's log-probs, the mismatch, the correction
     batch, corr, corr_metrics = rollout_correction(run, batch, timer)
 
-    # -- 3. advantages: per group, then per sample (rows p·G + g) ----------------------------
-    adv = advantages.compute(
-        preset.estimator,
-        rewards,
-        **preset.advantage_kwargs(),
-        trigger=run.trigger if preset.virtual else None,
-        reward_range=tuple(run.task.reward_range),
-    )
-    adv_n = adv.per_sample.detach().float()  # [N]
+    # -- 3-4. reference log-probs (β > 0, or a KL in the reward), then the advantages: per
+    # group, then per sample (rows p·G + g), or per token (step_advantages) --------------------
+    with timer("logprobs"):
+        ref_logp = run.reference.logprobs(run.policy, batch)  # [N, T] or None
+    adv, adv_n, reward_kl_metrics = step_advantages(run, batch, ref_logp)  # [N] or [N, T]
     # [OURS] an unscorable (NaN-reward) sample leaves the loss entirely, KL branch included:
     # it carries no reward signal and must not count in the normaliser
     keep_n = adv.keep.repeat_interleave(g) & ~torch.isnan(rewards).reshape(-1)  # [N]
     kl_weight_n = adv.kl_weight.float().repeat_interleave(g)  # [N]
 
-    # -- 4. reference log-probs (β > 0) and this step's surrogate parameters -----------------
-    with timer("logprobs"):
-        ref_logp = run.reference.logprobs(run.policy, batch)  # [N, T] or None
+    # -- this step's surrogate parameters ------------------------------------------------------
     clip, clip_metrics = run.controller.clip_params(
         run.policy, batch, dict(preset.surrogate_params)
     )
-    targets = Targets(adv_n, keep_n, kl_weight_n, ref_logp, clip, correction=corr)
+    loss_ref = ref_logp if preset.beta > 0 else None  # the loss-side KL term only when β > 0
+    targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip, correction=corr)
 
     # -- 5. update: epochs × minibatches of whole groups, one AdamW step each ----------------
-    log = update_policy(run, batch, targets, timer)
+    low = diagnostics.low_sigma_groups(rewards, adv).repeat_interleave(g)  # [N] Table 3's rows
+    log = update_policy(run, batch, targets, timer, low_sigma=low)
     after_metrics = run.controller.after_update(run.policy, batch)
 
     # -- 6. metrics, built explicitly -------------------------------------------------------
     with timer("diagnostics"):
         metrics = {**rollout_metrics, **corr_metrics, **clip_metrics, **log.metrics()}
         metrics.update(after_metrics)
+        metrics.update(reward_kl_metrics)
         metrics["optim/skipped_total"] = float(run.nonfinite_total)
         metrics["optim/lr"] = run.optimizer.param_groups[0]["lr"]
         metrics.update({f"clip/{k}": _mean(v) for k, v in clip.items()})
         metrics.update(diagnostics.step_metrics(rewards, adv, reward_range=run.task.reward_range))
         metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
-        if ref_logp is not None:  # KL of the behaviour policy to the reference, per sequence
+        if loss_ref is not None:  # KL of the behaviour policy to the reference, per sequence
             seq_kl = diagnostics.kl_stats(
-                losses.kl(preset.kl, batch.old_logp, ref_logp), batch.mask
+                losses.kl(preset.kl, batch.old_logp, loss_ref), batch.mask
             )
             metrics["kl/p95"], metrics["kl/max"] = seq_kl["kl/p95"], seq_kl["kl/max"]
         for line in run.health.update(run.step, metrics):
@@ -280,19 +291,24 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if not rounds:
             temperature, controller_metrics = run.controller.temperature(examples, probe)
             metrics.update(controller_metrics)
+        weights = run.prompts.importance_weights(indices)  # [n] of this draw, before observe
         settings, per_prompt = sampling_at(s, temperature, logprob_t)
-        roll, rewards, scores = sample_groups(
+        roll, verified, scores = sample_groups(
             run.policy, scorer, examples, g, settings, run.gen, temperatures=per_prompt,
             timer=timer,
         )  # fmt: skip
-        rewards = overlong.rewards(rewards, roll.completion_mask)  # DAPO §3.4 ("soft")
-        run.prompts.observe(indices, rewards)  # IS-GRPO's sampler: σ of every generated group
+        rewards = overlong.rewards(verified, roll.completion_mask)  # DAPO §3.4 ("soft")
+        extras = reward_side(run, examples, scores, settings, overlong, timer)
+        if rewards is not verified:  # the verifier's own rewards, for the focal weight's μ̂
+            extras["verifier_rewards"] = verified
+        # IS-GRPO's sampler: σ of every generated group, of the verifier's rewards (issue 23)
+        run.prompts.observe(indices, verified)
         unscorable += scores.unscorable_frac
         metrics.update(scores.extra)  # the reward functions' own numbers (dataset tasks)
         collapsed += diagnostics.acr(rewards) * n
         drawn += n
         kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)
-        rounds.append(Round(examples, roll, rewards, kept))
+        rounds.append(Round(examples, roll, rewards, kept, draw_weights=weights, **extras))
     pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
     batch = join_rounds(rounds, pad_id, temperature if logprob_t is None else logprob_t)
     batch = replace(batch, mask=overlong.mask(batch.mask, batch.truncated))  # ("mask")
@@ -310,6 +326,101 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         }
     )
     return batch, metrics
+
+
+def reward_side(
+    run: Run,
+    examples: list,
+    scores: Any,
+    settings: Any,
+    overlong: filters.Overlong,
+    timer: Timer,
+) -> dict[str, Any]:
+    """What the preset's estimator reads of a round beyond its rewards ``[n, G]``:
+
+    - ``baseline [n]``: one greedy completion per prompt and its reward (ReMax; the soft
+      overlong penalty applies to it as to the samples [OURS]);
+    - ``reward_parts [n, G, K]`` and ``reward_weights``: each reward function's value, for a
+      combination that normalises them separately (GDPO's ``normalize_then_sum``), when the
+      task has several functions (one function: the estimator combines ``[n, G]``).
+    """
+    preset, out = run.preset, {}
+    if "baseline" in advantages.needs(preset.estimator, **dict(preset.estimator_params)):
+        greedy, base = greedy_rewards(run.policy, run.scorer, examples, settings, run.gen,
+                                      timer=timer)  # fmt: skip
+        out["baseline"] = overlong.rewards(base, greedy.completion_mask)[:, 0]  # [n]
+    if combination(preset) != "sum" and scores.per_function is not None:
+        k = len(scores.function_weights)
+        parts = torch.tensor(scores.per_function, dtype=torch.float32, device=run.device)
+        out["reward_parts"] = parts.view(len(examples), -1, k)  # [n, G, K]
+        out["reward_weights"] = tuple(scores.function_weights)
+    return out
+
+
+def combination(preset: Any) -> str:
+    """The reward combination the preset's estimator applies (``advantages.compute``)."""
+    return preset.reward_combination or advantages.DEFAULT_COMBINATION.get(preset.estimator, "sum")
+
+
+# ---- stage 3: advantages -----------------------------------------------------------------------
+
+
+def step_advantages(
+    run: Run, batch: Batch, ref_logp: torch.Tensor | None
+) -> tuple[advantages.Advantages, torch.Tensor, dict[str, float]]:
+    """The step's advantages: ``(Advantages, adv [N] or [N, T], metrics)``.
+
+    Sequence level (``advantages.compute``) unless the preset is token level
+    (``Preset.token_level``: a token-level estimator, or a KL folded into the reward), then
+    ``advantages.compute_tokens`` on the ``[P, G, T]`` completion mask with the estimator's
+    token inputs: the KL penalty −β·KL_t of the behaviour log-probs against the reference
+    (``ref_logp``; β from ``run.kl_controller``, which then advances with the measured KL,
+    verl's ``apply_kl_penalty``), and Σπ² for the optimal token baseline (one no-grad
+    forward of the batch at its log-prob temperature). A ReMax batch carries its greedy
+    rewards (``Batch.baseline``), a GDPO batch its per-function rewards.
+    """
+    preset, rewards, g = run.preset, batch.rewards, batch.group_size  # [P, G]
+    p = rewards.shape[0]
+    kwargs: dict[str, Any] = dict(preset.advantage_kwargs())
+    reads = advantages.needs(preset.estimator, **dict(preset.estimator_params))
+    metrics: dict[str, float] = {}
+    if batch.reward_parts is not None:
+        rewards_in = batch.reward_parts  # [P, G, K]
+        kwargs["reward_weights"] = list(batch.reward_weights)
+    else:
+        rewards_in = rewards
+    if "baseline" in reads:
+        kwargs["baseline"] = batch.baseline
+    token_only = preset.estimator in advantages.TOKEN_ESTIMATORS
+    if not token_only:  # the transforms' inputs, for compute()
+        kwargs["trigger"] = run.trigger if preset.virtual else None
+        kwargs["reward_range"] = tuple(run.task.reward_range)
+        # F-GRPO eq. 11: the focal weight's μ̂ is the share of correct rollouts, from the
+        # verifier's rewards, not the overlong-shaped ones (issue 23)
+        kwargs["verifier_rewards"] = batch.verifier_rewards
+        # is_grpo_exact: each group times the importance weight of its prompt's draw
+        kwargs["group_weight"] = batch.draw_weights if preset.sampler_weight else None
+    if not preset.token_level:
+        lengths = batch.mask.sum(-1).view(p, g)  # [P, G] completion tokens (opo, token weights)
+        adv = advantages.compute(preset.estimator, rewards_in, lengths=lengths, **kwargs)
+        return adv, adv.per_sample.detach().float(), metrics
+    mask = batch.mask.view(p, g, -1) > 0  # [P, G, T]
+    ctrl = run.kl_controller
+    current_kl = None
+    if ctrl is not None:
+        dense, current_kl = advantages.kl_reward(
+            batch.old_logp, ref_logp, batch.mask, ctrl.value, preset.reward_kl
+        )
+        kwargs["token_rewards"] = dense.view(mask.shape)
+        metrics["kl_reward/coef"], metrics["kl_reward/kl"] = float(ctrl.value), current_kl
+    if "sum_pi_squared" in reads:
+        spi = run.policy.batch_logprobs(batch, sum_pi_squared=True).sum_pi_squared
+        kwargs["old_logp"] = batch.old_logp.view(mask.shape)
+        kwargs["sum_pi_squared"] = spi.view(mask.shape)
+    adv = advantages.compute_tokens(preset.estimator, rewards_in, mask, **kwargs)
+    if ctrl is not None:
+        ctrl.update(current_kl, n_steps=batch.size)  # verl: after the penalty, per batch
+    return adv, adv.per_token.detach().float(), metrics
 
 
 # ---- stage 2b: rollouts from another engine ----------------------------------------------------
@@ -437,13 +548,21 @@ class StepStats:
                 self.policy[key] = self.policy.get(key, 0.0) + weight * value
 
 
-def update_policy(run: Run, batch: Batch, targets: Targets, timer: Timer) -> UpdateLog:
+def update_policy(
+    run: Run,
+    batch: Batch,
+    targets: Targets,
+    timer: Timer,
+    *,
+    low_sigma: torch.Tensor | None = None,
+) -> UpdateLog:
     """``ppo_epochs`` × ``minibatches`` AdamW steps over whole groups (``cfg.schedule``: the
     preset's sources' schedule unless ``optim.ppo_epochs`` / ``optim.minibatches`` are set).
 
     Groups are shuffled each epoch with a generator seeded by (seed, step). The R/KL balance
-    is measured on the first micro-batch of the step every ``eval.balance_every`` steps when
-    β > 0.
+    is measured at the first optimizer step every ``eval.balance_every`` steps when β > 0
+    (:func:`_balance`); ``low_sigma`` ``[N]`` marks the rows of MaxNorm Table 3's subset
+    (``diagnostics.low_sigma_groups``).
     """
     cfg, g = run.cfg, batch.group_size
     schedule = cfg.schedule(run.preset)
@@ -455,7 +574,10 @@ def update_policy(run: Run, batch: Batch, targets: Targets, timer: Timer) -> Upd
         order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")  # [P]
         for groups in order.chunk(schedule.minibatches):
             rows = group_rows(groups.sort().values.to(run.device), g)  # [n] sorted rows
-            optimizer_step(run, batch, targets, rows, timer=timer, log=log, balance=balance)
+            optimizer_step(
+                run, batch, targets, rows, timer=timer, log=log,
+                balance=low_sigma if balance else None,
+            )  # fmt: skip
             balance = False
     return log
 
@@ -468,12 +590,14 @@ def optimizer_step(
     *,
     timer: Timer,
     log: UpdateLog,
-    balance: bool,
+    balance: torch.Tensor | bool | None = None,
 ) -> None:
     """One AdamW step over sequences ``rows`` ``[n]``: micro-batches share one StepTotals.
 
     Micro-batch losses sum to the minibatch loss (exact accumulation whatever the split). A
     non-finite loss or gradient skips the step (counted; K in a row is a TrainingError).
+    ``balance``: measure R/KL at this step (:func:`_balance`): the ``[N]`` low-σ row mask, or
+    True (no low-σ subset); None / False: not this step.
     """
     cfg, preset = run.cfg, run.preset
     loss_mask = targets.loss_mask(batch.mask)  # [N, T] without rollout-rejected tokens
@@ -485,8 +609,9 @@ def optimizer_step(
         log.empty += 1
         return
     micro = micro_batches(
-        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size
-    )
+        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size,
+        every_row=preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
+    )  # fmt: skip
     stats, finite, backward = StepStats(), True, False
     for m, grad in micro:
         if not loss_mask[m].any():  # no loss token (every completion masked): adds exactly 0
@@ -499,9 +624,10 @@ def optimizer_step(
                 break
             if grad:
                 with timer("backward"):
-                    if balance:
-                        log.balance = _balance(run, obj)
-                        balance = False
+                    if balance is not None and balance is not False:
+                        low = balance if isinstance(balance, torch.Tensor) else None
+                        log.balance = _balance(run, batch, targets, obj, rows, totals, low)
+                        balance = None
                     obj.loss.backward()  # micro-batch losses sum to the minibatch loss
                 backward = True
         stats.add(obj.stats, len(m) / len(rows))
@@ -517,18 +643,31 @@ def optimizer_step(
 
 
 def micro_batches(
-    rows: torch.Tensor, targets: Targets, *, beta: float, g: int, size: int
+    rows: torch.Tensor,
+    targets: Targets,
+    *,
+    beta: float,
+    g: int,
+    size: int,
+    every_row: bool = False,
 ) -> list[tuple[torch.Tensor, bool]]:
     """The micro-batch plan of one optimizer step: ``(rows [m], with gradient)`` pairs.
 
     ``size`` sequences each (0: all of ``rows`` at once), the groups with a gradient first
     (:func:`gradient_rows`), then the rest: [OURS] groups whose every loss term is 0
     (dropped, or zero advantage without a KL term) run their forward without gradient, for
-    the logged statistics only.
+    the logged statistics only. ``every_row``: the surrogate has a term that does not vanish
+    at A = 0 (``losses.ZERO_AT_ZERO_ADVANTAGE``): every kept row carries a gradient.
     """
     active = gradient_rows(
-        rows, adv=targets.adv, keep=targets.keep, kl_weight=targets.kl_weight, beta=beta, g=g
-    )  # [n]
+        rows,
+        adv=targets.adv,
+        keep=targets.keep,
+        kl_weight=targets.kl_weight,
+        beta=beta,
+        g=g,
+        every_row=every_row,
+    )  # [n] fmt: skip
     return [
         (m, grad) for grad in (True, False) for m in rows[active == grad].split(size or len(rows))
         if len(m)
@@ -593,18 +732,23 @@ def gradient_rows(
     kl_weight: torch.Tensor,
     beta: float,
     g: int,
+    every_row: bool = False,
 ) -> torch.Tensor:
     """``[n]`` bool: the rows of groups where some row's loss has a gradient.
 
-    A row's loss terms are the surrogate, ∝ its advantage (every registered surrogate is
-    ``-A·f(ratio)`` or ``-A·w·logp``), and β·kl_weight·KL; a dropped row (``keep`` False) has
-    none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
+    A row's loss terms are the surrogate, ∝ its advantage (every surrogate of
+    ``losses.ZERO_AT_ZERO_ADVANTAGE`` is ``-A·f(ratio)`` or ``-A·w·logp``; for KL-Cov and DRO,
+    whose penalty acts at A = 0 too, ``every_row`` makes every kept row live), and
+    β·kl_weight·KL; a dropped row (``keep`` False) has none. Rows with ``keep`` False, or with A = 0 and no KL weight, add exactly 0 to the loss
     and its gradient (GRPO's collapsed groups: all rewards equal). Decided per group, since a
     group's rows share one prompt forward. ``rows`` holds whole groups (``group_rows``). The
     loop passes no entropy bonus to ``losses.objective``; one would make every row live.
     """
-    adv_r, keep_r, kl_r = adv[rows], keep[rows], kl_weight[rows]  # [n]
-    live = keep_r & ((adv_r != 0) | ((beta > 0) & (kl_r != 0)))  # [n]
+    adv_r, keep_r, kl_r = adv[rows], keep[rows], kl_weight[rows]  # [n] ([n, T] per token)
+    nonzero = adv_r != 0
+    if nonzero.dim() > 1:  # per-token advantages: a row lives when any token's does
+        nonzero = nonzero.any(-1)
+    live = keep_r & (nonzero | ((beta > 0) & (kl_r != 0)) | every_row)  # [n]
     return live.view(-1, g).any(-1).repeat_interleave(g)  # [n]
 
 
@@ -613,19 +757,59 @@ _LOSS_STATS = {"pg_loss": "pg", "kl_loss": "kl"}
 other statistic of ``losses.objective`` is a mean (weighted by sequences)."""
 
 
-def _balance(run: Run, obj: losses.Objective) -> dict[str, float]:
-    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine of one micro-batch.
+def _balance(
+    run: Run,
+    batch: Batch,
+    targets: Targets,
+    obj: losses.Objective,
+    rows: torch.Tensor,
+    totals: losses.StepTotals,
+    low_sigma: torch.Tensor | None,
+) -> dict[str, float]:
+    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine, on two sets of rows.
 
     As the MaxNorm paper's Table 3 caption defines it (``diagnostics.reward_kl_balance``): the
     base β and the gradient of the *unweighted* KL branch (no β, no per-group ``kl_weight``,
-    so ``grpo_beta_comp``'s 1/σ weights are not folded in). Two extra backward passes with
-    ``retain_graph``; the ``.grad`` buffers are not touched. Measured on the whole
-    micro-batch [OURS] (the paper restricts it to low-σ groups).
+    so ``grpo_beta_comp``'s 1/σ weights are not folded in). ``balance/low_sigma/*``: on the
+    minibatch's rows of Table 3's subset, the updated groups with σ_q < 1e-2
+    (``low_sigma`` ``[N]``, ``diagnostics.low_sigma_groups``, the definition
+    ``simulate.low_variance`` uses), both branches aggregated over those rows alone, with
+    ``balance/low_sigma/rows`` their count (no ratio when there are none): the number to hold
+    against Table 3, and the one the health rule reads. ``balance/batch/*``: on the first
+    micro-batch ``obj`` as trained, every kept row [OURS] (what was logged as
+    ``balance/r_over_kl`` before issue 23). Extra backward passes with ``retain_graph`` (and a
+    forward of the subset); the ``.grad`` buffers are not touched.
     """
+    p = run.preset
     params = [q for q in run.model.parameters() if q.requires_grad]
-    return diagnostics.reward_kl_balance(
-        obj.pg_loss, obj.kl_unweighted, params, beta=run.preset.beta
+    out = diagnostics.subset_keys(
+        diagnostics.reward_kl_balance(obj.pg_loss, obj.kl_unweighted, params, beta=p.beta),
+        "batch",
     )
+    sub = rows[low_sigma[rows]] if low_sigma is not None else rows[:0]  # [k] subset rows
+    out["balance/low_sigma/rows"] = float(len(sub))
+    if not len(sub) or not batch.mask[sub].any():
+        return out
+    sub_totals = losses.step_totals(
+        targets.loss_mask(batch.mask)[sub], keep=targets.keep[sub], max_len=int(totals.max_len)
+    )
+    lp = run.policy.logprobs(batch, sub, entropy=False)
+    t = targets.rows(sub)
+    c = t.correction  # the subset's loss as trained: the rollout correction's weight and mask
+    low = losses.objective(
+        lp.logp, batch.old_logp[sub], t.adv, batch.mask[sub], surrogate=p.surrogate,
+        surrogate_params=dict(t.clip), aggregation=p.aggregation, totals=sub_totals,
+        keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
+        correction_weight=None if c is None else c.weight,
+        correction_keep=None if c is None else c.keep,
+    )  # fmt: skip
+    out.update(
+        diagnostics.subset_keys(
+            diagnostics.reward_kl_balance(low.pg_loss, low.kl_unweighted, params, beta=p.beta),
+            "low_sigma",
+        )
+    )
+    return out
 
 
 def _count_nonfinite(run: Run) -> None:

@@ -150,6 +150,7 @@ class Policy:
         entropy: bool = False,
         model: torch.nn.Module | None = None,
         precision: str | None = None,
+        sum_pi_squared: bool = False,
     ) -> TokenLogProbs:
         """Log-probs ``[n, T]`` of sequences ``rows`` (all when None) in one forward.
 
@@ -162,6 +163,7 @@ class Policy:
                 model or self.model, seqs.prompt_ids[m], seqs.prompt_mask[m],
                 seqs.completion_ids[m], seqs.mask[m], temperature=seqs.temperature,
                 group_size=seqs.group_size, chunk=self.logprob_chunk, entropy=entropy,
+                sum_pi_squared=sum_pi_squared,
             )  # fmt: skip
 
     @torch.no_grad()
@@ -172,12 +174,20 @@ class Policy:
         entropy: bool = False,
         model: torch.nn.Module | None = None,
         precision: str | None = None,
+        sum_pi_squared: bool = False,
     ) -> TokenLogProbs:
-        """Log-probs ``[N, T]`` (and entropies) of every sequence, no gradient, in
+        """Log-probs ``[N, T]`` (and entropies, Σπ²) of every sequence, no gradient, in
         micro-batches of ``micro_batch_size`` sequences."""
         n = seqs.completion_ids.shape[0]
         parts = [
-            self.logprobs(seqs, m, entropy=entropy, model=model, precision=precision)
+            self.logprobs(
+                seqs,
+                m,
+                entropy=entropy,
+                model=model,
+                precision=precision,
+                sum_pi_squared=sum_pi_squared,
+            )
             for m in torch.arange(n, device=seqs.completion_ids.device).split(
                 self.micro_batch_size or n
             )
@@ -185,4 +195,5 @@ class Policy:
         return TokenLogProbs(
             torch.cat([p.logp for p in parts]),
             torch.cat([p.entropy for p in parts]) if entropy else None,
+            torch.cat([p.sum_pi_squared for p in parts]) if sum_pi_squared else None,
         )

@@ -2,7 +2,7 @@
 
 Three kinds, chosen once at set-up by :func:`make_reference`:
 
-- :class:`NoReference` when β = 0: there is no KL term and nothing is computed;
+- :class:`NoReference` when β = 0 and no KL is folded into the reward: nothing is computed;
 - :class:`FrozenCopy`: a frozen deep copy of the initial policy (full fine-tuning), as TRL's
   ``ref_model`` and verl's ``ref`` worker;
 - :class:`AdapterOff`: a LoRA policy with its adapter switched off, which *is* the initial
@@ -68,8 +68,11 @@ class AdapterOff(Reference):
             return policy.batch_logprobs(batch).logp
 
 
-def make_reference(policy: torch.nn.Module, *, beta: float, lora: bool) -> Reference:
-    """The reference for a run: none when β ≤ 0, the adapter switched off under LoRA, else a copy."""
-    if beta <= 0:
+def make_reference(
+    policy: torch.nn.Module, *, beta: float, lora: bool, kl_in_reward: bool = False
+) -> Reference:
+    """The reference for a run: none when β ≤ 0 and no KL is folded into the reward
+    (``kl_in_reward``), the adapter switched off under LoRA, else a copy."""
+    if beta <= 0 and not kl_in_reward:
         return NoReference()
     return AdapterOff() if lora else FrozenCopy(policy)

@@ -40,7 +40,6 @@ __all__ = [
     "check",
     "fresh_start",
     "no_checkpoint",
-    "report_blocks",
 ]
 
 EXPERIMENT_FIELDS: tuple[str, ...] = (
@@ -277,7 +276,7 @@ RUN_OUTPUTS: tuple[str, ...] = (
 def _held_run(run_dir: Path) -> tuple[int, int, int]:
     """(checkpoints, logged steps, logged groups) in ``run_dir``; the step-0 evaluation
     row does not count as a step."""
-    from grouprl.train.checkpoint import list_checkpoints
+    from grouprl.train.layout import list_checkpoints
     from grouprl.train.sinks import read_jsonl
 
     ckpts = len(list_checkpoints(run_dir / "checkpoints"))
@@ -350,36 +349,3 @@ def no_checkpoint(cfg: Any, *, log: Callable[[str], None] = print) -> None:
         "this folder, run with --overwrite instead of --resume (it deletes that run's "
         "outputs); to keep it, pass another --out."
     )
-
-
-def report_blocks(metrics_path: str | Path) -> list[str]:
-    """report.html's section on ``--resume-anyway`` changes (none when there were none)."""
-    from grouprl.report import html as H
-    from grouprl.train.sinks import read_jsonl
-
-    rows = []
-    for row in read_jsonl(metrics_path):
-        note = row.get(_NOTE_KEY) if isinstance(row, dict) else None
-        if not isinstance(note, dict):
-            continue
-        for name, (before, after) in note.get("fields", {}).items():
-            rows.append(
-                {
-                    "resumed after step": note.get("after_step", ""),
-                    "field": name,
-                    "checkpoint": _show(before),
-                    "now": _show(after),
-                }
-            )
-    if not rows:
-        return []
-    return [
-        "<h2>Configuration changed on resume</h2>"
-        + H.text(
-            "This run was resumed with --resume-anyway and a configuration that changes the "
-            "experiment: the steps after each resume below ran with the new values.",
-            "warn",
-            "div",
-        )
-        + H.table(rows)
-    ]

@@ -1,4 +1,8 @@
-"""Where a run's numbers go: metrics.jsonl (always), TensorBoard, W&B offline, a progress bar.
+"""Where a run's numbers go: metrics.jsonl (always), TensorBoard, W&B offline, progress.
+
+Progress is a rich bar on a terminal; when stdout is not one (a file, a pipe, CI) or
+``progress`` is off, a plain line every tenth of the run or every 30 s instead
+(``grouprl._progress.ProgressLines``), so a piped run shows it is alive.
 
 ``RUN_DIR`` after a run::
 
@@ -7,15 +11,16 @@
     rewards.jsonl    one line per group {"step": s, "prompt_id": ..., "rewards": [...]}
                      (NaN written as null), read by ``grouprl diagnose RUN_DIR``
     tb/              TensorBoard events (when tensorboard is installed)
-    report.html      ``grouprl.report.write_run_report`` (when importable)
+    report.html      written after the run by the entry points (``grouprl train``,
+                     ``grouprl.train.run``: ``grouprl.train.api.write_report``), from
+                     these files; the trainer never imports ``grouprl.report``
 
 A resumed run first cuts both JSONL files after the resume step, so no step appears twice.
 
 Lines are appended with one ``write`` system call each (no user-space buffer), so a
 line is on its way to disk as soon as ``log`` returns; when the disk fills up mid-line,
 the file is cut back to its last whole line and ``DiskFullError`` says what to do
-(``grouprl.train.diskfull``). config.yaml is replaced atomically; a report.html that a
-full disk cut short is removed.
+(``grouprl.train.diskfull``). config.yaml is replaced atomically.
 """
 
 from __future__ import annotations
@@ -30,27 +35,14 @@ from typing import Any
 
 import yaml
 
-from grouprl._json import json_safe
+from grouprl._json import json_safe, read_jsonl
+from grouprl._progress import ProgressLines, use_bar
 from grouprl.train.diskfull import DiskFullError, is_disk_full
 
 __all__ = ["JsonlAppender", "Sinks", "read_jsonl", "truncate_jsonl"]
 
 _BAR_FIELDS = {"reward": "reward/mean", "ACR": "acr/rate", "KL": "kl/mean"}
 """Progress-bar label -> metric name."""
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of a JSONL file (a torn last line after a kill is skipped)."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
 
 
 def truncate_jsonl(path: str | Path, last_step: int) -> int:
@@ -127,7 +119,7 @@ class Sinks:
         *,
         total_steps: int,
         resume_step: int = 0,
-        tensorboard: bool = True,
+        tensorboard: bool | None = None,
         wandb: bool = False,
         progress: bool = True,
         note: dict[str, Any] | None = None,
@@ -152,9 +144,13 @@ class Sinks:
                 path.unlink()
         self._metrics = JsonlAppender(self.metrics_path)
         self._rewards = JsonlAppender(self.rewards_path)
-        self._tb = self._open_tensorboard(resume_step) if tensorboard else None
+        # None: when installed; True was checked with the config (config._check_loggers)
+        self._tb = self._open_tensorboard(resume_step) if tensorboard is not False else None
         self._wandb = self._open_wandb(config, resume_step) if wandb else None
-        self._bar = self._open_bar(total_steps, resume_step) if progress else None
+        self._bar = self._open_bar(total_steps, resume_step) if use_bar(progress) else None
+        self._lines = (
+            None if self._bar is not None else ProgressLines("step", total_steps, start=resume_step)
+        )
 
     # ---- optional backends ----------------------------------------------------------------
     def _open_tensorboard(self, resume_step: int) -> Any:
@@ -211,13 +207,15 @@ class Sinks:
                 self._tensorboard_full(err, step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
+        live = "  ".join(  # KL only where there is one (β > 0)
+            f"{label} {metrics[key]:.3f}"
+            for label, key in _BAR_FIELDS.items()
+            if key in metrics and (label != "KL" or metrics[key] != 0)
+        )
         if self._bar is not None:
-            live = "  ".join(
-                f"{label} {metrics[key]:.3f}"
-                for label, key in _BAR_FIELDS.items()
-                if key in metrics
-            )
             self._bar.update(self._task, completed=step, live=live)
+        elif self._lines is not None and step > 0:  # step 0 holds the first evaluation only
+            self._lines.update(step, live)
 
     def log_groups(self, step: int, prompt_ids: list[Any], rewards: Any) -> None:
         """One rewards.jsonl line per group: ``{"step", "prompt_id", "rewards"}``."""
@@ -268,8 +266,9 @@ class Sinks:
         else:
             print(message, flush=True)
 
-    def close(self, *, report: bool = True) -> Path | None:
-        """Flush and close everything; write report.html when the report module is there."""
+    def close(self) -> None:
+        """Flush and close everything (report.html is the entry points' job: ``grouprl
+        train`` and ``grouprl.train.run`` write it from the run folder's files)."""
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
@@ -282,26 +281,3 @@ class Sinks:
                 self._tensorboard_full(err, self._step)
         if self._wandb is not None:
             self._wandb.finish()
-        if not report:
-            return None
-        try:
-            from grouprl.report import write_run_report
-        except ImportError:
-            return None
-        try:
-            return write_run_report(self.run_dir)
-        except Exception as err:  # a report bug must not lose a finished run
-            if is_disk_full(err):
-                partial = self.run_dir / "report.html"
-                partial.unlink(missing_ok=True)
-                raise DiskFullError(
-                    partial,
-                    step=self._step,
-                    ckpt_dir=self.run_dir / "checkpoints",
-                    cleaned="The partial report.html was removed; metrics, rewards and "
-                    "checkpoints are complete (--resume on a finished run only writes its "
-                    "report).",
-                    cause=err,
-                ) from err
-            print(f"report.html not written ({type(err).__name__}: {err}); metrics are kept")
-            return None

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from grouprl import advantages, presets
+from grouprl._threads import choose_threads
 from grouprl.diagnostics.health import RunHealth
 from grouprl.tasks.base import Task
 from grouprl.train import checkpoint as ckpt
@@ -59,6 +60,7 @@ class Run:
     gen: torch.Generator  # rollout sampling, on the policy's device
     trigger: advantages.VirtualTrigger | None
     health: RunHealth
+    kl_controller: Any = None  # β of a KL folded into the reward (grouprl.control.kl), or None
     sinks: Sinks | None = None  # opened by the loop
     step: int = 0
     nonfinite_run: int = 0
@@ -114,6 +116,7 @@ class Run:
             "rng": ckpt.capture_rng({"rollout": self.gen}),
             "device": str(self.device),
             "trigger": self.trigger.state_dict() if self.trigger else None,
+            "kl_controller": self.kl_controller.state_dict() if self.kl_controller else None,
             "controller": self.controller.state_dict(),
             "prompts": self.prompts.state_dict(),
             "health": self.health.state_dict(),
@@ -135,6 +138,8 @@ class Run:
             )
         if self.trigger and state["trigger"]:
             self.trigger.load_state_dict(state["trigger"])
+        if self.kl_controller and state.get("kl_controller"):
+            self.kl_controller.load_state_dict(state["kl_controller"])
         self.controller.load_state_dict(state.get("controller", state.get("agpo")))
         self.prompts.load_state_dict(state.get("prompts"))
         self.health.load_state_dict(state["health"])
@@ -143,6 +148,10 @@ class Run:
 
 
 # ---- setup ---------------------------------------------------------------------------------
+
+TORCH_THREADS = torch.get_num_threads()
+"""torch's own thread count when this module was imported (one per physical core, or
+``OMP_NUM_THREADS``): the most ``run.threads = 0`` (auto) takes."""
 
 
 def _seed_everything(seed: int) -> None:
@@ -217,8 +226,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     """Build the run (or restore it from the latest good checkpoint when ``run.resume``)."""
     cfg.validate(check_names=task is None or model is None)
     device = resolve_device(cfg.model.device)
-    if cfg.run.threads > 0:  # 0: torch's own default
-        torch.set_num_threads(cfg.run.threads)
+    torch.set_num_threads(choose_threads(cfg.run.threads, cap=TORCH_THREADS)[0])
     _seed_everything(cfg.run.seed)
     preset = cfg.algorithm.resolve()
     if task is None:
@@ -231,7 +239,10 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         model = _wrap_lora(model, cfg)
     model.eval()  # [OURS] dropout off in RL (TRL disable_dropout=True): ratio 1 on-policy
     model.to(device)
-    reference = make_reference(model, beta=preset.beta, lora=cfg.model.lora_rank > 0)
+    reference = make_reference(
+        model, beta=preset.beta, lora=cfg.model.lora_rank > 0,
+        kl_in_reward=preset.reward_kl_coef > 0,
+    )  # fmt: skip
     o = cfg.optim
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -259,11 +270,17 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         policy,
         reference,
         make_controller(preset.controller, cfg),
-        Prompts(task, sampler=preset.sampler, pool_size=cfg.sampling.pool_size, seed=cfg.run.seed),
+        Prompts(
+            task,
+            sampler=preset.sampler,
+            pool_size=cfg.sampling.pool_size or preset.pool_size,
+            seed=cfg.run.seed,
+        ),
         optimizer,
         gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
         trigger=advantages.VirtualTrigger() if preset.virtual else None,
         health=RunHealth(),
+        kl_controller=preset.kl_controller(),
     )
     if cfg.run.resume:
         _resume(run)

@@ -24,7 +24,8 @@ class Targets:
     """The per-sequence targets of one step's update (rows ``p·G + g``, as the batch's).
 
     Attributes:
-        adv: ``[N]`` float advantages.
+        adv: ``[N]`` float advantages, or ``[N, T]`` per token (a token-level estimator or a
+            KL folded into the reward: ``advantages.compute_tokens``).
         keep: ``[N]`` bool; False: the sequence leaves the loss (a dropped group, a NaN
             reward), its KL branch included.
         kl_weight: ``[N]`` multiplier on β of each sequence's KL term.
@@ -35,7 +36,7 @@ class Targets:
             ``[N, T]`` weight and keep), or None (matched precision, or no correction).
     """
 
-    adv: torch.Tensor  # [N]
+    adv: torch.Tensor  # [N] or [N, T]
     keep: torch.Tensor  # [N] bool
     kl_weight: torch.Tensor  # [N]
     ref_logp: torch.Tensor | None  # [N, T]
@@ -43,11 +44,11 @@ class Targets:
     correction: Correction | None = None
 
     def __post_init__(self) -> None:
-        n = self.adv.shape
-        if len(n) != 1 or self.keep.shape != n or self.kl_weight.shape != n:
+        n = self.adv.shape[:1]
+        if self.adv.dim() not in (1, 2) or self.keep.shape != n or self.kl_weight.shape != n:
             raise ValueError(
-                f"adv, keep and kl_weight must be [N] alike, got {tuple(self.adv.shape)}, "
-                f"{tuple(self.keep.shape)}, {tuple(self.kl_weight.shape)}"
+                f"adv, keep and kl_weight must be [N] alike (adv may be [N, T] per token), got "
+                f"{tuple(self.adv.shape)}, {tuple(self.keep.shape)}, {tuple(self.kl_weight.shape)}"
             )
         if self.ref_logp is not None and self.ref_logp.shape[:1] != n:
             raise ValueError(f"ref_logp must be [N={n[0]}, T], got {tuple(self.ref_logp.shape)}")

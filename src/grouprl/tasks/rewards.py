@@ -1,6 +1,6 @@
 """Reward functions the way TRL writes them, weighted, under a timeout; failures are counted NaN.
 
-    from grouprl.rewards import Rewards, load_reward
+    from grouprl.tasks.rewards import Rewards, load_reward
     rewards = Rewards([correct, "my_rewards.py:format_reward"], weights=[1.0, 0.1])
     scores = rewards.score(batch, timeout_s=10.0)     # BatchScores: rewards [N], NaN = unscorable
 
@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from grouprl.tasks.verify import BatchScores, UnscorableError, run_calls
+from grouprl.tasks.verify import BatchScores, UnscorableError, failure_advice, run_calls
 
 __all__ = [
     "Outcome",
@@ -472,15 +472,24 @@ class Rewards:
             out.reasons.setdefault(i, "every reward function returned None")
         unscorable = int(torch.isnan(rewards).sum())
         errors = [f"[{i}] {out.reasons[i]}" for i in sorted(out.reasons)[:max_errors]]
+        # per function (GDPO's normalize_then_sum): an unscorable sample is NaN throughout
+        parts = out.values.masked_fill(torch.isnan(rewards)[:, None], math.nan)  # [N, K]
         scores = BatchScores(
-            rewards.tolist(), unscorable, errors, time.monotonic() - start, self._metrics(out)
-        )
+            rewards.tolist(), unscorable, errors, time.monotonic() - start, self._metrics(out),
+            per_function=parts.tolist(), function_weights=tuple(weights.tolist()),
+        )  # fmt: skip
         if scores.unscorable_frac > max_unscorable_frac:
             raise UnscorableError(
                 f"{unscorable} of {n} completions ({scores.unscorable_frac:.0%}) could not be "
                 f"scored, above max_unscorable_frac={max_unscorable_frac}; first errors: "
-                f"{errors}. Fix the reward function(s) (or raise the timeout, now "
-                f"{timeout_s:g} s per call on the whole batch: sampling.verify_timeout_s)."
+                f"{errors}. "
+                + failure_advice(
+                    "the reward function(s)",
+                    out.reasons.values(),
+                    timeout_s,
+                    "sampling.verify_timeout_s",
+                )
+                + "."
             )
         return scores
 

@@ -1,0 +1,233 @@
+"""Clip-Cov and KL-Cov: restrict the update of the tokens whose log-probability co-varies most
+with their advantage, the tokens that drive entropy down (ALGORITHMS.md §3).
+
+Cui et al. 2025 ("The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+Models", arXiv 2505.22617, §5): the entropy change of a policy-gradient step is driven by
+``Cov(log π(y), A(y))``; Clip-Cov drops the gradient of a few randomly chosen high-covariance
+tokens, KL-Cov adds a |log ρ| penalty on the top-k covariance tokens. verl implements both
+(``core_algos.py:1743-1925``); the surrogates below equal verl's on the same batch.
+
+**Which batch the covariance spans.** verl computes the covariance, the number of tokens to
+select and the selection inside its policy-loss call, i.e. over one *micro-batch* on one
+data-parallel rank (``dp_actor.update_policy`` calls the loss per micro-batch). That is the
+default here (``selected=None``): exact for one micro-batch per step, micro-batch-local
+otherwise. For a selection over the whole optimizer step, compute it once with
+:func:`clip_cov_select` / :func:`kl_cov_select` on the step's micro-batches (they take lists,
+and need the current policy's log-probabilities of every micro-batch before the first
+backward, e.g. from a no-grad forward) and pass each micro-batch its ``selected`` mask: the
+micro-batch losses (with the step's :class:`~grouprl.losses.StepTotals`) then sum to the
+one-batch loss [OURS].
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from grouprl.losses.ratio import check_eps, check_inputs, masked_mean, ratio_stats
+from grouprl.types import to_floats
+
+__all__ = ["clip_cov", "clip_cov_select", "kl_cov", "kl_cov_select", "token_covariance"]
+
+Batch = torch.Tensor | Sequence[torch.Tensor]
+
+
+def token_covariance(logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N, T]``: each valid token's term of Cov(log π, A), centred over the batch's valid tokens.
+
+    ``(A_it − mean A)·(log π_it − mean log π)``, both means over the valid tokens (a per-sequence
+    advantage counts once per token), no gradient (verl ``compute_policy_loss_clip_cov`` /
+    ``_kl_cov``). 0 at masked positions.
+    """
+    m = mask.to(logp.dtype)
+    a = adv.expand_as(logp).detach()
+    lp = logp.detach()
+    cov = (a - masked_mean(a, m)) * (lp - masked_mean(lp, m))
+    return cov * m
+
+
+def _stack(batch: Batch, width: int) -> torch.Tensor:
+    """One ``[N, T]`` tensor from a tensor or a list of micro-batch tensors (right-padded)."""
+    if isinstance(batch, torch.Tensor):
+        return batch
+    rows = [t if t.dim() == 2 else t[:, None].expand(-1, width) for t in batch]
+    return torch.cat([torch.nn.functional.pad(t, (0, width - t.shape[1])) for t in rows])
+
+
+def _over_step(masks: Batch):
+    """``(width, split)``: the padded width, and a function that cuts a stacked ``[ΣN, W]``
+    result back into the micro-batches' shapes (or returns it as is for one tensor)."""
+    if isinstance(masks, torch.Tensor):
+        return masks.shape[1], lambda t: t
+    shapes = [tuple(m.shape) for m in masks]
+    width = max(s[1] for s in shapes)
+
+    def split(t: torch.Tensor) -> list[torch.Tensor]:
+        parts = torch.split(t, [s[0] for s in shapes])
+        return [p[:, : s[1]] for p, s in zip(parts, shapes)]
+
+    return width, split
+
+
+def clip_cov_select(
+    logp: Batch,
+    old_logp: Batch,
+    adv: Batch,
+    mask: Batch,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor | list[torch.Tensor]:
+    """Clip-Cov's tokens to detach: ``[N, T]`` bool (a list of them for a list of micro-batches).
+
+    Candidates are the valid tokens that PPO's clip leaves unclipped (``−Aρ ≥ −A·clip(ρ)``) and
+    whose covariance term (:func:`token_covariance`) lies strictly inside ``(clip_cov_lb,
+    clip_cov_ub)``; ``max(⌊clip_cov_ratio · valid tokens⌋, 1)`` of them are drawn uniformly
+    without replacement (``torch.randperm`` over the candidates in row-major order, verl's draw,
+    from ``generator`` or torch's global generator). Given lists, the covariance means, the
+    count and the draw span all of them: the step-level selection.
+    """
+    if not clip_cov_ratio > 0:
+        raise ValueError(f"clip_cov_ratio must be > 0 (verl asserts it), got {clip_cov_ratio}")
+    width, split = _over_step(mask)
+    lp, old, m = (_stack(x, width) for x in (logp, old_logp, mask))
+    a = _stack(adv, width)
+    a = a if a.dim() == 2 else a[:, None]
+    valid = m.bool()
+    with torch.no_grad():
+        ratio = torch.exp(lp.detach() - old)
+        unclipped = -a * ratio >= -a * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+        cov = token_covariance(lp, a, m)
+        candidate = valid & unclipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+        idx = torch.nonzero(candidate)  # [C, 2] row-major
+        count = max(int(clip_cov_ratio * float(valid.sum())), 1)
+        perm = torch.randperm(idx.shape[0], generator=generator)[:count]
+        selected = torch.zeros_like(valid)
+        pick = idx[perm.to(idx.device)]
+        selected[pick[:, 0], pick[:, 1]] = True
+    return split(selected)
+
+
+def clip_cov(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    selected: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    log_ratio_clamp: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Clip-Cov: PPO's clipped surrogate, with a few high-covariance tokens' loss set to 0.
+
+    ``ℓ = max(−Aρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))·(1 − s)`` with ``s`` the
+    :func:`clip_cov_select` mask (or ``selected``, a step-level one). Defaults are verl's
+    (``PolicyLossConfig``: clip_cov_ratio 2e-4, lb 1, ub 5; verl ``actor/actor.yaml``), PPO's
+    ε 0.2. verl does not clamp log ρ here (``log_ratio_clamp=None``) and has no dual clip.
+    Stats: ``cov_frac`` (selected share of valid tokens, verl's ``pg_clipfrac`` for this loss)
+    and PPO's clip fractions.
+    """
+    check_eps(eps_low, eps_high)
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    log_ratio = logp - old_logp  # [N, T]
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)  # [N, T]
+    if selected is None:
+        selected = clip_cov_select(
+            logp,
+            old_logp,
+            adv,
+            mask,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            clip_cov_ratio=clip_cov_ratio,
+            clip_cov_lb=clip_cov_lb,
+            clip_cov_ub=clip_cov_ub,
+            generator=generator,
+        )
+    elif selected.shape != logp.shape:
+        raise ValueError(
+            f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
+        )
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    per_token = torch.where(selected.bool(), torch.zeros_like(loss), loss)
+    stats = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
+    stats["cov_frac"] = masked_mean(selected.to(mask.dtype), mask)
+    return per_token * mask, to_floats(stats)
+
+
+def kl_cov_select(
+    logp: Batch, adv: Batch, mask: Batch, *, kl_cov_ratio: float = 2e-4
+) -> torch.Tensor | list[torch.Tensor]:
+    """KL-Cov's penalised tokens: the top ``max(⌊kl_cov_ratio · valid tokens⌋, 1)`` by
+    covariance term (:func:`token_covariance`), ``[N, T]`` bool (a list for a list).
+
+    ``torch.topk`` over the valid tokens in row-major order, as verl does (ties as topk breaks
+    them). Given lists of micro-batches, the selection spans all of them.
+    """
+    if not kl_cov_ratio > 0:
+        raise ValueError(f"kl_cov_ratio must be > 0 (verl asserts it), got {kl_cov_ratio}")
+    width, split = _over_step(mask)
+    lp, m = _stack(logp, width), _stack(mask, width)
+    a = _stack(adv, width)
+    a = a if a.dim() == 2 else a[:, None]
+    valid = m.bool()
+    with torch.no_grad():
+        flat_valid = torch.nonzero(valid.reshape(-1)).squeeze(-1)  # [V]
+        cov = token_covariance(lp, a, m).reshape(-1)[flat_valid]  # [V]
+        count = max(1, int(flat_valid.numel() * kl_cov_ratio))
+        top = torch.topk(cov, min(count, cov.numel()), largest=True).indices
+        selected = torch.zeros(valid.numel(), dtype=torch.bool, device=valid.device)
+        selected[flat_valid[top]] = True
+    return split(selected.reshape(valid.shape))
+
+
+def kl_cov(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl_cov_ratio: float = 2e-4,
+    ppo_kl_coef: float = 0.1,
+    selected: torch.Tensor | None = None,
+    log_ratio_clamp: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL-Cov: the unclipped ``−Aρ``, plus ``ppo_kl_coef·|log ρ|`` on the top-covariance tokens.
+
+    ``ℓ = −Aρ + coef·|log ρ|·s`` with ``s`` the :func:`kl_cov_select` mask (or ``selected``).
+    No clip acts on any token (verl ``compute_policy_loss_kl_cov``). Defaults: verl's
+    ``PolicyLossConfig`` (kl_cov_ratio 2e-4, ppo_kl_coef 0.1; the function's own fallback for a
+    missing coef is 1.0). Stats: ``cov_frac``, ``abs_log_ratio_mean`` (verl's ``ppo_kl`` for
+    this loss).
+    """
+    if not ppo_kl_coef >= 0:
+        raise ValueError(f"ppo_kl_coef must be >= 0, got {ppo_kl_coef}")
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    log_ratio = logp - old_logp  # [N, T]
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    ratio = torch.exp(log_ratio)
+    if selected is None:
+        selected = kl_cov_select(logp, adv, mask, kl_cov_ratio=kl_cov_ratio)
+    elif selected.shape != logp.shape:
+        raise ValueError(
+            f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
+        )
+    penalty = ppo_kl_coef * log_ratio.abs()
+    per_token = -adv * ratio + torch.where(selected.bool(), penalty, torch.zeros_like(penalty))
+    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
+    stats["cov_frac"] = masked_mean(selected.to(mask.dtype), mask)
+    stats["abs_log_ratio_mean"] = masked_mean(log_ratio.detach().abs(), mask)
+    return per_token * mask, to_floats(stats)

@@ -1,0 +1,88 @@
+"""GMPO: the geometric mean of the token ratios as the sequence ratio (ALGORITHMS.md §3).
+
+Signature and ``stats`` as every surrogate (:mod:`grouprl.losses.surrogates`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grouprl.losses.ratio import (
+    check_eps,
+    check_inputs,
+    masked_mean,
+    ratio_stats,
+    sequence_log_ratio,
+    sequence_ratio_tokens,
+)
+from grouprl.types import to_floats
+
+__all__ = ["gmpo", "gmpo_log_ratio"]
+
+
+def gmpo_log_ratio(
+    log_ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+) -> torch.Tensor:
+    """Token log-ratios clipped in log space, on the side that limits the update (GMPO eq. 4).
+
+    ``c = clamp(log ρ, −ε_low, ε_high)``, then ``min(log ρ, c)`` where A > 0 and
+    ``max(log ρ, c)`` where A ≤ 0: PPO's pessimistic min written in log space (TRL
+    ``GMPOTrainer._compute_loss``; verl ``compute_policy_loss_geo_mean`` writes it as
+    ``sign(A)·min(sign(A)·log ρ, sign(A)·c)``, the same values; at A = 0 the loss is 0 either way).
+    """
+    clamped = log_ratio.clamp(-eps_low, eps_high)
+    return torch.where(
+        adv > 0, torch.minimum(log_ratio, clamped), torch.maximum(log_ratio, clamped)
+    )
+
+
+def gmpo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.4,
+    eps_high: float = 0.4,
+    log_ratio_clamp: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GMPO: ``ℓ_i = −A_i·exp(mean_t c_it)``, the geometric mean of the clipped token ratios.
+
+    GMPO (Zhao et al. 2025, arXiv 2507.20673) maximises the geometric instead of the arithmetic
+    mean of the token ratios, which outliers move far less, and clips each token's log-ratio to
+    ``[−ε_low, ε_high]`` in log space (:func:`gmpo_log_ratio`): the ratio range is
+    ``(e^−0.4, e^0.4)`` with the paper's ε = 0.4 (TRL ``GMPOConfig.epsilon`` default; the authors'
+    ``scripts/qwen2.5-math-7b-gmpo.sh`` sets ``CLIPRANGE=0.4``). verl's ``geo_mean`` reads the
+    bounds from ``clip_ratio_low/high``, whose default 0.2 is PPO's, not GMPO's.
+
+    Per token, the GSPO-token form ``−A_i·exp(sg(log s_i) + c_it − sg(c_it))``
+    (:func:`sequence_ratio_tokens`): value ``−A_i·s_i`` at every valid token, and with
+    ``seq_mean_token_mean`` the loss and its gradient are GMPO's mean over sequences of
+    ``−A_i·s_i`` (verl ``core_algos.py:1928-2011`` and TRL ``experimental/gmpo`` take that plain
+    mean and ignore ``loss_agg_mode``; verl's ``torch.mean`` also counts rows without a valid
+    token, where both give 0). ``log s_i`` divides by ``max(|y_i|, 1)`` (TRL; verl adds 1e-8).
+    A per-token advantage ``[N, T]`` is averaged over the sequence's valid tokens, as verl does.
+    Neither peer clamps ``log ρ`` (verl's clamp is commented out): ``log_ratio_clamp=None``.
+    Clip stats as TRL's GMPO trainer logs them: ``clip_frac_low`` = log ρ < −ε_low with A < 0,
+    ``clip_frac_high`` = log ρ > ε_high with A > 0.
+    """
+    check_eps(eps_low, eps_high)
+    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    log_ratio = logp - old_logp  # [N, T]
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    clipped = gmpo_log_ratio(log_ratio, adv, eps_low, eps_high)  # [N, T]
+    log_seq = sequence_log_ratio(clipped, mask)  # [N]
+    ratio = torch.exp(sequence_ratio_tokens(log_seq, clipped))  # [N, T], value s_i
+    seq_adv = adv if adv.shape[-1] == 1 else sequence_log_ratio(adv, mask)[:, None]  # [N, 1]
+    per_token = -seq_adv * ratio
+    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    with torch.no_grad():
+        a = adv.expand_as(mask)
+        low = ((log_ratio < -eps_low) & (a < 0)).to(mask.dtype)
+        high = ((log_ratio > eps_high) & (a > 0)).to(mask.dtype)
+        stats["clip_frac_low"] = masked_mean(low, mask)
+        stats["clip_frac_high"] = masked_mean(high, mask)
+        stats["clip_frac_region"] = masked_mean(torch.maximum(low, high), mask)
+        stats["seq_ratio_mean"] = torch.exp(log_seq).mean()
+    return per_token * mask, to_floats(stats)
