@@ -274,3 +274,28 @@ def test_vs_trl_settings_are_equal_and_a_changed_trl_default_fails_the_run():
     assert "settings differ before training" in message and "(2 row(s))" in message
     assert 'autocast in forward passes: grouprl "off" vs TRL "cpu bfloat16"' in message
     assert "gradient checkpointing: grouprl false vs TRL true" in message
+
+
+ROLLOUT_CORRECTION = {
+    "functions": {"batch": [256, 32], "seconds": {"icepop": 0.0004, "mismatch_metrics": 0.002}},
+    "step": [
+        {"spec": "none", "precision": "same", "seconds": {"step": 2.0, "correction": 0.0}},
+        {"spec": "icepop", "precision": "bfloat16", "seconds": {"step": 2.5, "correction": 0.05},
+         "correction_frac": 0.02, "recompute_frac": 0.1},
+        {"spec": "seq_mis", "precision": "bfloat16", "seconds": {"step": 2.5, "correction": 0.2},
+         "correction_frac": 0.08, "recompute_frac": 0.1},
+        {"spec": "x", "precision": "bfloat16", "error": ["boom"]},
+    ],
+    "target": {"correction_frac": 0.05},
+}  # fmt: skip
+
+
+def test_rollout_correction_rows_judge_the_share_of_a_step():
+    rows = bench.rows_for("rollout_correction", {"ok": True, "result": ROLLOUT_CORRECTION})
+    by = {r["metric"]: r for r in rows}
+    assert by["icepop (ms, 256×32 tokens)"]["grouprl"] == pytest.approx(0.4)
+    share = "step, bfloat16 rollouts, {}: correction share (target <= 0.05)"
+    assert by[share.format("icepop")]["target"] is True
+    assert by[share.format("seq_mis")]["target"] is False  # 0.08 of a step: over the target
+    assert by["step, bfloat16 rollouts, x: failed"]["target"] is False
+    assert "rollout_correction" in bench.BENCHMARKS and "rollout_correction" in bench.QUICK_ARGS

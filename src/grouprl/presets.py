@@ -42,6 +42,9 @@ class Preset:
     Update schedule: ``minibatches`` (optimizer steps per epoch over one generation batch, each
     on whole groups) and ``ppo_epochs`` (passes over the batch); the trainer runs them unless
     ``optim.minibatches`` / ``optim.ppo_epochs`` are set (ALGORITHMS.md §3 "Update schedule").
+    Rollout correction: ``rollout_correction``, a :func:`grouprl.losses.correction.parse_spec`
+    string (``"none"``, ``"icepop"``, ``"seq_tis:cap=2+geo_rs"``) applied when the rollouts'
+    log-probs differ from the trainer's (``model.rollout_precision``; ALGORITHMS.md §3c).
     ``sources`` cites, for every one of these fields, where its value comes from.
     """
 
@@ -79,9 +82,14 @@ class Preset:
     # -- update schedule (ALGORITHMS.md §3): minibatches × ppo_epochs optimizer steps per batch
     minibatches: int = 1
     ppo_epochs: int = 1
+    # -- rollout correction (grouprl.losses.correction; ALGORITHMS.md §3c): a spec string
+    rollout_correction: str = "none"
     sources: MappingProxyType = field(default_factory=frozen)
 
     def __post_init__(self) -> None:
+        from grouprl.losses import correction  # validates the spec: unknown names, bad caps
+
+        correction.check_spec(self.rollout_correction)
         if (
             isinstance(self.pool_size, bool)
             or not isinstance(self.pool_size, int)
@@ -325,6 +333,9 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "sampler_weight": "off: no importance weight on the advantages",
     "minibatches": _S_SAME_AS_GRPO,
     "ppo_epochs": _S_SAME_AS_GRPO,
+    "rollout_correction": "none: the sources sample and train with one engine at one precision "
+    "(TRL's vllm_importance_sampling_correction applies only with vLLM; verl's "
+    "rollout_correction.rollout_is defaults to null)",
 }
 
 

@@ -8,11 +8,17 @@ the weight sync) except the sampling, done by the ``hf`` rollout of ``verl_cpu.p
 test-only CPU support, which also records what grouprl's functions were handed). TRL 1.16 is in
 the same environment, so the run also shows that verl builds its actor next to it.
 
+Rollouts are sampled with bf16 weights while the FSDP actor trains in fp32, and verl's rollout
+correction is on (decoupled mode: token TIS weights, token-k3 rejection).
+
 Checks: the estimator's output in the driver equals ``advantages.compute`` on the groups
 rebuilt by uid with a plain loop (they arrive reordered by ``balance_batch``); the loss ran in
 the actor worker with gradients, on the advantages the driver computed; verl logged a non-zero
 gradient norm each step; the run ended with rc 0; verl's ``rollout_data_dir`` dump reads back
-through ``grouprl diagnose``'s reader with the scores the estimator saw.
+through ``grouprl diagnose``'s reader with the scores the estimator saw; every micro-batch of
+the grouprl loss received verl's rollout-correction weights and rewritten mask and its loss is
+verl's own vanilla loss of the same inputs; verl's file log of the run shows its mismatch
+metrics through ``grouprl diagnose``.
 """
 
 import json
@@ -50,6 +56,9 @@ if verl.__version__ != VERL_VERSION:
 
 HERE = Path(__file__).parent
 STEPS, PROMPTS, N = 3, 4, 4
+RS_THRESHOLD = 5e-8
+"""token-k3 rejection threshold: bf16 sampling of this 3k-parameter model moves a token's
+log-prob by ~2e-4 on average (k3 median 0, p90 ~1e-7), so a share of tokens is rejected."""
 TIMEOUT_S = 360  # a bound, not a budget: ~80 s on an idle 2-core machine
 WORDS = "abcdefghijklmnop"
 
@@ -58,6 +67,12 @@ OVERRIDES = [
     "algorithm.adv_estimator=grouprl_maxnorm_rloo",
     "+algorithm.grouprl.preset=maxnorm_rloo",
     "actor_rollout_ref.actor.policy_loss.loss_mode=grouprl_ppo_clip",
+    # verl's rollout correction (decoupled mode) on bf16 rollouts of an fp32 actor: token TIS
+    # weights and a token-k3 rejection that the grouprl loss must honour
+    "algorithm.rollout_correction.rollout_is=token",
+    "algorithm.rollout_correction.rollout_is_threshold=2.0",
+    "algorithm.rollout_correction.rollout_rs=token_k3",
+    f"algorithm.rollout_correction.rollout_rs_threshold={RS_THRESHOLD}",
     # data and model: 4 prompts x n = 4, prompts of 3 words, responses of at most 8 tokens
     f"data.train_batch_size={PROMPTS}",
     "data.max_prompt_length=16",
@@ -89,7 +104,7 @@ OVERRIDES = [
     "trainer.n_gpus_per_node=1",
     "trainer.nnodes=1",
     "trainer.use_v1=false",
-    "trainer.logger=[console]",
+    "trainer.logger=[console,file]",
     "trainer.val_before_train=false",
     "trainer.test_freq=-1",
     "trainer.save_freq=-1",
@@ -135,6 +150,8 @@ def run(tmp_path_factory):
         VERL_PLATFORM="cpu",
         VERL_ENGINE_DEVICE="cuda",  # selects the FSDP engine; the cpu platform runs it on CPU
         GROUPRL_VERL_RECORD=str(folder / "record"),
+        GROUPRL_VERL_ROLLOUT_DTYPE="bfloat16",  # rollouts in bf16, the actor in fp32
+        VERL_FILE_LOGGER_PATH=str(folder / "verl_metrics.jsonl"),
         RAY_TMPDIR=ray_tmp,
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
@@ -230,3 +247,47 @@ def test_verls_rollout_dump_reads_back_with_the_scores_the_estimator_saw(run):
         torch.testing.assert_close(
             torch.sort(rewards.reshape(-1)).values, torch.sort(scores).values, atol=1e-6, rtol=0
         )
+
+
+def test_the_grouprl_loss_honoured_verls_rollout_correction(run):
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig
+
+    folder, _ = run
+    _, calls = records(folder, "loss")
+    assert calls and all(c["rollout_is_weights"] is not None for c in calls)
+    weights, recomputed = [], 0
+    for c in calls:
+        mask = torch.tensor(c["response_mask"])
+        w = torch.tensor(c["rollout_is_weights"])
+        weights.append(w[mask.bool()])
+        cfg = ActorConfig(strategy="fsdp2", rollout_n=N, ppo_micro_batch_size_per_gpu=8)
+        cfg.global_batch_info.update(
+            {k: (int(v) if v is not None else None) for k, v in c["global_batch_info"].items()}
+        )
+        want, _ = core_algos.get_policy_loss_fn("vanilla")(
+            torch.tensor(c["old_log_prob"]),
+            torch.tensor(c["log_prob"]),
+            torch.tensor(c["advantages"]),
+            mask,
+            c["loss_agg_mode"],
+            cfg,
+            rollout_is_weights=w,
+        )
+        assert c["loss"] == pytest.approx(float(want), rel=1e-5, abs=1e-7)
+        recomputed += 1
+    w = torch.cat(weights)
+    assert recomputed == len(calls)
+    assert (w != 1.0).any() and (w <= 2.0).all()  # bf16 rollouts: weights moved off 1
+
+
+def test_verls_logged_mismatch_reads_through_grouprl_diagnose(run, capsys):
+    from grouprl.cli import main
+
+    folder, _ = run
+    log = external.load_mismatch(folder / "verl_metrics.jsonl")
+    assert log is not None and log.source == "verl" and len(log.rows) == STEPS
+    assert all(r["mismatch/kl_k3"] > 0 for r in log.rows)  # bf16 vs fp32: a real mismatch
+    assert any(r["corr/rejected_frac"] > 0 for r in log.rows)  # the token-k3 rejection acted
+    assert main(["diagnose", str(folder / "verl_metrics.jsonl"), "--no-report"]) == 0
+    assert f"Rollout vs trainer mismatch (verl log, {STEPS} steps)" in capsys.readouterr().out

@@ -28,6 +28,9 @@ engine is registered for cuda and npu only; with this platform it runs on CPU),
 ``trainer.use_v1=false`` (the v1 trainer needs the ``transfer_queue`` package), the CUDA-only
 config defaults turned off, ``CUDA_VISIBLE_DEVICES`` unset (Ray refuses a GPU when it is empty).
 
+Rollout precision (test only): ``GROUPRL_VERL_ROLLOUT_DTYPE=bfloat16`` samples with bf16
+weights while the actor trains in fp32, so verl's rollout correction has a mismatch to correct.
+
 Recording (test only): with ``GROUPRL_VERL_RECORD=<folder>``, :func:`_record_estimator` and
 :func:`_record_loss` wrap grouprl's registered estimator and policy loss and write what verl
 handed them and what they returned to ``<folder>/estimator-<pid>.jsonl`` (driver) and
@@ -211,8 +214,11 @@ class HFServer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         torch.set_num_threads(1)
+        # GROUPRL_VERL_ROLLOUT_DTYPE=bfloat16: sample with bf16 weights while the FSDP actor
+        # trains in fp32 -- the mismatch a vLLM-bf16 + FSDP-fp32 stack has
+        dtype = getattr(torch, os.environ.get("GROUPRL_VERL_ROLLOUT_DTYPE", "float32"))
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, torch_dtype=torch.float32, attn_implementation="eager"
+            model_path, torch_dtype=dtype, attn_implementation="eager"
         ).eval()
         self.eos = AutoTokenizer.from_pretrained(model_path).eos_token_id
         self.response_length = response_length
@@ -340,6 +346,9 @@ def _record_estimator(fn):
 def _record_loss(fn):
     def recorded(old_log_prob, log_prob, advantages, response_mask, *a, **kw):
         loss, metrics = fn(old_log_prob, log_prob, advantages, response_mask, *a, **kw)
+        args = dict(zip(("loss_agg_mode", "config", "rollout_is_weights"), a), **kw)
+        weights = args.get("rollout_is_weights")
+        config = args.get("config")
         _append(
             "loss",
             {
@@ -348,6 +357,14 @@ def _record_loss(fn):
                 "log_prob_requires_grad": bool(log_prob.requires_grad),
                 "advantages": advantages.detach().tolist(),
                 "response_mask": response_mask.detach().tolist(),
+                "old_log_prob": old_log_prob.detach().tolist(),
+                "log_prob": log_prob.detach().tolist(),
+                "loss_agg_mode": args.get("loss_agg_mode"),
+                "global_batch_info": {
+                    k: float(v) if v is not None else None
+                    for k, v in dict(getattr(config, "global_batch_info", None) or {}).items()
+                },
+                "rollout_is_weights": None if weights is None else weights.detach().tolist(),
             },
         )
         return loss, metrics

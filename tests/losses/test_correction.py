@@ -443,3 +443,11 @@ def test_parse_and_format_round_trip():
     ]
     assert C.parse_spec(C.format_spec(spec)) == spec
     assert C.parse_spec("none") == [] and C.format_spec([]) == "none"
+
+
+def test_check_spec_dry_runs_the_values():
+    assert C.check_spec("icepop") == [("icepop", {})]
+    with pytest.raises(ValueError, match="cap must be a finite number >= 1"):
+        C.check_spec("seq_tis:cap=0.5")
+    with pytest.raises(ValueError, match="needs threshold > 0"):
+        C.check_spec("rejection")

@@ -269,7 +269,7 @@ def test_maze_predicted_regime_hand_case():
 def test_committed_results_match_their_readmes():
     """Every committed README block is exactly what its results.json renders to."""
     c = _load_common()
-    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic"):
+    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction"):
         folder = ROOT / name
         if not (folder / "results.json").exists():
             continue
@@ -312,3 +312,40 @@ def test_maze_config_is_the_scripts_f_grpo_arm():
     assert ours["model"]["sft_steps"] == a.sft_steps
     for section in ("sampling", "algorithm", "optim"):
         assert ours[section] == script[section], section
+
+
+@pytest.mark.slow
+def test_rollout_correction_quick_runs_logs_the_mismatch_and_resumes(tmp_path, monkeypatch):
+    """Every arm on 2 x 2 mazes, 2 seeds: the arms differ only in the rollout precision and the
+    correction; the bf16 arms log their mismatch every step and the fp32 arm none; a rerun
+    reuses every saved run."""
+    monkeypatch.setenv("GROUPRL_NO_SFT_CACHE", "1")
+    mod = _load("rollout_correction")
+    argv = ["--quick", "--seeds", "2", "--out", str(tmp_path)]
+    assert mod.main(argv) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert [r["arm"] for r in res["table"]] == ["SFT start", *mod.ARMS]
+    for r in res["runs"]:
+        if r["arm"] == "base":
+            continue
+        per = r["per_step"]
+        assert len(per["reward/mean"].split()) == res["config"]["steps"]
+        logged = "mismatch/kl_k3" in per and "nan" not in per["mismatch/kl_k3"].split()
+        assert logged == (r["arm"] != "fp32"), r["arm"]
+    from grouprl.train.config import load_config
+
+    a = mod._args(argv)
+    d = [load_config(None, mod.overrides(a, arm, 0)).to_dict() for arm in mod.ARMS]
+    for arm, x in zip(mod.ARMS, d):
+        precision, spec = mod.ARMS[arm]
+        assert x["model"]["rollout_precision"] == precision
+        assert x["algorithm"]["overrides"]["rollout_correction"] == spec
+        x["model"]["rollout_precision"] = d[0]["model"]["rollout_precision"]
+        x["algorithm"]["overrides"]["rollout_correction"] = "none"
+        assert x == d[0]  # nothing else differs
+    diffs = [r["difference"] for r in res["tables"]["paired"]]
+    assert diffs[-1] == "bf16 − fp32" and all(d.endswith("− bf16") for d in diffs[:-1])
+    mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()}
+    assert len(mtimes) == 1 + len(mod.ARMS) * 2
+    assert mod.main(argv) == 0  # everything reused
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()} == mtimes

@@ -1,6 +1,6 @@
 """``grouprl bench``: run the benchmark scripts (each prints JSON) and print one table.
 
-    grouprl bench                         # advantages, train_step, vs_trl at their full sizes
+    grouprl bench                         # advantages, train_step, rollout_correction, vs_trl
     grouprl bench --quick                 # small sizes (about a minute in all)
     grouprl bench advantages vs_trl       # a subset, by script name
     grouprl bench vs_trl --model smollm2  # vs TRL on SmolLM2-135M (default: the tiny maze model)
@@ -37,12 +37,13 @@ __all__ = [
 ]
 
 
-BENCHMARKS: tuple[str, ...] = ("advantages", "train_step", "vs_trl")
+BENCHMARKS: tuple[str, ...] = ("advantages", "train_step", "rollout_correction", "vs_trl")
 """The default benchmark scripts (``benchmarks/<name>.py``), in the order they run."""
 
 QUICK_ARGS: dict[str, list[str]] = {
     "advantages": ["--prompts", "8192", "--repeat", "3", "--no-verl-loop"],
     "train_step": ["--models", "tiny", "--steps", "2", "--warmup", "1"],
+    "rollout_correction": ["--steps", "1", "--warmup", "1", "--repeat", "3", "--specs", "icepop"],
     "vs_trl": ["--quick"],
 }
 """``--quick`` arguments per script [OURS]: sizes that finish in seconds on a laptop CPU."""
@@ -282,9 +283,31 @@ def _generic_rows(res: dict[str, Any], prefix: str = "") -> list[Row]:
     return rows
 
 
+def _rollout_correction_rows(res: dict[str, Any]) -> list[Row]:
+    def row(metric: str, value: Any, target: Any = None) -> Row:
+        return {"metric": metric, "grouprl": value, "peer": None, "ratio": None, "target": target}
+
+    fn = res.get("functions", {})
+    n, t = fn.get("batch", ["?", "?"])
+    rows = [row(f"{k} (ms, {n}×{t} tokens)", v * 1e3) for k, v in fn.get("seconds", {}).items()]
+    limit = res.get("target", {}).get("correction_frac", 0.05)
+    for r in res.get("step", []):
+        label = f"step, {r.get('precision')} rollouts, {r.get('spec')}"
+        if "error" in r:
+            rows.append(row(f"{label}: failed", None, False))
+            continue
+        rows.append(row(f"{label}: s/step", r["seconds"]["step"]))
+        if "correction_frac" in r:
+            frac = r["correction_frac"]
+            rows.append(row(f"{label}: correction share (target <= {limit})", frac, frac <= limit))
+            rows.append(row(f"{label}: fp32 recompute share", r.get("recompute_frac")))
+    return rows
+
+
 SUMMARISERS: dict[str, Callable[[dict[str, Any]], list[Row]]] = {
     "advantages": _advantages_rows,
     "train_step": _train_step_rows,
+    "rollout_correction": _rollout_correction_rows,
     "vs_trl": _vs_trl_rows,
 }
 """Benchmark name -> rows for the table; other benchmarks are flattened generically."""

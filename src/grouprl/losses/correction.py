@@ -50,6 +50,7 @@ __all__ = [
     "USES_CURRENT_POLICY",
     "Correction",
     "Parts",
+    "check_spec",
     "compute",
     "format_spec",
     "geo_rs",
@@ -526,6 +527,15 @@ def parse_spec(text: str) -> list[tuple[str, dict[str, Any]]]:
         _check_method(name.strip(), params)
         out.append((name.strip(), params))
     return out
+
+
+def check_spec(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """:func:`parse_spec` plus a dry run of every method on one token, so that a bad value
+    (a cap below 1, a missing threshold) is a ValueError when a config loads, not at a step."""
+    spec = parse_spec(text)
+    one = torch.zeros(1, 1)
+    compute(spec, one, one, torch.ones(1, 1), adv=torch.zeros(1))
+    return spec
 
 
 def format_spec(spec: Sequence[tuple[str, Mapping[str, Any]]]) -> str:

@@ -75,6 +75,11 @@ class Batch:
     draw_weights: torch.Tensor | None = None
     """``[P]`` the importance weight 1/(|pool|·p_x) of each group's prompt draw (a prompt
     sampler over a pool); None: a fresh stream."""
+    rollout_logp: torch.Tensor | None = None
+    """[N, T] the sampler's own log-probs when it ran at another precision than the trainer
+    (``model.rollout_precision``): ``old_logp`` is then the trainer's recomputation at the
+    behaviour parameters, and the pair feeds the rollout correction (ALGORITHMS.md §3c).
+    None when matched: ``old_logp`` is the sampler's and the trainer's alike."""
 
     @property
     def size(self) -> int:

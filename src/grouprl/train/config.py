@@ -61,6 +61,13 @@ class ModelConfig:
     passes, evaluation: ``grouprl.train.policy.Policy``) under ``torch.autocast(device,
     bfloat16)`` while weights, gradients and AdamW stay in ``dtype`` (mixed precision with
     master copies, TRL's and verl's convention)."""
+    rollout_precision: str = "same"
+    """The precision of generation only: ``same`` (``autocast``'s: matched, the rollouts'
+    log-probs are the trainer's and the update is on-policy) or ``none`` / ``bfloat16``. A
+    different one is a second engine, as vLLM-bf16 sampling for an FSDP-fp32 trainer: the
+    trainer then recomputes the behaviour log-probs at its own precision (one forward, verl's
+    decoupled mode), logs ``mismatch/*`` every step and applies
+    ``algorithm.rollout_correction`` (docs/training.md, "Rollouts at another precision")."""
     attention: str = "sdpa"
     """The attention kernel transformers uses (``sdpa`` = torch's scaled_dot_product_attention,
     or ``eager``); applied when grouprl loads the model (not to an injected model)."""
@@ -426,6 +433,10 @@ def _check_model_runtime(m: ModelConfig) -> None:
         raise ConfigError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {m.dtype!r}")
     if m.autocast not in ("none", "bfloat16", "bf16"):
         raise ConfigError(f"model.autocast must be none or bfloat16, got {m.autocast!r}")
+    if m.rollout_precision not in ("same", "none", "bfloat16", "bf16"):
+        raise ConfigError(
+            f"model.rollout_precision must be same, none or bfloat16, got {m.rollout_precision!r}"
+        )
     if m.attention not in ("sdpa", "eager"):
         raise ConfigError(f"model.attention must be sdpa or eager, got {m.attention!r}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", m.device):

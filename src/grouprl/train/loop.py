@@ -7,6 +7,9 @@ One step, its stages in order, the step's tensors as locals::
          temperature, verified → rewards [P, G] (NaN = unscorable, counted; too many stops
          the run); DAPO's overlong penalty; DAPO's dynamic sampling draws more prompts
          until P informative groups are found                     (collect_batch, below)
+    2b.  correction    rollouts sampled at another precision (model.rollout_precision): the
+                       behaviour log-probs recomputed at the training precision, mismatch/*
+                       metrics, the preset's rollout correction      (rollout_correction)
     3.   advantages    advantages.compute(preset) → per sample: adv [N], keep [N], kl_weight [N]
     4.   reference     ref_logp [N, T] (β > 0 only); the controller's clip bounds; all of it
                        one frozen Targets (train/targets.py)
@@ -25,6 +28,7 @@ an uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Iterator
@@ -35,6 +39,7 @@ from typing import Any
 import torch
 
 from grouprl import advantages, diagnostics, losses
+from grouprl.losses import correction
 from grouprl.train import filters, resume
 from grouprl.train.batch import (
     Batch,
@@ -103,6 +108,8 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
     )
     for line in schedule_lines(cfg, run.preset):
         run.print(line)
+    if note := _matched_note(run):
+        run.print(f"note: {note}")
     metrics: dict[str, float] = {}
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
@@ -130,6 +137,17 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
     finally:
         run.sinks.close()
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
+
+
+def _matched_note(run: Run) -> str | None:
+    """A note when a rollout correction is set but sampling runs at the training precision."""
+    if not run.policy.matched or run.preset.rollout_correction == "none":
+        return None
+    return (
+        f"algorithm.rollout_correction={run.preset.rollout_correction!r} has nothing to correct: "
+        "the rollouts are sampled at the training precision (model.rollout_precision=same), "
+        "so their log-probs are the trainer's and every correction weight is 1"
+    )
 
 
 def schedule_lines(cfg: RunConfig, preset: Any) -> list[str]:
@@ -173,6 +191,9 @@ def train_step(run: Run) -> dict[str, float]:
     batch, rollout_metrics = collect_batch(run, timer)
     rewards, g = batch.rewards, batch.group_size  # [P, G]
 
+    # -- 2b. rollouts from another engine: the trainer's log-probs, the mismatch, the correction
+    batch, corr, corr_metrics = rollout_correction(run, batch, timer)
+
     # -- 3-4. reference log-probs (β > 0, or a KL in the reward), then the advantages: per
     # group, then per sample (rows p·G + g), or per token (step_advantages) --------------------
     with timer("logprobs"):
@@ -188,7 +209,7 @@ def train_step(run: Run) -> dict[str, float]:
         run.policy, batch, dict(preset.surrogate_params)
     )
     loss_ref = ref_logp if preset.beta > 0 else None  # the loss-side KL term only when β > 0
-    targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip)
+    targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip, correction=corr)
 
     # -- 5. update: epochs × minibatches of whole groups, one AdamW step each ----------------
     low = diagnostics.low_sigma_groups(rewards, adv).repeat_interleave(g)  # [N] Table 3's rows
@@ -197,7 +218,8 @@ def train_step(run: Run) -> dict[str, float]:
 
     # -- 6. metrics, built explicitly -------------------------------------------------------
     with timer("diagnostics"):
-        metrics = {**rollout_metrics, **clip_metrics, **log.metrics(), **after_metrics}
+        metrics = {**rollout_metrics, **corr_metrics, **clip_metrics, **log.metrics()}
+        metrics.update(after_metrics)
         metrics.update(reward_kl_metrics)
         metrics["optim/skipped_total"] = float(run.nonfinite_total)
         metrics["optim/lr"] = run.optimizer.param_groups[0]["lr"]
@@ -401,6 +423,64 @@ def step_advantages(
     return adv, adv.per_token.detach().float(), metrics
 
 
+# ---- stage 2b: rollouts from another engine ----------------------------------------------------
+
+
+@functools.cache
+def _correction_spec(text: str) -> tuple[tuple, tuple]:
+    """``(per batch, per micro-batch)`` parts of a rollout-correction spec: the methods of
+    ``correction.USES_CURRENT_POLICY`` (``opsm``) read the current policy, so they run in
+    the loss; the others run once on the whole batch."""
+    spec = correction.parse_spec(text)
+    now = correction.USES_CURRENT_POLICY
+    return (
+        tuple((n, p) for n, p in spec if n not in now),
+        tuple((n, p) for n, p in spec if n in now),
+    )
+
+
+def rollout_correction(
+    run: Run, batch: Batch, timer: Timer
+) -> tuple[Batch, correction.Correction | None, dict[str, float]]:
+    """The batch as the trainer sees it when another engine sampled it; unchanged if matched.
+
+    When the rollouts ran at another precision (``model.rollout_precision``, so
+    ``Policy.matched`` is False), their log-probs are the engine's (π_rollout): the behaviour
+    log-probs are recomputed at the training precision (one forward without gradient, verl's
+    decoupled mode: π_old of the ratio) and the engine's kept as ``batch.rollout_logp``. The
+    ``mismatch/*`` metrics compare the two on every step, and the preset's
+    ``rollout_correction`` runs once on the whole batch (its rejections count in no
+    normaliser of the step: ``Targets.loss_mask``); ``opsm`` runs in the loss.
+    """
+    if run.policy.matched:
+        return batch, None, {}
+    with timer("logprobs"):
+        train_logp = run.policy.batch_logprobs(batch).logp.float()  # [N, T]
+    batch = replace(batch, old_logp=train_logp, rollout_logp=batch.old_logp)
+    with timer("correction"):
+        metrics = diagnostics.mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.mask)
+        per_batch, _ = _correction_spec(run.preset.rollout_correction)
+        corr = None
+        if per_batch:
+            corr = correction.compute(per_batch, batch.old_logp, batch.rollout_logp, batch.mask)
+            metrics.update(corr.stats)
+    return batch, corr, metrics
+
+
+def _current_policy_correction(
+    run: Run, batch: Batch, m: torch.Tensor, logp: torch.Tensor, adv: torch.Tensor
+) -> torch.Tensor | None:
+    """``[m, T]`` weight of the spec's methods that read the current policy (``opsm``) on
+    micro-batch ``m``, against the engine's log-probs; None when there are none."""
+    if batch.rollout_logp is None:
+        return None
+    _, now = _correction_spec(run.preset.rollout_correction)
+    if not now:
+        return None
+    c = correction.compute(now, logp.detach(), batch.rollout_logp[m], batch.mask[m], adv=adv)
+    return c.weight
+
+
 # ---- stage 5: the update ---------------------------------------------------------------------
 
 
@@ -520,8 +600,9 @@ def optimizer_step(
     True (no low-σ subset); None / False: not this step.
     """
     cfg, preset = run.cfg, run.preset
+    loss_mask = targets.loss_mask(batch.mask)  # [N, T] without rollout-rejected tokens
     totals = losses.step_totals(  # counts over the whole minibatch, whatever the split
-        batch.mask[rows], keep=targets.keep[rows],
+        loss_mask[rows], keep=targets.keep[rows],
         max_len=max(cfg.sampling.max_new_tokens, batch.mask.shape[1]),
     )  # fmt: skip
     if totals.is_empty:  # no kept token: nothing to learn from
@@ -533,7 +614,7 @@ def optimizer_step(
     )  # fmt: skip
     stats, finite, backward = StepStats(), True, False
     for m, grad in micro:
-        if not batch.mask[m].any():  # no loss token (every completion masked): adds exactly 0
+        if not loss_mask[m].any():  # no loss token (every completion masked): adds exactly 0
             stats.missing += len(m) / len(rows)
             continue
         with torch.set_grad_enabled(grad):
@@ -610,12 +691,18 @@ def micro_batch_loss(
     if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
         return None
     t = targets.rows(m)  # per-sequence bounds [N] (AGPO's per-prompt ε) follow the rows
+    weight = keep = None
+    if t.correction is not None:  # the rollout correction of these rows (stage 2b)
+        weight, keep = t.correction.weight, t.correction.keep
+    now = _current_policy_correction(run, batch, m, lp.logp, t.adv)
+    if now is not None:
+        weight = now if weight is None else weight * now
     with timer("backward"):
         obj = losses.objective(
             lp.logp, batch.old_logp[m], t.adv, batch.mask[m], surrogate=p.surrogate,
             surrogate_params=dict(t.clip), aggregation=p.aggregation, totals=totals,
             keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
-            entropy=lp.entropy,
+            entropy=lp.entropy, correction_weight=weight, correction_keep=keep,
         )  # fmt: skip
     return obj if torch.isfinite(obj.loss) else None
 
@@ -704,14 +791,17 @@ def _balance(
     if not len(sub) or not batch.mask[sub].any():
         return out
     sub_totals = losses.step_totals(
-        batch.mask[sub], keep=targets.keep[sub], max_len=int(totals.max_len)
+        targets.loss_mask(batch.mask)[sub], keep=targets.keep[sub], max_len=int(totals.max_len)
     )
     lp = run.policy.logprobs(batch, sub, entropy=False)
     t = targets.rows(sub)
+    c = t.correction  # the subset's loss as trained: the rollout correction's weight and mask
     low = losses.objective(
         lp.logp, batch.old_logp[sub], t.adv, batch.mask[sub], surrogate=p.surrogate,
         surrogate_params=dict(t.clip), aggregation=p.aggregation, totals=sub_totals,
         keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
+        correction_weight=None if c is None else c.weight,
+        correction_keep=None if c is None else c.keep,
     )  # fmt: skip
     out.update(
         diagnostics.subset_keys(
@@ -759,7 +849,8 @@ class Timer:
         finally:
             if self._sync:
                 torch.cuda.synchronize()
-            self.seconds[stage] += time.perf_counter() - t0
+            # a stage outside STAGES (``correction``) is logged only when it ran
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - t0
 
     def metrics(self, *, step: float) -> dict[str, float]:
         return {**{f"time/{k}": v for k, v in self.seconds.items()}, "time/step": step}

@@ -22,7 +22,10 @@ optimizer step is on-policy: its ratio is 1 and its KL to the reference 0, up to
 rounding of two different computations of the same numbers (tests/train/test_policy.py).
 Each method takes ``precision=`` to override the policy's own for one call (None = the
 policy's): a rollout engine that samples at another precision than the trainer's is that
-override on :meth:`generate`.
+override on :meth:`generate`, or ``rollout_precision`` (``model.rollout_precision``), which
+:meth:`generate` uses by default. With it, the rollouts' log-probs are the *engine's*
+(π_rollout) and no longer the trainer's: :attr:`Policy.matched` is False and the step
+recomputes the behaviour log-probs at ``precision`` (ALGORITHMS.md §3c).
 """
 
 from __future__ import annotations
@@ -77,9 +80,21 @@ class Policy:
     precision: str = "none"
     micro_batch_size: int = 0
     logprob_chunk: int = 2048
+    rollout_precision: str | None = None
+    """The precision of :meth:`generate` (the rollout engine); None = ``precision``."""
 
     def __post_init__(self) -> None:
         self._check(self.precision)
+        if self.rollout_precision is not None:
+            self._check(self.rollout_precision)
+
+    @property
+    def matched(self) -> bool:
+        """True when rollouts are sampled at the training precision: their log-probs are the
+        trainer's own, and the first update on them is on-policy."""
+        if self.rollout_precision is None:
+            return True
+        return PRECISIONS[self.rollout_precision] == PRECISIONS[self.precision]
 
     @staticmethod
     def _check(precision: str) -> None:
@@ -115,12 +130,13 @@ class Policy:
         temperatures: torch.Tensor | None = None,
         precision: str | None = None,
     ) -> Rollouts:
-        """``group_size`` completions per prompt (``hf.generate``) under the precision.
+        """``group_size`` completions per prompt (``hf.generate``) under the precision
+        (``precision``, else ``rollout_precision``, else the policy's).
 
         The rollouts' ``old_logp`` are the sampler's own log-probs of the drawn tokens, taken
         while sampling; ``temperatures``: ``[P]`` per-prompt sampling temperatures.
         """
-        with self.autocast(precision):
+        with self.autocast(precision if precision is not None else self.rollout_precision):
             return hf.generate(
                 self.model, self.tokenizer, prompts, group_size, sampling, generator,
                 temperatures=temperatures,

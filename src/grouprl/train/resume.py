@@ -49,6 +49,7 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     "model.device",  # other kernels, and the rollout generator lives there (its own stream)
     "model.dtype",
     "model.autocast",  # bf16 compute
+    "model.rollout_precision",  # the sampler's precision: another behaviour policy
     "model.warm_start",
     "model.sft_steps",
     "model.lora_rank",

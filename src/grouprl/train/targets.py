@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from grouprl.losses.correction import Correction
+
 __all__ = ["Targets"]
 
 
@@ -30,6 +32,8 @@ class Targets:
         ref_logp: ``[N, T]`` the reference's log-probs, or None (β = 0: no KL term).
         clip: the surrogate's parameters for this update: floats, or ``[N]`` tensors for
             per-sequence bounds (AGPO's per-prompt ε).
+        correction: the rollout correction of the batch (``losses.correction.Correction``:
+            ``[N, T]`` weight and keep), or None (matched precision, or no correction).
     """
 
     adv: torch.Tensor  # [N] or [N, T]
@@ -37,6 +41,7 @@ class Targets:
     kl_weight: torch.Tensor  # [N]
     ref_logp: torch.Tensor | None  # [N, T]
     clip: Mapping[str, Any]
+    correction: Correction | None = None
 
     def __post_init__(self) -> None:
         n = self.adv.shape[:1]
@@ -50,6 +55,15 @@ class Targets:
         for key, value in self.clip.items():
             if isinstance(value, torch.Tensor) and value.shape != n:
                 raise ValueError(f"clip[{key!r}] must be a float or [N={n[0]}], got {value.shape}")
+        if self.correction is not None and self.correction.weight.shape[:1] != n:
+            raise ValueError(
+                f"correction must be [N={n[0]}, T], got {self.correction.weight.shape}"
+            )
+
+    def loss_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        """``mask`` without the tokens the rollout correction rejected (``mask`` itself when
+        there is none): what the step's normalisers count."""
+        return mask if self.correction is None else self.correction.loss_mask(mask)
 
     @property
     def size(self) -> int:
@@ -64,4 +78,5 @@ class Targets:
             kl_weight=self.kl_weight[m],
             ref_logp=None if self.ref_logp is None else self.ref_logp[m],
             clip={k: v[m] if isinstance(v, torch.Tensor) else v for k, v in self.clip.items()},
+            correction=None if self.correction is None else self.correction.rows(m),
         )
