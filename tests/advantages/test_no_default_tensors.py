@@ -31,32 +31,20 @@ def _check(out: advantages.Advantages) -> None:
         assert (t.device.type, t.dtype) == ("cpu", torch.bool), (field, t.device, t.dtype)
 
 
-def _under_wide_meta_defaults(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with torch's default device "meta" and default dtype float64
-    (the inputs are made before, on the CPU in float32)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        with torch.device("meta"):
-            return fn(*args, **kwargs)
-    finally:
-        torch.set_default_dtype(old)
-
-
 @pytest.mark.parametrize("kw", TRANSFORMS, ids=lambda kw: ",".join(kw) or "plain")
 @pytest.mark.parametrize("name", advantages.names())
-def test_every_estimator_and_transform(name, kw):
+def test_every_estimator_and_transform(name, kw, under_wide_meta_defaults):
     if (advantages.needs(name) or name == "gdpo") and ("virtual" in kw or "delta_res" in kw):
         pytest.skip("refused by design (a ValueError): no resolution or virtual samples here")
     inp = inputs.inputs_for(name, R, **kw)
-    _check(_under_wide_meta_defaults(advantages.compute, name, R, **inp, **kw))
+    _check(under_wide_meta_defaults(advantages.compute, name, R, **inp, **kw))
 
 
 @pytest.mark.parametrize("name", list(advantages.TOKEN_ESTIMATORS))
-def test_every_token_estimator(name):
+def test_every_token_estimator(name, under_wide_meta_defaults):
     mask = torch.ones(4, 4, 3, dtype=torch.bool)
     mask[0, 1, 2] = False
     kw = {"token_rewards": torch.full((4, 4, 3), 0.1)}
     if "optimal" in name:
         kw = {"old_logp": torch.full((4, 4, 3), -1.0), "sum_pi_squared": torch.full((4, 4, 3), 0.5)}
-    _check(_under_wide_meta_defaults(advantages.compute_tokens, name, R, mask, **kw))
+    _check(under_wide_meta_defaults(advantages.compute_tokens, name, R, mask, **kw))

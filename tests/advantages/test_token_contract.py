@@ -95,9 +95,13 @@ def test_masks_and_token_tensors_are_checked_and_named():
         advantages.compute_tokens("grpo", R, MASK[:, :3])
     with pytest.raises(ValueError, match=r"mask \[P, G, T\].*got list"):
         advantages.compute_tokens("grpo", R, MASK.tolist())
-    with pytest.raises(ValueError, match=r"token_rewards must have the mask's shape \(2, 4, 3\), got \(2, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"token_rewards must have the mask's shape \(2, 4, 3\), got \(2, 4\)"
+    ):
         advantages.compute_tokens("grpo", R, MASK, token_rewards=DENSE[..., 0])
-    with pytest.raises(ValueError, match=r"token_rewards must have the mask's shape \(2, 4, 3\), got list"):
+    with pytest.raises(
+        ValueError, match=r"token_rewards must have the mask's shape \(2, 4, 3\), got list"
+    ):
         advantages.compute_tokens("grpo", R, MASK, token_rewards=DENSE.tolist())
     # a non-finite dense reward at a masked token is padding: accepted
     holed = DENSE.clone()

@@ -20,17 +20,6 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.fl
 ENTROPY = torch.rand(N, T, generator=torch.Generator().manual_seed(3))
 
 
-def _under_wide_meta_defaults(fn, *args, **kwargs):
-    """``fn(*args, **kwargs)`` with torch's default device "meta" and default dtype float64."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        with torch.device("meta"):
-            return fn(*args, **kwargs)
-    finally:
-        torch.set_default_dtype(old)
-
-
 def _cpu32(t: torch.Tensor, what: str) -> None:
     assert (t.device.type, t.dtype) == ("cpu", torch.float32), (what, t.device, t.dtype)
 
@@ -40,9 +29,9 @@ PARAMS = {"dro": {"beta": 0.1}}
 
 
 @pytest.mark.parametrize("name", list(losses.SURROGATES))
-def test_every_surrogate(name):
+def test_every_surrogate(name, under_wide_meta_defaults):
     logp = LOGP.clone().requires_grad_()
-    per_token, _ = _under_wide_meta_defaults(
+    per_token, _ = under_wide_meta_defaults(
         losses.surrogate, name, logp, OLD, ADV, MASK, **PARAMS.get(name, {})
     )
     _cpu32(per_token, name)
@@ -51,16 +40,16 @@ def test_every_surrogate(name):
 
 
 @pytest.mark.parametrize("name", list(losses.KL_ESTIMATORS))
-def test_every_kl_estimator(name):
-    _cpu32(_under_wide_meta_defaults(losses.kl, name, LOGP, REF), name)
+def test_every_kl_estimator(name, under_wide_meta_defaults):
+    _cpu32(under_wide_meta_defaults(losses.kl, name, LOGP, REF), name)
 
 
 @pytest.mark.parametrize("name", list(losses.AGGREGATIONS))
-def test_every_aggregation_and_the_objective(name):
+def test_every_aggregation_and_the_objective(name, under_wide_meta_defaults):
     per_token = LOGP * MASK
-    _cpu32(_under_wide_meta_defaults(losses.aggregate, name, per_token, MASK), name)
+    _cpu32(under_wide_meta_defaults(losses.aggregate, name, per_token, MASK), name)
     totals = losses.step_totals(MASK)
-    out = _under_wide_meta_defaults(
+    out = under_wide_meta_defaults(
         losses.objective, LOGP.clone().requires_grad_(), OLD, ADV, MASK, aggregation=name,
         totals=totals, ref_logp=REF, beta=0.1, entropy=ENTROPY, entropy_coeff=0.01,
     )  # fmt: skip
