@@ -52,8 +52,8 @@ BUGS: dict[str, tuple[str, str, str]] = {
     ),
     "DAPO soft overlong penalty skipped": (
         LOOP,
-        "rewards = overlong.rewards(rewards, roll.completion_mask)",
-        "rewards = rewards",
+        "rewards = overlong.rewards(verified, roll.completion_mask)",
+        "rewards = verified",
     ),
     "overlong_cache ignored (always max_new_tokens // 5)": (
         "train/filters.py",
