@@ -2,11 +2,12 @@
 machine two threads ran an SFT step 14x slower than one), no model hub, and the Hypothesis
 profiles.
 
-Hypothesis profiles (``HYPOTHESIS_PROFILE``, else ``ci`` where Hypothesis detects a CI
-machine, else ``dev``): ``ci`` is Hypothesis's own (derandomized: the same examples every
-run, so CI is reproducible) with 200 examples for the properties that take their count from
-the profile (``tests/advantages/test_properties.py``); ``dev`` draws 100 new random examples
-each run and replays failures from the local example database. The scale-invariance
+Hypothesis profiles: ``ci``, the default (so the README's test command is exactly what CI
+runs), is Hypothesis's own (derandomized: the same examples every run, so CI is
+reproducible) with 200 examples for the properties that take their count from the profile
+(``tests/advantages/test_properties.py``); ``HYPOTHESIS_PROFILE=dev`` draws 100 new random
+examples each run and replays failures from the local example database, for hunting new
+counterexamples while developing. The scale-invariance
 property that was stated too broadly (issue 24) fails within 10 derandomized examples of
 its strategy.
 """
@@ -24,12 +25,9 @@ import torch
 
 torch.set_num_threads(1)
 
-_detected = settings.get_current_profile_name()  # "ci" where Hypothesis detects a CI machine
 settings.register_profile("ci", settings.get_profile("ci"), max_examples=200)
 settings.register_profile("dev", max_examples=100, deadline=None)
-settings.load_profile(
-    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if _detected == "ci" else "dev")
-)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
 
 
 def _under_wide_meta_defaults(fn, *args, **kwargs):

@@ -205,7 +205,6 @@ class RunHealth:
             "health/acr_100": self.acr_100,
             "health/acr_window_std": self.acr_window_std,
             "health/stall_run": float(self.stall_run),
-            "health/open": float(len(self.open)),
         }
 
     @property

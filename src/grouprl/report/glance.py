@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EMA_ALPHA", "Change", "Glance", "ema", "glance"]
+__all__ = ["EMA_ALPHA", "Change", "Glance", "distinct_series", "ema", "glance"]
 
 EMA_ALPHA = 0.1
 """Weight of the newest step in the report's smoothed curves (the past keeps 1 − α = 0.9:
