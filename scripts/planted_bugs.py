@@ -52,8 +52,8 @@ BUGS: dict[str, tuple[str, str, str]] = {
     ),
     "DAPO soft overlong penalty skipped": (
         LOOP,
-        "rewards = overlong.rewards(rewards, roll.completion_mask)",
-        "rewards = rewards",
+        "rewards = overlong.rewards(verified, roll.completion_mask)",
+        "rewards = verified",
     ),
     "overlong_cache ignored (always max_new_tokens // 5)": (
         "train/filters.py",
@@ -119,8 +119,8 @@ BUGS: dict[str, tuple[str, str, str]] = {
     ),
     "AGPO clip bounds ignored": (
         LOOP,
-        "targets = Targets(adv_n, keep_n, kl_weight_n, ref_logp, clip)",
-        "targets = Targets(adv_n, keep_n, kl_weight_n, ref_logp, dict(preset.surrogate_params))",
+        "targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip)",
+        "targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, dict(preset.surrogate_params))",
     ),
     "AGPO temperature not used for sampling": (
         LOOP,

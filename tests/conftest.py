@@ -14,6 +14,7 @@ its strategy.
 
 import os
 
+import pytest
 from hypothesis import settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,3 +28,23 @@ torch.set_num_threads(1)
 settings.register_profile("ci", settings.get_profile("ci"), max_examples=200)
 settings.register_profile("dev", max_examples=100, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or "ci")
+
+
+def _under_wide_meta_defaults(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with torch's default device "meta" and default dtype float64:
+    a tensor made without an explicit device lands on meta (and fails when used with real
+    ones); one made without a dtype is float64 and widens a float32 result."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.device("meta"):
+            return fn(*args, **kwargs)
+    finally:
+        torch.set_default_dtype(old)
+
+
+@pytest.fixture
+def under_wide_meta_defaults():
+    """The call above: tests that a function makes its tensors on its inputs' device and in
+    their dtype, never on torch's default device or in its default dtype."""
+    return _under_wide_meta_defaults

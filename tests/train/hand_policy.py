@@ -29,7 +29,8 @@ clip surrogate ``ℓ = −min(ρA, clip(ρ, 1−ε_lo, 1+ε_hi)A)`` with ρ = π
 and the KL term β·w·KL has ``β·w·(e_y − π)`` (k1 = log π − log π_ref) or
 ``β·w·(1 − π_ref(y)/π(y))·(e_y − π)`` (k3 = π_ref/π − log(π_ref/π) − 1). The aggregation
 weighs each token: ``token_mean`` by 1/M (M the minibatch's kept tokens),
-``seq_mean_token_mean`` by 1/(S·L_i) (S its kept sequences, L_i the row's length). Then the
+``seq_mean_token_mean`` by 1/(S·L_i) (S its kept sequences, L_i the row's length),
+``seq_mean_token_sum_norm`` by 1/(S·L_max) (L_max the generation limit). Then the
 global-norm clip ``g ← g·min(1, c/(‖g‖ + 1e-6))`` (torch's ``clip_grad_norm_``) and AdamW:
 with m ← β₁m + (1−β₁)g, v ← β₂v + (1−β₂)g², t the step count,
 
@@ -276,14 +277,23 @@ def gradient(
     kl: str = "k3",
     ref_theta: Sequence[float] | None = None,
     temperature: float = 1.0,
+    max_len: int = 0,
 ) -> list[float]:
-    """∇θ of one minibatch's loss, from (1) and (2); ``rows`` are its kept rows."""
+    """∇θ of one minibatch's loss, from (1) and (2); ``rows`` are its kept rows; ``max_len``
+    is L_max of ``seq_mean_token_sum_norm``."""
     p = softmax(theta, temperature)
     tokens = sum(len(r.tokens) for r in rows)
     seqs = sum(1 for r in rows if r.tokens)
     g = [0.0] * LEARNED
     for r in rows:
-        weight = 1 / tokens if aggregation == "token_mean" else 1 / (seqs * len(r.tokens))
+        if aggregation == "token_mean":
+            weight = 1 / tokens
+        elif aggregation == "seq_mean_token_mean":
+            weight = 1 / (seqs * len(r.tokens))
+        elif aggregation == "seq_mean_token_sum_norm":
+            weight = 1 / (seqs * max_len)
+        else:
+            raise ValueError(f"no hand derivation for the aggregation {aggregation!r}")
         for y in r.tokens:
             rho = math.exp(log_prob(theta, y, temperature) - log_prob(r.old_theta, y, temperature))
             clipped = (r.adv > 0 and rho > 1 + r.eps_high) or (r.adv < 0 and rho < 1 - r.eps_low)

@@ -12,6 +12,16 @@ from grouprl.train.loop import gradient_rows, train
 from grouprl.train.sinks import read_jsonl
 
 
+def test_gradient_rows_of_per_token_advantages():
+    # [n, T] advantages (token-level estimators): a row lives when any of its tokens does;
+    # group 0 is zero on every token, group 1 has one non-zero token in its second row
+    adv = torch.zeros(4, 3)
+    adv[3, 2] = 0.5
+    keep, kl_w = torch.ones(4, dtype=torch.bool), torch.ones(4)
+    got = gradient_rows(torch.arange(4), adv=adv, keep=keep, kl_weight=kl_w, beta=0.0, g=2)
+    assert got.tolist() == [False, False, True, True]
+
+
 def test_gradient_rows_known_answer():
     # 3 groups of 2: group 0 collapsed (A = 0), group 1 mixed, group 2 mixed but dropped
     rows = torch.arange(6)

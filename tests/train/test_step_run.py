@@ -12,6 +12,7 @@ from math import comb
 
 import pytest
 from hand_policy import (
+    BASE,
     AdamW,
     HandTask,
     Row,
@@ -62,7 +63,10 @@ def test_evaluation_runs_at_the_start_every_k_steps_and_at_the_end(tmp_path, cap
     # the same prompts and the same random stream at every evaluation (a paired comparison)
     assert [c.example_id for c in evals[: 2 * G]] == [c.example_id for c in evals[2 * G : 4 * G]]
     out = capsys.readouterr().out
-    assert "eval step 0: pass@1 " in out and "eval step 3: pass@1 " in out
+    for step in (0, 2, 3):
+        e = result.evals[step]
+        line = f"eval step {step}: pass@1 {e['eval/pass@1']:.3f}  pass@4 {e['eval/pass@4']:.3f}"
+        assert f"{line}  reward_mean {e['eval/reward_mean']:.3f}\n" in out
 
 
 def test_checkpoints_follow_run_every_and_the_last_step(tmp_path):
@@ -102,29 +106,36 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint_to_resume(tmp_p
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
-def _balance(rows, theta0):
+def _balance(rows, theta0, **agg):
     """(‖g_R‖, ‖g_KL‖, cosine) of rows at step 1: g_R from (2) of hand_policy.py, g_KL the
-    unweighted k1 branch Σ w_t (e_y − π), token_mean weights w_t = 1/M over these rows."""
-    g_r = gradient(theta0, rows, aggregation="token_mean")
+    unweighted k1 branch Σ w_t (e_y − π), w_t the aggregation's weights over these rows."""
+    g_r = gradient(theta0, rows, **agg)
     g_kl = gradient(
-        theta0, [Row(r.tokens, 0.0, theta0) for r in rows], aggregation="token_mean", beta=1.0,
-        kl="k1", ref_theta=theta0,
+        theta0, [Row(r.tokens, 0.0, theta0) for r in rows], beta=1.0, kl="k1",
+        ref_theta=theta0, **agg,
     )  # fmt: skip
     norm_r, norm_kl = math.hypot(*g_r), math.hypot(*g_kl)
     return norm_r, norm_kl, sum(a * b for a, b in zip(g_r, g_kl)) / (norm_r * norm_kl)
 
 
-@pytest.mark.parametrize("every", [1, 2])
-def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, every):
-    # β = 0.5, k1, RLOO, token mean; group 0 has rewards 0 / 0.5 / 1 (σ ≈ 0.5), group 1
-    # 0.995 / 1 (σ < 1e-2: MaxNorm Table 3's low-σ subset). R/KL = ‖g_R‖/(β‖g_KL‖) on the
-    # whole minibatch (balance/batch/*) and on the subset's rows alone (balance/low_sigma/*).
-    # Measured every eval.balance_every steps: step 1 is not a multiple of 2
-    tables = {"ab": first_is("a", empty=0.5), "tiny": first_is("a", other=0.995, empty=0.995)}
+@pytest.mark.parametrize(
+    "aggregation, every", [("token_mean", 1), ("seq_mean_token_sum_norm", 1), ("token_mean", 2)]
+)
+def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, aggregation, every):
+    # β = 0.5, k1, RLOO; group 0 has rewards 0 / 0.5 / 1 (σ ≈ 0.5), group 1 0.995 / 1 and an
+    # unscorable <eos> (σ < 1e-2: MaxNorm Table 3's low-σ subset). R/KL = ‖g_R‖/(β‖g_KL‖) on
+    # the whole minibatch (balance/batch/*) and on the subset's kept rows alone, aggregated
+    # over them (balance/low_sigma/*). Completions of up to 2 tokens (L_max = 2). Measured
+    # every eval.balance_every steps: step 1 is not a multiple of 2
+    tables = {
+        "ab": first_is("a", empty=0.5),
+        "tiny": first_is("a", other=0.995, empty=math.nan),
+    }
     task = HandTask(tables, plan=lambda split, seed, i: ("q", ["ab", "tiny"][i]))
     result, policy, theta0 = train_hand(
         tmp_path, task, "algorithm.preset=rloo", "algorithm.beta=0.5", "algorithm.kl=k1",
-        f"eval.balance_every={every}", "run.seed=2",
+        f"algorithm.aggregation={aggregation}", f"eval.balance_every={every}", "run.seed=2",
+        "sampling.max_new_tokens=2", "sampling.max_unscorable_frac=1", theta=(0.0, 0.3, 0.0),
     )  # fmt: skip
     m = result.metrics
     if every == 2:
@@ -132,29 +143,34 @@ def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, every):
         return
     per_group = []
     for grp in groups(task.calls, G):
-        rewards = [c.reward for c in grp]
-        assert len(set(rewards)) > 1, rewards  # both groups are updated
-        mean = sum(rewards) / G  # RLOO: r − mean of the others = G/(G−1)·(r − mean)
+        valid = [c for c in grp if not math.isnan(c.reward)]
+        mean = sum(c.reward for c in valid) / len(valid)  # RLOO over the valid rewards
         per_group.append(
             [
-                Row(completion_tokens(c.text, 1), G / (G - 1) * (c.reward - mean), theta0)
-                for c in grp
+                Row(
+                    completion_tokens(c.text, 2),
+                    len(valid) / (len(valid) - 1) * (c.reward - mean),
+                    theta0,
+                )
+                for c in valid
             ]
         )
+    nan_rows = sum(math.isnan(c.reward) for c in task.calls[G:])
+    assert nan_rows and len({r.adv for r in per_group[1]}) > 1, [c.text for c in task.calls]
     rows = per_group[0] + per_group[1]
+    agg = {"aggregation": aggregation, "max_len": 2}
     for subset, part in (("batch", rows), ("low_sigma", per_group[1])):
-        norm_r, norm_kl, cos = _balance(part, theta0)
-        assert norm_r > 1e-4 and norm_kl > 0.05
+        norm_r, norm_kl, cos = _balance(part, theta0, **agg)
+        assert norm_r > 1e-4 and norm_kl > 0.01
         assert m[f"balance/{subset}/reward_grad_norm"] == pytest.approx(norm_r, rel=1e-4)
         assert m[f"balance/{subset}/kl_grad_norm"] == pytest.approx(norm_kl, rel=1e-5)
         assert m[f"balance/{subset}/r_over_kl"] == pytest.approx(norm_r / (0.5 * norm_kl), rel=1e-4)
         assert m[f"balance/{subset}/cosine"] == pytest.approx(cos, abs=1e-4)
-    assert m["balance/low_sigma/rows"] == G
+    assert m["balance/low_sigma/rows"] == G  # the subset's rows, the unscorable one included
     # and the step itself: both branches, AdamW eps 1
     want, _ = expected_update(
-        theta0, [rows], aggregation="token_mean", opt=AdamW(lr=0.1), beta=0.5, kl="k1",
-        ref_theta=theta0,
-    )  # fmt: skip
+        theta0, [rows], opt=AdamW(lr=0.1), beta=0.5, kl="k1", ref_theta=theta0, **agg
+    )
     assert [float(x) for x in policy.theta.detach()] == pytest.approx(want, abs=1e-6)
     assert m["kl/max"] == 0.0 and m["kl/p95"] == 0.0  # the behaviour policy is the reference
 
@@ -194,3 +210,21 @@ def test_the_steps_metrics_are_those_of_its_rewards_and_completions(tmp_path):
     assert {f"time/{k}" for k in ("generate", "score", "logprobs", "backward", "optimizer")} <= set(
         m
     )
+
+
+def test_the_run_folder_gets_its_configuration_and_the_sinks_it_asked_for(tmp_path, capsys):
+    import yaml
+
+    from grouprl.train.config import load_config
+
+    task = HandTask({"ab": first_is("a", empty=0.5)})
+    extra = ["optim.steps=2", "run.tensorboard=true", "run.progress=true"]
+    result, _, _ = train_hand(tmp_path, task, *extra)
+    assert list((tmp_path / "tb").glob("events.*"))  # TensorBoard, as asked
+    assert "step 2/2" in capsys.readouterr().out  # the progress line
+    cfg = load_config(None, [*BASE, f"run.out={tmp_path}", *extra], validate=False)
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text()) == cfg.to_dict()
+    # resuming a finished run runs no step: the same step, no metrics
+    again, _, _ = train_hand(tmp_path, task, *extra, "run.resume=true")
+    assert (again.step, again.metrics, again.stopped_by) == (2, {}, None)
+    assert result.metrics and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]

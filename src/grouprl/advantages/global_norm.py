@@ -214,7 +214,7 @@ def flash_reinforce(
         values,
         valid,
         rewards,
-        torch.ones((), dtype=rewards.dtype),
+        torch.ones((), dtype=rewards.dtype, device=rewards.device),
         m.collapsed,
         None,
         batch_mean=float(mu),

@@ -106,7 +106,9 @@ def clip_cov_select(
         candidate = valid & unclipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
         idx = torch.nonzero(candidate)  # [C, 2] row-major
         count = max(int(clip_cov_ratio * float(valid.sum())), 1)
-        perm = torch.randperm(idx.shape[0], generator=generator)[:count]
+        # on the generator's device (the CPU for the global one), whatever the default device
+        draw_on = generator.device if generator is not None else torch.device("cpu")
+        perm = torch.randperm(idx.shape[0], generator=generator, device=draw_on)[:count]
         selected = torch.zeros_like(valid)
         pick = idx[perm.to(idx.device)]
         selected[pick[:, 0], pick[:, 1]] = True

@@ -1,0 +1,94 @@
+"""REINFORCE++ and REINFORCE++-baseline on tokens, by hand in plain Python: the defaults
+(γ = 1, verl's ``masked_whiten`` with eps_mode "var", eps 1e-8, ddof 1, collapsed groups
+zeroed), the batch statistics and the result's fields. Written against the survivors of the
+mutation run (docs/mutation.md)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grouprl import advantages
+
+# 2 prompts × 3 samples × up to 3 tokens; group 1 is collapsed (all rewards 1), sample
+# (0, 2) has a NaN reward (left out)
+R = torch.tensor([[1.0, 0.0, math.nan], [1.0, 1.0, 1.0]], dtype=torch.float64)
+MASK = torch.tensor(
+    [[[1, 1, 0], [1, 1, 1], [1, 0, 0]], [[1, 0, 0], [1, 1, 0], [1, 1, 1]]], dtype=torch.bool
+)
+LENGTHS = [[2, 3, 1], [1, 2, 3]]
+
+
+def _whiten(values: dict) -> tuple[dict, float, float]:
+    """verl masked_whiten over the valid tokens: (x − μ)/√(σ² + 1e-8), σ² with ddof 1."""
+    xs = list(values.values())
+    mu = sum(xs) / len(xs)
+    var = sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)
+    s = math.sqrt(var + 1e-8)
+    return {k: (x - mu) / s for k, x in values.items()}, mu, s
+
+
+def _tokens_of(values: dict) -> torch.Tensor:
+    out = torch.zeros(2, 3, 3, dtype=torch.float64)
+    for (p, g, t), v in values.items():
+        out[p, g, t] = v
+    return out
+
+
+def _valid_tokens():
+    return [
+        (p, g, t)
+        for p in range(2)
+        for g in range(3)
+        for t in range(LENGTHS[p][g])
+        if not math.isnan(R[p, g])
+    ]
+
+
+def test_reinforce_pp_baseline_on_tokens_by_hand():
+    # u = r − group mean of the valid rewards on every token of the sample: group 0 has
+    # mean 0.5 (u = ±0.5), group 1 mean 1 (u = 0); whitened over the 8 valid tokens; the
+    # collapsed group 1 is then set to 0
+    u = {(p, g, t): float(R[p, g]) - (0.5 if p == 0 else 1.0) for p, g, t in _valid_tokens()}
+    white, mu, s = _whiten(u)
+    want = {k: (0.0 if k[0] == 1 else v) for k, v in white.items()}
+    out = advantages.compute_tokens("reinforce_pp_baseline", R, MASK)
+    torch.testing.assert_close(out.token_values, _tokens_of(want), rtol=0, atol=1e-12)
+    seq = [
+        [sum(want.get((p, g, t), 0.0) for t in range(3)) / LENGTHS[p][g] for g in range(3)]
+        for p in range(2)
+    ]
+    seq[0][2] = 0.0  # the NaN sample
+    torch.testing.assert_close(
+        out.values, torch.tensor(seq, dtype=torch.float64), rtol=0, atol=1e-12
+    )
+    assert out.stats["batch_mean"] == pytest.approx(mu, abs=1e-12)
+    assert out.stats["collapsed_frac"] == 0.5
+    assert out.scale.tolist() == pytest.approx([s, s])
+    assert out.keep.tolist() == [True, True] and out.kl_weight.tolist() == [1.0, 1.0]
+    assert out.updated.tolist() == [True, False]
+    # without the zeroing, the collapsed group keeps the whitening shift (the peers' way)
+    kept = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, zero_collapsed=False)
+    torch.testing.assert_close(kept.token_values, _tokens_of(white), rtol=0, atol=1e-12)
+    assert kept.updated.tolist() == [True, True]
+
+
+def test_reinforce_pp_global_on_tokens_by_hand():
+    # the outcome sits on each sample's last token; γ = 1 returns carry it to every earlier
+    # token; whitened over the valid tokens; no group baseline, nothing zeroed
+    ret = {(p, g, t): float(R[p, g]) for p, g, t in _valid_tokens()}
+    white, mu, s = _whiten(ret)
+    out = advantages.compute_tokens("reinforce_pp_global", R, MASK)
+    torch.testing.assert_close(out.token_values, _tokens_of(white), rtol=0, atol=1e-12)
+    assert out.stats["batch_mean"] == pytest.approx(mu, abs=1e-12)
+    assert out.stats["collapsed_frac"] == 0.5  # reported, not acted on
+    assert out.scale.tolist() == pytest.approx([s, s])
+    assert out.updated.tolist() == [True, True]
+    # γ < 1 discounts by the valid tokens between: a return γ^(distance to the last token)
+    half = advantages.compute_tokens("reinforce_pp_global", R, MASK, gamma=0.5)
+    disc = {
+        (p, g, t): float(R[p, g]) * 0.5 ** (LENGTHS[p][g] - 1 - t) for p, g, t in _valid_tokens()
+    }
+    torch.testing.assert_close(half.token_values, _tokens_of(_whiten(disc)[0]), rtol=0, atol=1e-12)
