@@ -25,7 +25,16 @@ from collections.abc import Sequence
 
 import torch
 
-from grouprl.losses.ratio import check_eps, check_inputs, masked_mean, ratio_stats
+from grouprl.losses.ratio import (
+    check_eps,
+    check_inputs,
+    float_mask,
+    masked_mean,
+    pessimistic_bounds,
+    ratio_stats,
+    valid_sum,
+    zero_fill,
+)
 from grouprl.types import to_floats
 
 __all__ = ["clip_cov", "clip_cov_select", "kl_cov", "kl_cov_select", "token_covariance"]
@@ -127,6 +136,7 @@ def clip_cov(
     selected: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     log_ratio_clamp: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov: PPO's clipped surrogate, with a few high-covariance tokens' loss set to 0.
 
@@ -160,11 +170,18 @@ def clip_cov(
         raise ValueError(
             f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
         )
-    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
-    per_token = torch.where(selected.bool(), torch.zeros_like(loss), loss)
-    stats = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
-    stats["cov_frac"] = masked_mean(selected.to(mask.dtype), mask)
-    return per_token * mask, to_floats(stats)
+    if adv.shape[-1] == 1:
+        lower, upper = pessimistic_bounds(adv, 1.0 - eps_low, 1.0 + eps_high)
+        loss = -adv * ratio.clamp(lower, upper)  # PPO's max(−Aρ, −A·clip(ρ)), value for value
+    else:
+        loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
+    (per_token,) = zero_fill([loss], mask * (1.0 - chosen))  # 0 at the selected tokens
+    if not stats:
+        return per_token, {}
+    values = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
+    values["cov_frac"] = valid_sum(chosen, mask) / mask.sum()
+    return per_token, to_floats(values)
 
 
 def kl_cov_select(
@@ -203,6 +220,7 @@ def kl_cov(
     ppo_kl_coef: float = 0.1,
     selected: torch.Tensor | None = None,
     log_ratio_clamp: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov: the unclipped ``−Aρ``, plus ``ppo_kl_coef·|log ρ|`` on the top-covariance tokens.
 
@@ -225,9 +243,13 @@ def kl_cov(
         raise ValueError(
             f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
         )
-    penalty = ppo_kl_coef * log_ratio.abs()
-    per_token = -adv * ratio + torch.where(selected.bool(), penalty, torch.zeros_like(penalty))
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    stats["cov_frac"] = masked_mean(selected.to(mask.dtype), mask)
-    stats["abs_log_ratio_mean"] = masked_mean(log_ratio.detach().abs(), mask)
-    return per_token * mask, to_floats(stats)
+    chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
+    per_token = (-adv * ratio + ppo_kl_coef * log_ratio.abs() * chosen) * mask
+    if not stats:
+        return per_token, {}
+    values = ratio_stats(ratio, adv, mask, None, None, log_ratio)
+    with torch.no_grad():
+        n = mask.sum()
+        values["cov_frac"] = valid_sum(chosen, mask) / n
+        values["abs_log_ratio_mean"] = valid_sum(log_ratio.detach().abs(), mask) / n
+    return per_token, to_floats(values)

@@ -15,10 +15,10 @@ import torch
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
     check_inputs,
-    masked_mean,
     ratio_stats,
+    sequence_level,
     sequence_log_ratio,
-    sequence_ratio_tokens,
+    valid_sum,
 )
 from grouprl.types import to_floats
 
@@ -54,6 +54,7 @@ def sapo(
     tau_neg: float = 1.05,
     level: str = "token",
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO: ``ℓ = −f_τ(ρ)·A``, a soft sigmoid gate on the ratio in place of PPO's clip.
 
@@ -82,19 +83,32 @@ def sapo(
     if level not in IS_LEVELS:
         raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(IS_LEVELS)}")
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    raw = logp - old_logp  # [N, T]
+    tau = _by_sign(adv > 0, tau_pos, tau_neg, adv)  # [N, 1] or [N, T]
     if level == "token":
-        log_ratio = raw.clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+        log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+        ratio = torch.exp(log_ratio)  # [N, T]
+        gate = sapo_gate(ratio, tau)  # [N, T]
+        per_token = -gate * adv * mask
     else:
-        log_seq = sequence_log_ratio(raw, mask).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N]
-        log_ratio = sequence_ratio_tokens(log_seq, logp)  # [N, T]
-    ratio = torch.exp(log_ratio)  # [N, T]
-    tau = _by_sign(adv > 0, tau_pos, tau_neg, ratio)  # [N, 1] or [N, T]
-    gate = sapo_gate(ratio, tau)  # [N, T]
-    per_token = -gate * adv
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    stats["gate_mean"] = masked_mean(gate.detach(), mask)
-    return per_token * mask, to_floats(stats)
+        with torch.no_grad():
+            log_seq = sequence_log_ratio(logp.detach() - old_logp, mask)[:, None]  # [N, 1]
+            log_ratio = log_seq.clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, 1]
+            ratio = torch.exp(log_ratio)  # [N, 1]: s_i
+            sig = torch.sigmoid(tau * (ratio - 1.0))  # as sapo_gate computes it
+            gate = sig * (4.0 / tau)  # [N, 1] or [N, T]
+            slope = -adv * (4.0 * sig * (1.0 - sig)) * ratio  # d(−A·f(s)) / d log s
+        # the clamp acts on the value only: the GSPO-token gradient runs through logp
+        per_token = sequence_level(-gate * adv, slope, logp) * mask
+    if not stats:
+        return per_token, {}
+    values = ratio_stats(ratio, adv, mask, None, None, log_ratio)
+    values["gate_mean"] = _valid_mean(gate, mask)
+    return per_token, to_floats(values)
+
+
+def _valid_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` (``[N, T]``, or ``[N, 1]`` one per sequence) over the valid tokens."""
+    return valid_sum(x.detach(), mask) / mask.sum()
 
 
 VESPO_LOG_W_MIN = math.log(1e-8)
@@ -142,6 +156,7 @@ def vespo(
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
     log_w_min: float = VESPO_LOG_W_MIN,
     log_w_max: float = VESPO_LOG_W_MAX,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """VESPO: ``ℓ = −sg(φ(w_i))·A·logp`` with the gamma weight of the sequence ratio w_i.
 
@@ -163,11 +178,11 @@ def vespo(
             f"VESPO's lambda_neg must be >= 0 and lambda_min > 0, got {lambda_neg}, {lambda_min}"
         )
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    log_w = (log_ratio * mask).sum(dim=-1, keepdim=True).clamp(log_w_min, log_w_max)  # [N, 1]
-    with torch.no_grad():
+    with torch.no_grad():  # the weight carries no gradient: only logp does
+        log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+        log_w = (log_ratio * mask).sum(dim=-1, keepdim=True).clamp(log_w_min, log_w_max)
         phi = vespo_weight(
-            log_w.detach(),
+            log_w,
             adv,
             k_pos=k_pos,
             lambda_pos=lambda_pos,
@@ -175,7 +190,11 @@ def vespo(
             lambda_neg=lambda_neg,
             lambda_min=lambda_min,
         )  # [N, 1] or [N, T]
-    per_token = -phi * adv * logp
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    stats["phi_mean"] = masked_mean(phi.expand_as(mask), mask)
-    return per_token * mask, to_floats(stats)
+        coef = -phi * adv
+    per_token = coef * logp  # 0 at padding: logp is zero-filled there
+    if not stats:
+        return per_token, {}
+    with torch.no_grad():
+        values = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    values["phi_mean"] = _valid_mean(phi, mask)
+    return per_token, to_floats(values)

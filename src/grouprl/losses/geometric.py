@@ -8,12 +8,12 @@ from __future__ import annotations
 import torch
 
 from grouprl.losses.ratio import (
+    beyond_count,
     check_eps,
     check_inputs,
-    masked_mean,
     ratio_stats,
+    sequence_level,
     sequence_log_ratio,
-    sequence_ratio_tokens,
 )
 from grouprl.types import to_floats
 
@@ -45,6 +45,7 @@ def gmpo(
     eps_low: float = 0.4,
     eps_high: float = 0.4,
     log_ratio_clamp: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO: ``ℓ_i = −A_i·exp(mean_t c_it)``, the geometric mean of the clipped token ratios.
 
@@ -68,21 +69,35 @@ def gmpo(
     """
     check_eps(eps_low, eps_high)
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
+    log_ratio = logp - old_logp  # [N, T], 0 at padding
     if log_ratio_clamp is not None:
         log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    clipped = gmpo_log_ratio(log_ratio, adv, eps_low, eps_high)  # [N, T]
-    log_seq = sequence_log_ratio(clipped, mask)  # [N]
-    ratio = torch.exp(sequence_ratio_tokens(log_seq, clipped))  # [N, T], value s_i
-    seq_adv = adv if adv.shape[-1] == 1 else sequence_log_ratio(adv, mask)[:, None]  # [N, 1]
-    per_token = -seq_adv * ratio
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    if adv.shape[-1] == 1:  # one clamp with each row's bounds, the values of gmpo_log_ratio
+        inf = torch.tensor(torch.inf, dtype=adv.dtype, device=adv.device)
+        pos = adv > 0
+        lower = torch.where(pos, -inf, torch.tensor(-eps_low, dtype=adv.dtype, device=adv.device))
+        upper = torch.where(pos, torch.tensor(eps_high, dtype=adv.dtype, device=adv.device), inf)
+        clipped = log_ratio.clamp(lower, upper)  # [N, T]
+        seq_adv = adv
+    else:
+        clipped = gmpo_log_ratio(log_ratio, adv, eps_low, eps_high)  # [N, T]
+        seq_adv = sequence_log_ratio(adv, mask)[:, None]  # [N, 1]
     with torch.no_grad():
-        a = adv.expand_as(mask)
-        low = ((log_ratio < -eps_low) & (a < 0)).to(mask.dtype)
-        high = ((log_ratio > eps_high) & (a > 0)).to(mask.dtype)
-        stats["clip_frac_low"] = masked_mean(low, mask)
-        stats["clip_frac_high"] = masked_mean(high, mask)
-        stats["clip_frac_region"] = masked_mean(torch.maximum(low, high), mask)
-        stats["seq_ratio_mean"] = torch.exp(log_seq).mean()
-    return per_token * mask, to_floats(stats)
+        log_seq = sequence_log_ratio(clipped.detach(), mask)[:, None]  # [N, 1]
+        value = -seq_adv * torch.exp(log_seq)  # −A_i·s_i, also its slope in log s_i
+    per_token = sequence_level(value, value, clipped) * mask
+    if not stats:
+        return per_token, {}
+    with torch.no_grad():
+        lr = log_ratio.detach()
+        values = ratio_stats(torch.exp(lr), adv, mask, None, None, lr)
+        # GMPO clips in log space: count there (TRL's GMPO trainer does)
+        n, scratch = mask.sum(), torch.empty_like(lr)
+        neg, pos = (adv < 0).to(mask.dtype), (adv > 0).to(mask.dtype)
+        low = beyond_count(lr, -eps_low, mask, neg, below=True, scratch=scratch)
+        high = beyond_count(lr, eps_high, mask, pos, below=False, scratch=scratch)
+        values["clip_frac_low"] = low / n
+        values["clip_frac_high"] = high / n
+        values["clip_frac_region"] = (low + high) / n  # A < 0 against A > 0: never both
+        values["seq_ratio_mean"] = torch.exp(log_seq).mean()
+    return per_token, to_floats(values)

@@ -38,8 +38,9 @@ from grouprl.losses.ratio import (
     check_eps,
     check_inputs,
     eps_column,
-    masked_mean,
+    pessimistic_bounds,
     ratio_stats,
+    sequence_level,
     sequence_log_ratio,
     sequence_ratio_tokens,
 )
@@ -78,6 +79,7 @@ def ppo_clip(
     eps_high: Eps = 0.2,
     clip_ratio_c: float | None = None,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric bounds (clip-higher) and optional dual clip.
 
@@ -89,7 +91,11 @@ def ppo_clip(
     ``eps_low`` / ``eps_high`` may be ``[N]`` tensors (one bound per sequence: AGPO's
     per-prompt adaptive ε, :class:`grouprl.control.agpo.AdaptiveClip`).
     ``log_ratio_clamp`` = 20 as in verl (TRL does not clamp; identical for |log ρ| < 20).
-    Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``).
+    Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``). ``stats=False``: no
+    statistics (an empty dict), the loss alone.
+
+    With one advantage per sequence the pessimistic min is one clamp of ρ with per-sequence
+    bounds (:func:`~grouprl.losses.ratio.pessimistic_bounds`), the same values bit for bit.
     """
     check_eps(eps_low, eps_high)
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
@@ -101,16 +107,20 @@ def ppo_clip(
     hi = 1.0 + eps_column(eps_high, logp.shape[0], logp)
     log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
     ratio = torch.exp(log_ratio)  # [N, T]
-    loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, lo, hi)
-    per_token = torch.maximum(loss1, loss2)  # [N, T]
-    stats = ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
-    if clip_ratio_c is not None:
-        loss3 = -adv * clip_ratio_c
-        dual = (adv < 0) & (per_token > loss3)
-        per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
-        stats["clip_frac_dual"] = masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
-    return per_token * mask, to_floats(stats)
+    if adv.shape[-1] == 1:  # [N, 1]: one clamp with the bounds of each row's sign
+        lower, upper = pessimistic_bounds(adv, lo, hi, clip_ratio_c)  # [N, 1] each
+        per_token = -adv * ratio.clamp(lower, upper)
+    else:
+        per_token = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))  # [N, T]
+        if clip_ratio_c is not None:
+            per_token = torch.where(
+                adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token
+            )
+    out = per_token * mask
+    if not stats:
+        return out, {}
+    values = ratio_stats(ratio, adv, mask, lo, hi, log_ratio, cap=clip_ratio_c)
+    return out, to_floats(values)
 
 
 def cispo(
@@ -122,6 +132,7 @@ def cispo(
     eps_low: float = 1.0,
     eps_high: float = 5.0,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: clipped, stop-gradient importance weight on every token; no token is dropped.
 
@@ -135,18 +146,15 @@ def cispo(
     """
     check_eps(eps_low, eps_high)
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    ratio = torch.exp(log_ratio).detach()  # [N, T]
-    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, T], no gradient
-    per_token = -weight * adv * logp
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    with torch.no_grad():
-        low = (ratio < 1.0 - eps_low).to(mask.dtype)
-        high = (ratio > 1.0 + eps_high).to(mask.dtype)
-        stats["clip_frac_low"] = masked_mean(low, mask)
-        stats["clip_frac_high"] = masked_mean(high, mask)
-        stats["clip_frac_region"] = masked_mean(torch.maximum(low, high), mask)
-    return per_token * mask, to_floats(stats)
+    with torch.no_grad():  # the weight carries no gradient: only logp does
+        log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+        ratio = torch.exp(log_ratio)  # [N, T]
+        coef = -ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
+    per_token = coef * logp  # 0 at padding: logp is zero-filled there
+    if not stats:
+        return per_token, {}
+    values = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio, any_sign=True)
+    return per_token, to_floats(values)
 
 
 def gspo(
@@ -158,6 +166,7 @@ def gspo(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
     log_ratio_max: float = 10.0,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: PPO clip on the length-normalised sequence ratio s_i.
 
@@ -169,18 +178,33 @@ def gspo(
     of ``−min(s_i A, clip(s_i, 1 − ε_low, 1 + ε_high)A)``. ``log s`` is clamped from above at
     ``log_ratio_max`` = 10 (verl). Defaults ε = 3e-4 / 4e-4 (GSPO paper). Use it with
     ``seq_mean_token_mean`` to match the paper's sequence-level objective.
+
+    With one advantage per sequence the per-token loss is built as
+    ``f(s_i) + f'(s_i)·s_i·(logp_t − sg(logp_t))`` (:func:`~grouprl.losses.ratio.
+    sequence_level`) from ``[N]`` values: the same value and gradient as the GSPO-token form
+    without its ``[N, T]`` exponential and clip.
     """
     check_eps(eps_low, eps_high)
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_seq = sequence_log_ratio(logp - old_logp, mask)  # [N]
-    log_ratio = sequence_ratio_tokens(log_seq, logp)  # [N, T]
-    ratio = torch.exp(log_ratio.clamp(max=log_ratio_max))  # [N, T]
-    loss1 = -adv * ratio
-    loss2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    per_token = torch.maximum(loss1, loss2)
-    stats = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
-    stats["approx_kl"] = masked_mean((old_logp - logp).detach(), mask)
-    return per_token * mask, to_floats(stats)
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    with torch.no_grad():
+        log_ratio = logp.detach() - old_logp  # [N, T], 0 at padding
+        log_seq = sequence_log_ratio(log_ratio, mask)[:, None]  # [N, 1]
+    if adv.shape[-1] == 1:
+        with torch.no_grad():
+            ratio = torch.exp(log_seq.clamp(max=log_ratio_max))  # [N, 1] s_i
+            lower, upper = pessimistic_bounds(adv, lo, hi)
+            value = -adv * ratio.clamp(lower, upper)  # [N, 1]
+            inside = (log_seq <= log_ratio_max) & (ratio >= lower) & (ratio <= upper)
+            slope = -adv * ratio * inside  # d value / d log s_i
+        per_token = sequence_level(value, slope, logp) * mask
+    else:  # per-token advantages: the GSPO-token form on [N, T]
+        ratio = torch.exp(sequence_ratio_tokens(log_seq[:, 0], logp).clamp(max=log_ratio_max))
+        per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi)) * mask
+    if not stats:
+        return per_token, {}
+    values = ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
+    return per_token, to_floats(values)
 
 
 def reinforce(
@@ -188,6 +212,8 @@ def reinforce(
     old_logp: torch.Tensor | None,
     adv: torch.Tensor,
     mask: torch.Tensor,
+    *,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE: ``ℓ = −A·logp`` (on-policy policy gradient, Williams 1992).
 
@@ -196,9 +222,13 @@ def reinforce(
     ``old_logp`` so that off-policy drift is visible; clip fractions are 0.
     """
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).detach()
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return -adv * logp * mask, to_floats(stats)
+    per_token = -adv * logp  # 0 at padding: logp is zero-filled there
+    if not stats:
+        return per_token, {}
+    with torch.no_grad():
+        log_ratio = logp.detach() - old_logp
+        values = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    return per_token, to_floats(values)
 
 
 SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -217,7 +247,8 @@ SURROGATES: dict[str, SurrogateFn] = {
     "dppo_kl": dppo_kl,
     "dro": dro,
 }
-"""Surrogate name -> function ``(logp, old_logp, adv, mask, **params) -> (per_token, stats)``."""
+"""Surrogate name -> function ``(logp, old_logp, adv, mask, *, stats=True, **params) ->
+(per_token, stats)``."""
 
 
 CLIPPED: frozenset[str] = frozenset(
@@ -262,9 +293,14 @@ def surrogate(
     old_logp: torch.Tensor | None,
     adv: torch.Tensor,
     mask: torch.Tensor,
+    *,
+    stats: bool = True,
     **params: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token loss ``[N, T]`` and stats of the surrogate called ``name`` (see SURROGATES)."""
+    """Per-token loss ``[N, T]`` and stats of the surrogate called ``name`` (see SURROGATES).
+
+    ``stats=False`` skips the statistics (an empty dict): the loss alone, as fast as it goes.
+    """
     try:
         fn = SURROGATES[name]
     except KeyError:
@@ -272,7 +308,7 @@ def surrogate(
             f"unknown surrogate {name!r}; valid surrogates: {', '.join(SURROGATES)}"
         ) from None
     try:
-        return fn(logp, old_logp, adv, mask, **params)
+        return fn(logp, old_logp, adv, mask, stats=stats, **params)
     except TypeError as err:
         if "unexpected keyword" in str(err):
             raise ValueError(f"surrogate {name!r}: {err}") from None

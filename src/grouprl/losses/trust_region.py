@@ -14,7 +14,13 @@ import math
 
 import torch
 
-from grouprl.losses.ratio import LOG_RATIO_CLAMP, check_inputs, masked_mean, ratio_stats
+from grouprl.losses.ratio import (
+    LOG_RATIO_CLAMP,
+    beyond_count,
+    check_inputs,
+    ratio_stats,
+    valid_sum,
+)
 from grouprl.types import to_floats
 
 __all__ = ["binary_kl", "dppo_kl", "dppo_tv", "dro"]
@@ -53,6 +59,7 @@ def _dppo(
     clip_ratio_c: float,
     log_ratio_clamp: float,
     binary_kl_eps: float,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The shared body of DPPO-TV and DPPO-KL: ``ℓ = −A·sg(min(ρ, C))·log π·valid``."""
     for name, value in (("delta_low", delta_low), ("delta_high", delta_high)):
@@ -61,10 +68,9 @@ def _dppo(
     if not clip_ratio_c > 0:
         raise ValueError(f"clip_ratio_c (the IS-weight truncation) must be > 0, got {clip_ratio_c}")
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    ratio = torch.exp(log_ratio)
-    weight = ratio.clamp(max=clip_ratio_c).detach()
-    with torch.no_grad():
+    with torch.no_grad():  # the weight and the region carry no gradient: only logp does
+        log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+        ratio = torch.exp(log_ratio)
         p, p_old = torch.exp(logp), torch.exp(old_logp)
         if divergence == "tv":
             ok_pos = (p - p_old) <= delta_high
@@ -73,12 +79,21 @@ def _dppo(
             kl = binary_kl(old_logp, logp.detach(), binary_kl_eps)
             ok_pos = (kl <= delta_high) | (p <= p_old)
             ok_neg = (kl <= delta_low) | (p >= p_old)
-        valid = torch.where(adv > 0, ok_pos, ok_neg).to(logp.dtype)  # [N, T]
-    per_token = -adv * weight * logp * valid
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    stats["clip_frac_region"] = masked_mean(1.0 - valid, mask)
-    stats["clip_frac_truncated"] = masked_mean((ratio.detach() > clip_ratio_c) * valid, mask)
-    return per_token * mask, to_floats(stats)
+        pos = adv > 0
+        valid = ((ok_pos & pos) | (ok_neg & ~pos)).to(logp.dtype)  # [N, T]
+        coef = -adv * ratio.clamp(max=clip_ratio_c) * valid
+    per_token = coef * logp  # 0 at padding: logp is zero-filled there
+    if not stats:
+        return per_token, {}
+    values = ratio_stats(ratio, adv, mask, None, None, log_ratio)
+    with torch.no_grad():
+        n = mask.sum()
+        values["clip_frac_region"] = (n - valid_sum(valid, mask)) / n
+        truncated = beyond_count(
+            ratio, clip_ratio_c, mask, valid, below=False, scratch=torch.empty_like(ratio)
+        )
+        values["clip_frac_truncated"] = truncated / n
+    return per_token, to_floats(values)
 
 
 def dppo_tv(
@@ -91,6 +106,7 @@ def dppo_tv(
     delta_high: float = 0.2,
     clip_ratio_c: float = DPPO_TRUNCATION,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-TV: a token keeps its gradient while ``π − π_old`` stays within the band.
 
@@ -114,6 +130,7 @@ def dppo_tv(
         clip_ratio_c=clip_ratio_c,
         log_ratio_clamp=log_ratio_clamp,
         binary_kl_eps=BINARY_KL_EPS,
+        stats=stats,
     )
 
 
@@ -128,6 +145,7 @@ def dppo_kl(
     clip_ratio_c: float = DPPO_TRUNCATION,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
     binary_kl_eps: float = BINARY_KL_EPS,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-KL: DPPO-TV's loss, the trust region measured by the binary KL instead.
 
@@ -148,6 +166,7 @@ def dppo_kl(
         clip_ratio_c=clip_ratio_c,
         log_ratio_clamp=log_ratio_clamp,
         binary_kl_eps=binary_kl_eps,
+        stats=stats,
     )
 
 
@@ -158,6 +177,7 @@ def dro(
     mask: torch.Tensor,
     *,
     beta: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DRO: ``ℓ = −(A·log π − ½β·(log π − log π_old)²)``: REINFORCE with a quadratic
     log-ratio penalty instead of a clip.
@@ -173,7 +193,12 @@ def dro(
             f"no default), got {beta}"
         )
     logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    per_token = -(adv * logp - 0.5 * beta * log_ratio.square())
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return per_token * mask, to_floats(stats)
+    log_ratio = logp - old_logp  # [N, T], 0 at padding
+    # −(A·logp − ½β·(log ρ)²), written as ½β·(log ρ)² − A·logp: the same value (IEEE rounding
+    # is symmetric), one operation fewer; 0 at padding, where logp and log ρ are 0
+    per_token = 0.5 * beta * log_ratio.square() - adv * logp
+    if not stats:
+        return per_token, {}
+    with torch.no_grad():
+        values = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    return per_token, to_floats(values)
