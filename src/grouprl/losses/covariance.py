@@ -28,12 +28,14 @@ import torch
 from grouprl.losses.ratio import (
     check_eps,
     check_inputs,
+    clamp_log_ratio,
     float_mask,
+    linearized,
+    masked_log_ratio,
     masked_mean,
     pessimistic_bounds,
     ratio_stats,
     valid_sum,
-    zero_fill,
 )
 from grouprl.types import to_floats
 
@@ -148,15 +150,11 @@ def clip_cov(
     and PPO's clip fractions.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    if log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)  # [N, T]
-    if selected is None:
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    if selected is None:  # the selection reads the valid positions only: padding can stay
         selected = clip_cov_select(
-            logp,
-            old_logp,
+            lp,
+            old,
             adv,
             mask,
             eps_low=eps_low,
@@ -166,22 +164,30 @@ def clip_cov(
             clip_cov_ub=clip_cov_ub,
             generator=generator,
         )
-    elif selected.shape != logp.shape:
+    elif selected.shape != lp.shape:
         raise ValueError(
-            f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
+            f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}"
         )
-    if adv.shape[-1] == 1:
-        lower, upper = pessimistic_bounds(adv, 1.0 - eps_low, 1.0 + eps_high)
-        loss = -adv * ratio.clamp(lower, upper)  # PPO's max(−Aρ, −A·clip(ρ)), value for value
-    else:
-        loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
-    chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
-    (per_token,) = zero_fill([loss], mask * (1.0 - chosen))  # 0 at the selected tokens
-    if not stats:
-        return per_token, {}
-    values = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
-    values["cov_frac"] = valid_sum(chosen, mask) / mask.sum()
-    return per_token, to_floats(values)
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    with torch.no_grad():
+        log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        lower, upper = pessimistic_bounds(adv, lo, hi)
+        value = ratio.clamp(lower, upper)  # PPO's max(−Aρ, −A·clip(ρ)), value for value
+        inside = value == ratio
+        chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
+        keep = torch.rsub(chosen, 1.0).mul_(mask)  # 0 at the selected tokens and at padding
+        value.mul_(-adv).mul_(keep)
+        values = None
+        if stats:
+            values = ratio_stats(
+                ratio, adv, mask, lo, hi, log_ratio, padding=1.0, scratch=log_ratio
+            )
+            values["cov_frac"] = valid_sum(chosen, mask) / mask.sum()
+        slope = ratio.mul_(-adv).mul_(keep).mul_(inside)  # −A·ρ where the clip is inactive
+        if gate is not None:
+            slope.mul_(gate)
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
 def kl_cov_select(
@@ -232,24 +238,28 @@ def kl_cov(
     """
     if not ppo_kl_coef >= 0:
         raise ValueError(f"ppo_kl_coef must be >= 0, got {ppo_kl_coef}")
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    if log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     if selected is None:
-        selected = kl_cov_select(logp, adv, mask, kl_cov_ratio=kl_cov_ratio)
-    elif selected.shape != logp.shape:
+        selected = kl_cov_select(lp, adv, mask, kl_cov_ratio=kl_cov_ratio)
+    elif selected.shape != lp.shape:
         raise ValueError(
-            f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
+            f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}"
         )
-    chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
-    per_token = (-adv * ratio + ppo_kl_coef * log_ratio.abs() * chosen) * mask
-    if not stats:
-        return per_token, {}
-    values = ratio_stats(ratio, adv, mask, None, None, log_ratio)
     with torch.no_grad():
-        n = mask.sum()
-        values["cov_frac"] = valid_sum(chosen, mask) / n
-        values["abs_log_ratio_mean"] = valid_sum(log_ratio.detach().abs(), mask) / n
-    return per_token, to_floats(values)
+        log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
+        unclipped = -adv * ratio  # −Aρ, also its slope in log ρ
+        penalty = log_ratio.abs()
+        values = None
+        if stats:
+            n = mask.sum()
+            values = ratio_stats(ratio, adv, mask, None, None, log_ratio, padding=1.0)
+            values["cov_frac"] = valid_sum(chosen, mask) / n
+            values["abs_log_ratio_mean"] = valid_sum(penalty, mask) / n
+        weight = chosen * ppo_kl_coef  # the penalty's coefficient at each token
+        value = (unclipped + penalty.mul_(weight)).mul_(mask)
+        slope = unclipped.add_(log_ratio.sign_().mul_(weight)).mul_(mask)  # d|x|/dx = sign x
+        if gate is not None:
+            slope.mul_(gate)
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))

@@ -20,7 +20,7 @@ import torch
 from grouprl.losses.aggregation import StepTotals, entropy_threshold, reduce_masked
 from grouprl.losses.kl import KL_IS_WEIGHT_CLIP, kl_corrected
 from grouprl.losses.kl import kl as kl_fn
-from grouprl.losses.ratio import float_mask, zero_fill
+from grouprl.losses.ratio import float_mask
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 from grouprl.types import to_floats
 
@@ -110,6 +110,15 @@ def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tens
     return w if w.dim() == 2 else w[:, None]
 
 
+def _zero_fill(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``t`` where ``keep`` (0/1 float) is 1, exactly 0 elsewhere: a product when ``t`` is finite
+    everywhere (one sum tells), else ``torch.where`` (``NaN · 0`` is NaN; padding may hold
+    ``-inf``). The product is ~20x cheaper than ``torch.where`` on a CPU."""
+    if math.isfinite(float(t.detach().sum())):
+        return t * keep
+    return torch.where(keep.bool(), t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
 def _kl_tokens(
     name: str,
     logp: torch.Tensor,
@@ -121,12 +130,12 @@ def _kl_tokens(
 ) -> torch.Tensor:
     """``[N, T]`` per-token KL (importance-corrected when ``correction`` is set), 0 outside
     ``eff`` (0/1 float); padding is zero-filled first so that -inf / NaN there never reaches
-    the graph (:func:`grouprl.losses.ratio.zero_fill`: a product when finite)."""
+    the graph (:func:`_zero_fill`: a product when finite)."""
     dtype = eff.dtype  # float32 at least (check_inputs)
     tensors = [logp.to(dtype), ref_logp.detach().to(dtype)]
     if correction is not None and old_logp is not None:
         tensors.append(old_logp.detach().to(dtype))
-    safe = zero_fill(tensors, eff)
+    safe = [_zero_fill(t, eff) for t in tensors]
     if correction is None:
         value = kl_fn(name, safe[0], safe[1])
     else:
@@ -247,7 +256,7 @@ def objective(
     extra: dict[str, torch.Tensor] = {}
     token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
     if token_keep is not None:
-        (per_token,) = zero_fill([per_token], token_keep)
+        per_token = _zero_fill(per_token, token_keep)
         extra["entropy_mask_frac"] = token_keep.sum() / n_tok
     if corr_w is not None:
         per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
@@ -276,7 +285,7 @@ def objective(
     if entropy is not None and (stats or entropy_coeff > 0):
         if entropy.shape != logp.shape:
             raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
-        (ent,) = zero_fill([entropy.to(dtype)], eff)
+        ent = _zero_fill(entropy.to(dtype), eff)
         if stats:
             extra["entropy_mean"] = ent.detach().sum() / n_tok
         if token_keep is not None:  # the bonus acts where the surrogate does

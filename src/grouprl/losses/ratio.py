@@ -1,17 +1,32 @@
-"""What every surrogate shares: input checks, the importance ratio, ratio statistics.
+"""What every surrogate shares: input checks, the importance ratio, the gradient attachment,
+ratio statistics.
 
 The surrogates (``surrogates.py`` and the family files next to it) take the same inputs
-(``logp, old_logp: [N, T]``, ``adv: [N]`` or ``[N, T]``, ``mask: [N, T]``) and report the same
-ratio statistics, so both live here, in one place (ALGORITHMS.md §3).
+(``logp, old_logp: [N, T]``, ``adv: [N]`` or ``[N, T]``, ``mask: [N, T]``), are computed the
+same way and report the same ratio statistics, so all of it lives here, in one place
+(ALGORITHMS.md §3).
+
+**How a surrogate is computed** [OURS, measured by ``benchmarks/losses.py``]. Every surrogate
+is an element-wise function of each token's log-probability (a sequence-level quantity, GSPO's
+s_i or VESPO's weight, enters with its stop-gradient, and its gradient runs through each
+token). So each one computes, without an autograd graph, its per-token value and the slope
+``∂ℓ_t/∂logp_t`` written out from the quantities the value already needs, and
+:func:`linearized` attaches ``grad · slope`` as the backward: one saved tensor and one product,
+where autograd would save a tensor per operation and run a backward kernel for each (on a
+CPU the backward of a clamp or a maximum builds boolean masks and ``torch.where`` copies,
+~20x the cost of a product). Padding is handled by products with the 0/1 mask on values that
+are finite everywhere (:func:`check_inputs`), never by ``torch.where``; statistics are dot
+products and in-place passes over one scratch buffer (:func:`ratio_stats`), and run only when
+asked (``stats=True``).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 __all__ = [
     "LOG_RATIO_CLAMP",
@@ -19,16 +34,16 @@ __all__ = [
     "beyond_count",
     "check_eps",
     "check_inputs",
+    "clamp_log_ratio",
     "eps_column",
     "float_mask",
+    "linearized",
+    "masked_log_ratio",
     "masked_mean",
     "pessimistic_bounds",
     "ratio_stats",
-    "sequence_level",
     "sequence_log_ratio",
-    "sequence_ratio_tokens",
     "valid_sum",
-    "zero_fill",
 ]
 
 LOG_RATIO_CLAMP = 20.0
@@ -43,42 +58,22 @@ def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``mask`` as a 0/1 tensor of ``dtype`` (nonzero = valid), copied only when it must be.
 
     A float mask already in ``dtype`` that holds only 0 and 1 is returned as it is: checked by
-    three reductions, no copy (``Σm² = Σm`` with ``0 ≤ m ≤ 1``). Any other (a bool or integer
-    mask, a float mask of another dtype or with other values) becomes ``(mask != 0)`` in
-    ``dtype``, the reading every loss function gives a mask.
+    four reductions and one host transfer, no copy (``Σm² = Σm`` with ``0 ≤ m ≤ 1``). Any
+    other (a bool or integer mask, a float mask of another dtype or with other values) becomes
+    ``(mask != 0)`` in ``dtype``, the reading every loss function gives a mask.
     """
     if mask.dtype == dtype:
         flat = mask.reshape(-1)
+        if flat.numel() == 0:
+            return mask
         lo, hi, sq, total = torch.stack(
             [flat.amin(), flat.amax(), torch.dot(flat, flat), flat.sum()]
-        ).tolist()  # one host transfer
-        if flat.numel() == 0 or (lo >= 0 and hi <= 1 and sq == total):
+        ).tolist()
+        if lo >= 0 and hi <= 1 and sq == total:
             return mask
     elif mask.dtype == torch.bool:
         return mask.to(dtype)
     return (mask != 0).to(dtype)
-
-
-def zero_fill(
-    tensors: Sequence[torch.Tensor], mask: torch.Tensor, *, finite: Sequence[bool] | None = None
-) -> list[torch.Tensor]:
-    """Each tensor at the valid positions (``mask`` 0/1 float), exactly 0 at the others.
-
-    A product ``t · mask`` when the tensor is finite everywhere (one sum tells: a finite sum of
-    finite numbers; a sum that overflows only takes the slower branch), else ``torch.where``:
-    ``NaN · 0`` is NaN, and padding may hold ``-inf`` log-probs. The product is ~20x cheaper
-    than ``torch.where`` on a CPU, and its backward is one product too. ``finite``: the
-    answers when the caller already has them (one host transfer for several checks).
-    """
-    if finite is None:
-        finite = [math.isfinite(v) for v in torch.stack([t.detach().sum() for t in tensors]).tolist()]
-    out = []
-    for t, ok in zip(tensors, finite):
-        if ok:
-            out.append(t * mask)
-        else:
-            out.append(torch.where(mask.bool(), t, torch.zeros((), dtype=t.dtype, device=t.device)))
-    return out
 
 
 def check_inputs(
@@ -87,20 +82,21 @@ def check_inputs(
     adv: torch.Tensor,
     mask: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate surrogate inputs; return ``(logp, old_logp, adv [N, 1] or [N, T], mask float)``.
+    """Validate surrogate inputs; return ``(logp, old_logp, adv [N, 1] or [N, T], mask)``:
+    detached, in the compute dtype, finite at every position, the mask 0/1 float.
 
     Raises ValueError for: non-tensors, ``logp`` not 2-D ``[N, T]``, ``old_logp`` / ``mask`` of
     another shape, ``adv`` neither ``[N]`` nor ``[N, T]``, a mask with no valid token, and
-    non-finite ``logp`` / ``old_logp`` / ``adv`` at valid positions. Masked positions are
-    zero-filled so that padding never produces NaN (ALGORITHMS.md §3 inputs); float16 /
-    bfloat16 inputs are computed in float32. The returned mask is 0/1 in the compute dtype
-    (nonzero = valid).
+    non-finite ``logp`` / ``old_logp`` / ``adv`` at valid positions. Non-finite values at
+    masked positions (``-inf`` padding) are replaced by 0 so that padding never produces NaN
+    (ALGORITHMS.md §3 inputs); finite padding is left as it is, so a surrogate multiplies
+    what it computes from it by the mask (:func:`masked_log_ratio`). float16 / bfloat16
+    inputs are computed in float32; a mask's nonzero entries are its valid tokens.
 
-    Cost [OURS, benchmarks/losses.py]: one host transfer of four sums (valid tokens, and
-    ``logp``, ``old_logp``, ``adv`` over every position) decides everything in the common case,
-    where all are finite: padding is then zero-filled by a product with the mask. Only a
-    non-finite sum (``-inf`` padding, or an error to report) takes the ``torch.where`` path
-    and the element-wise checks.
+    Cost: one host transfer of four sums (valid tokens, and ``logp``, ``old_logp``, ``adv`` over
+    every position) decides everything in the common case, where all are finite; only a
+    non-finite sum (``-inf`` padding, or an error to report) takes the ``torch.where`` path and
+    the element-wise checks.
     """
     for name, t in (("logp", logp), ("adv", adv), ("mask", mask)):
         if not isinstance(t, torch.Tensor):
@@ -135,42 +131,95 @@ def check_inputs(
     # digits, far coarser than a 0.2 clip range [OURS]
     dtype = torch.promote_types(logp.dtype, torch.float32)
     m = float_mask(mask, dtype)
-    logp, old_logp = logp.to(dtype), old_logp.detach().to(dtype)
-    adv = adv.detach().to(dtype)
-    sums = torch.stack([m.sum(), logp.detach().sum(), old_logp.sum(), adv.sum()]).tolist()
-    count, finite = sums[0], [math.isfinite(v) for v in sums[1:]]
-    if not count > 0:
+    lp, old, adv = logp.detach().to(dtype), old_logp.detach().to(dtype), adv.detach().to(dtype)
+    sums = torch.stack([m.sum(), lp.sum(), old.sum(), adv.sum()]).tolist()
+    if not sums[0] > 0:
         raise ValueError(
             "mask has no valid token (all zero): the loss would be 0/0; drop empty batches "
             "before the loss, or pass StepTotals to aggregate() for an empty micro-batch"
         )
-    if not finite[2] and not bool(torch.isfinite(adv).all()):
+    if not math.isfinite(sums[3]) and not bool(torch.isfinite(adv).all()):
         raise ValueError(
             "adv has non-finite values; advantages of NaN rewards must be 0 (see "
             "grouprl.advantages), never NaN"
         )
-    logp, old_logp = zero_fill((logp, old_logp), m, finite=finite[:2])
-    if not (finite[0] and finite[1]):
-        # padding is 0 now, so the valid positions are finite iff the sums are; the count
-        # only for the error message
-        for name, t in (("logp", logp), ("old_logp", old_logp)):
-            ok = torch.isfinite(t.detach())
+    out = []
+    for name, t, total in (("logp", lp, sums[1]), ("old_logp", old, sums[2])):
+        if not math.isfinite(total):  # zero-fill the padding; then valid values must be finite
+            t = torch.where(m.bool(), t, torch.zeros((), dtype=dtype, device=t.device))
+            ok = torch.isfinite(t)
             if not bool(ok.all()):
                 raise ValueError(
                     f"{name} has {int((~ok).sum())} non-finite value(s) at valid (mask = 1) "
                     "positions; check the model's logits (fp16 overflow?) and the mask alignment"
                 )
-    return logp, old_logp, adv, m
+        out.append(t)
+    return out[0], out[1], adv, m
+
+
+def masked_log_ratio(lp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N, T]``: ``(logp − old_logp)·mask``, exactly 0 at padding (inputs finite, as
+    :func:`check_inputs` returns them), in one buffer."""
+    return torch.sub(lp, old).mul_(mask)
+
+
+class _Linearized(torch.autograd.Function):
+    """``value`` forward, ``grad · slope (· mask)`` backward (see :func:`linearized`)."""
+
+    @staticmethod
+    def forward(ctx, logp, value, slope, mask):  # noqa: ANN001, ANN205 (autograd's signature)
+        ctx.save_for_backward(slope, mask)
+        ctx.dtype = logp.dtype
+        return value
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        slope, mask = ctx.saved_tensors
+        out = grad * slope
+        if mask is not None:
+            out.mul_(mask)
+        return out.to(ctx.dtype), None, None, None
+
+
+def linearized(
+    logp: torch.Tensor,
+    value: torch.Tensor,
+    slope: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The per-token loss ``value`` ``[N, T]`` with the gradient ``∂ℓ_t/∂logp_t = slope_t``
+    (``slope`` ``[N, T]``, 0 at padding; or ``[N, 1]``, one per sequence, with ``mask``).
+
+    ``value`` and ``slope`` are computed without a graph; the backward is ``grad · slope``
+    (times the mask for a per-sequence slope). See the module docstring for why; the slopes
+    are pinned against autograd through the peers' own functions (``tests/losses``).
+    First-order only: a second derivative raises. Without a gradient to take (``logp``
+    needs none, or grad mode is off) ``value`` comes back as it is.
+    """
+    if not (torch.is_grad_enabled() and logp.requires_grad):
+        return value
+    return _Linearized.apply(logp, value, slope, mask)
+
+
+def clamp_log_ratio(
+    log_ratio: torch.Tensor, bound: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(log_ratio.clamp(±bound), gate)``: ``gate`` is the clamp's derivative as a 0/1 float
+    ``[N, T]`` (1 within the bounds, inclusive, as autograd's clamp), or None when no entry
+    lies beyond ``bound`` (one ``aminmax``): the clamp is then the identity, in value and
+    gradient alike. ``bound=None``: no clamp."""
+    if bound is None:
+        return log_ratio, None
+    low, high = torch.aminmax(log_ratio)
+    if -bound <= float(low) and float(high) <= bound:
+        return log_ratio, None
+    return log_ratio.clamp(-bound, bound), (log_ratio.abs() <= bound).to(log_ratio.dtype)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``x`` over the valid tokens (``mask`` float, at least one valid token)."""
     return (x * mask).sum() / mask.sum()
-
-
-def _row(x: float | torch.Tensor | None) -> float | torch.Tensor | None:
-    """A ``[N, 1]`` bound as ``[N]``; a float or None as it is."""
-    return x[:, 0] if isinstance(x, torch.Tensor) else x
 
 
 def valid_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -184,29 +233,39 @@ def valid_sum(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def beyond_count(
     x: torch.Tensor,
     bound: float | torch.Tensor,
-    mask: torch.Tensor,
     rows: torch.Tensor | None,
     *,
     below: bool,
     scratch: torch.Tensor,
+    mask: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``Σ mask·rows·[x < bound]`` (``below``) or ``[x > bound]``, in float arithmetic.
+    """``Σ mask·rows·[x < bound]`` (``below``) or ``[x > bound]``.
 
     ``x`` and ``scratch`` are ``[N, T]``, ``bound`` a float or ``[N, 1]``, ``rows`` a 0/1 float
-    ``[N, 1]`` or ``[N, T]`` (None: every row). ``sign(bound − x)`` clamped at 0 is 1 exactly
-    where ``x < bound`` (two different floats never subtract to 0), computed in place in
-    ``scratch``: one reused buffer instead of three boolean temporaries and an integer sum,
-    whose fresh pages cost more than the arithmetic on a CPU [OURS, benchmarks/losses.py].
+    ``[N, 1]`` or ``[N, T]`` (None: every row), ``mask`` the 0/1 mask, or None when the padded
+    positions of ``x`` are known to be within the bound. The comparison writes 1.0 / 0.0 into
+    ``scratch`` (a float ``out``): no boolean temporary, no integer sum.
     """
-    torch.sub(x, bound, out=scratch)
-    if below:
-        scratch.neg_()
-    scratch.sign_().clamp_(min=0.0).mul_(mask)
+    (torch.lt if below else torch.gt)(x, bound, out=scratch)
+    if mask is not None:
+        scratch.mul_(mask)
     if rows is None:
         return scratch.sum()
     if rows.shape[-1] == 1 and scratch.shape[-1] != 1:
         return torch.dot(scratch.sum(-1), rows.reshape(-1))
     return torch.dot(scratch.reshape(-1), rows.reshape(-1))
+
+
+def _outside(padding: float | None, bound: float | torch.Tensor, below: bool) -> bool:
+    """Whether a padded ratio equal to ``padding`` may lie beyond ``bound`` (None: unknown)."""
+    if padding is None or isinstance(bound, torch.Tensor):
+        return True
+    return padding < bound if below else padding > bound
+
+
+def _row(x: float | torch.Tensor | None) -> float | torch.Tensor | None:
+    """A ``[N, 1]`` bound as ``[N]``; a float or None as it is."""
+    return x[:, 0] if isinstance(x, torch.Tensor) else x
 
 
 @torch.no_grad()
@@ -220,22 +279,26 @@ def ratio_stats(
     *,
     any_sign: bool = False,
     cap: float | None = None,
+    padding: float | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Ratio and clip statistics over valid tokens (TRL GRPOTrainer's clip_ratio/* metrics).
 
     ``clip_frac_low`` counts ρ < ``lo`` where A < 0 and ``clip_frac_high`` ρ > ``hi`` where
     A > 0 (the tokens whose gradient PPO's clip cuts), or either bound whatever the sign of A
     with ``any_sign`` (a clipped weight, CISPO); ``cap`` adds ``clip_frac_dual``, ρ > cap
-    where A < 0 (the dual clip).
+    where A < 0 (the dual clip). A bound that is None gives a zero fraction without a pass.
 
-    ``ratio`` and ``log_ratio`` are ``[N, T]``, or ``[N, 1]`` (one per sequence: computed on
-    ``[N]``, each sequence weighed by its valid-token count; for the ratio when ``adv`` is
-    ``[N, 1]`` too), ``mask`` 0/1 float, ``lo`` / ``hi`` floats or ``[N, 1]``. Fractions
-    are counts over the valid-token count; a bound that is None gives a zero fraction without
-    a pass over the batch. No gradient, and at most two ``[N, T]`` scratch buffers: sums are
-    dot products with the mask, counts :func:`beyond_count`, and the minimum and maximum over
-    the valid tokens are taken of ``ratio ± max_float·(1 − mask)`` (exact at the valid
-    positions, beyond every ratio at the others).
+    ``ratio`` and ``log_ratio`` are ``[N, T]``, or ``[N, 1]`` (one per sequence: then computed
+    on ``[N]``, each sequence weighed by its valid-token count), ``mask`` 0/1 float, ``lo`` /
+    ``hi`` floats or ``[N, 1]``. ``padding``: the value ``ratio`` holds at every padded
+    position when known (1.0 for the exponential of a masked log-ratio): the minimum and the
+    maximum then come from one ``aminmax`` unless the valid ratios all lie on one side of it,
+    and a count skips the mask when the padding lies within its bound. Otherwise the minimum
+    and maximum over the valid tokens are those of ``ratio ± max_float·(1 − mask)`` (exact at
+    the valid positions, beyond every ratio at the others). Sums are dot products with the
+    mask; at most one ``[N, T]`` buffer: ``scratch`` (a tensor the caller no longer needs) or
+    a new one.
     """
     n = mask.sum()
     r = ratio.detach()
@@ -253,18 +316,20 @@ def ratio_stats(
         high = (((r > hi) & pos) * weight).sum() if hi is not None else zero
         dual = (((r > cap) & (a < 0)) * weight).sum() if cap is not None else zero
     else:
-        big = torch.finfo(r.dtype).max
-        pad = 1.0 - mask  # [N, T]
-        scratch = torch.add(r, pad, alpha=big)  # r at the valid positions, >= big elsewhere
-        r_min = scratch.amin()
-        r_max = torch.add(r, pad, alpha=-big, out=scratch).amax()
         r = r.expand_as(mask)
+        buf = torch.empty_like(mask) if scratch is None else scratch
+        r_min, r_max = _valid_min_max(r, mask, padding, buf)
         neg, pos = (adv < 0).to(mask.dtype), (adv > 0).to(mask.dtype)
-        count = functools.partial(beyond_count, r, mask=mask, scratch=scratch)
-        sign = None if any_sign else neg
-        low = count(lo, rows=sign, below=True) if lo is not None else zero
-        high = count(hi, rows=None if any_sign else pos, below=False) if hi is not None else zero
-        dual = count(cap, rows=neg, below=False) if cap is not None else zero
+
+        def count(bound, rows, below):  # noqa: ANN001, ANN202
+            if bound is None:
+                return zero
+            masked = mask if _outside(padding, bound, below) else None
+            return beyond_count(r, bound, rows, below=below, scratch=buf, mask=masked)
+
+        low = count(lo, None if any_sign else neg, True)
+        high = count(hi, None if any_sign else pos, False)
+        dual = count(cap, neg, False)
     out = {
         "ratio_mean": ratio_sum / n,
         "ratio_min": r_min,
@@ -279,6 +344,25 @@ def ratio_stats(
     if cap is not None:
         out["clip_frac_dual"] = dual / n
     return out
+
+
+def _valid_min_max(
+    r: torch.Tensor, mask: torch.Tensor, padding: float | None, buf: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The minimum and maximum of ``r`` over the valid positions (see :func:`ratio_stats`)."""
+    if padding is not None:
+        low, high = torch.aminmax(r)
+        lo_f, hi_f = float(low), float(high)
+        # a minimum below the padding's value is a valid entry's (so is a maximum above it);
+        # all equal to it: every valid entry is that value too
+        if (lo_f < padding or lo_f == hi_f) and (hi_f > padding or lo_f == hi_f):
+            return low, high
+    big = torch.finfo(r.dtype).max
+    # big·(1 − m) as big − big·m: exactly 0 at the valid positions, big at the others
+    torch.mul(mask, -big, out=buf).add_(big)
+    r_min = buf.add_(r).amin()  # r at the valid positions
+    r_max = buf.sub_(r).neg_().add_(r).amax()  # r − big·(1 − m)
+    return r_min, r_max
 
 
 Eps = float | torch.Tensor
@@ -317,33 +401,6 @@ def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Ten
     TRL ``importance_sampling_level="sequence"`` divides by ``mask.sum(-1).clamp(min=1)``).
     """
     return (log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp_min(1.0)
-
-
-def sequence_ratio_tokens(log_seq: torch.Tensor, token_part: torch.Tensor) -> torch.Tensor:
-    """``[N], [N, T] -> [N, T]``: the token-trick form of a sequence-level log-ratio.
-
-    ``sg(log s_i) + x_it − sg(x_it)`` (GSPO-token, Zheng et al. 2025 §4.3): its value is
-    ``log s_i`` at every token, and the gradient at token t is ``∇x_it``. Summed over a
-    sequence with one weight per sequence (every aggregation), ``f(exp(·))`` then has the value
-    and the gradient of the sequence-level ``f(s_i)`` whenever ``∇ log s_i = Σ_t ∇x_it / |y_i|``
-    and the sequence's tokens are averaged, as for ``x = logp`` (GSPO) or the clipped log-ratio
-    (GMPO).
-    """
-    return log_seq.detach()[:, None] + token_part - token_part.detach()
-
-
-def sequence_level(
-    value: torch.Tensor, slope: torch.Tensor, token_part: torch.Tensor
-) -> torch.Tensor:
-    """``[N, 1], [N, 1], [N, T] -> [N, T]``: a sequence-level loss in the GSPO-token form.
-
-    ``value_i + slope_i·(x_it − sg(x_it))``: the value ``value_i = f(log s_i)`` at every token
-    and the gradient ``slope_i·∇x_it`` with ``slope_i = f'(log s_i)`` (detached), which is the
-    gradient of ``f(sg(log s_i) + x_it − sg(x_it))`` (:func:`sequence_ratio_tokens`) computed
-    from ``[N]`` values: ``f`` itself (an exponential, a clip, a gate) never runs on ``[N, T]``
-    [OURS]. ``x`` must be finite (``x − sg(x)`` is then exactly 0).
-    """
-    return value.detach() + slope.detach() * (token_part - token_part.detach())
 
 
 def pessimistic_bounds(

@@ -37,12 +37,12 @@ from grouprl.losses.ratio import (
     Eps,
     check_eps,
     check_inputs,
+    clamp_log_ratio,
     eps_column,
+    linearized,
+    masked_log_ratio,
     pessimistic_bounds,
     ratio_stats,
-    sequence_level,
-    sequence_log_ratio,
-    sequence_ratio_tokens,
 )
 from grouprl.losses.trust_region import dppo_kl, dppo_tv, dro
 from grouprl.types import to_floats
@@ -94,33 +94,38 @@ def ppo_clip(
     Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``). ``stats=False``: no
     statistics (an empty dict), the loss alone.
 
-    With one advantage per sequence the pessimistic min is one clamp of ρ with per-sequence
-    bounds (:func:`~grouprl.losses.ratio.pessimistic_bounds`), the same values bit for bit.
+    The pessimistic min is one clamp of ρ with each row's bounds
+    (:func:`~grouprl.losses.ratio.pessimistic_bounds`), the same values bit for bit; the
+    gradient ``−A·ρ`` where the clip is inactive, 0 elsewhere, is attached by
+    :func:`~grouprl.losses.ratio.linearized`.
     """
     check_eps(eps_low, eps_high)
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(
             f"clip_ratio_c (dual clip) must be > 1 (verl uses 3.0), got {clip_ratio_c}"
         )
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    lo = 1.0 - eps_column(eps_low, logp.shape[0], logp)  # float or [N, 1]
-    hi = 1.0 + eps_column(eps_high, logp.shape[0], logp)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    ratio = torch.exp(log_ratio)  # [N, T]
-    if adv.shape[-1] == 1:  # [N, 1]: one clamp with the bounds of each row's sign
-        lower, upper = pessimistic_bounds(adv, lo, hi, clip_ratio_c)  # [N, 1] each
-        per_token = -adv * ratio.clamp(lower, upper)
-    else:
-        per_token = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, lo, hi))  # [N, T]
-        if clip_ratio_c is not None:
-            per_token = torch.where(
-                adv < 0, torch.minimum(per_token, -adv * clip_ratio_c), per_token
-            )
-    out = per_token * mask
-    if not stats:
-        return out, {}
-    values = ratio_stats(ratio, adv, mask, lo, hi, log_ratio, cap=clip_ratio_c)
-    return out, to_floats(values)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lo = 1.0 - eps_column(eps_low, lp.shape[0], lp)  # float or [N, 1]
+    hi = 1.0 + eps_column(eps_high, lp.shape[0], lp)
+    with torch.no_grad():
+        log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        lower, upper = pessimistic_bounds(adv, lo, hi, clip_ratio_c)  # [N, 1] (or [N, T])
+        value = ratio.clamp(lower, upper)
+        inside = value == ratio  # where the clip is inactive and the gradient runs
+        value.mul_(-adv).mul_(mask)  # [N, T] −A·clip(ρ), 0 at padding
+        values = (
+            ratio_stats(
+                ratio, adv, mask, lo, hi, log_ratio, cap=clip_ratio_c, padding=1.0,
+                scratch=log_ratio,
+            )  # fmt: skip
+            if stats
+            else None
+        )
+        slope = ratio.mul_(-adv).mul_(mask).mul_(inside)  # ∂ℓ/∂logp: −A·ρ inside, else 0
+        if gate is not None:
+            slope.mul_(gate)
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
 def cispo(
@@ -145,16 +150,22 @@ def cispo(
     weight is clipped (low: ρ < 1 − ε_low, high: ρ > 1 + ε_high), for either sign of A.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     with torch.no_grad():  # the weight carries no gradient: only logp does
-        log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+        log_ratio = masked_log_ratio(lp, old, mask).clamp_(-log_ratio_clamp, log_ratio_clamp)
         ratio = torch.exp(log_ratio)  # [N, T]
-        coef = -ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv  # [N, T]
-    per_token = coef * logp  # 0 at padding: logp is zero-filled there
-    if not stats:
-        return per_token, {}
-    values = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio, any_sign=True)
-    return per_token, to_floats(values)
+        coef = ratio.clamp(1.0 - eps_low, 1.0 + eps_high).neg_().mul_(adv)  # −sg(w)·A
+        slope = coef.mul_(mask)  # the gradient of −sg(w)·A·logp, 0 at padding
+        value = slope * lp
+        values = (
+            ratio_stats(
+                ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio, any_sign=True,
+                padding=1.0, scratch=log_ratio,
+            )  # fmt: skip
+            if stats
+            else None
+        )
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
 def gspo(
@@ -179,32 +190,27 @@ def gspo(
     ``log_ratio_max`` = 10 (verl). Defaults ε = 3e-4 / 4e-4 (GSPO paper). Use it with
     ``seq_mean_token_mean`` to match the paper's sequence-level objective.
 
-    With one advantage per sequence the per-token loss is built as
-    ``f(s_i) + f'(s_i)·s_i·(logp_t − sg(logp_t))`` (:func:`~grouprl.losses.ratio.
-    sequence_level`) from ``[N]`` values: the same value and gradient as the GSPO-token form
-    without its ``[N, T]`` exponential and clip.
+    Here the value ``−A·clip(s_i)`` and the GSPO-token gradient ``−A·s_i·∇logp_t`` (0 where
+    the clip or the cap acts) are computed from the ``[N]`` values s_i and attached by
+    :func:`~grouprl.losses.ratio.linearized`: no ``[N, T]`` exponential or clip.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     with torch.no_grad():
-        log_ratio = logp.detach() - old_logp  # [N, T], 0 at padding
-        log_seq = sequence_log_ratio(log_ratio, mask)[:, None]  # [N, 1]
-    if adv.shape[-1] == 1:
-        with torch.no_grad():
-            ratio = torch.exp(log_seq.clamp(max=log_ratio_max))  # [N, 1] s_i
-            lower, upper = pessimistic_bounds(adv, lo, hi)
-            value = -adv * ratio.clamp(lower, upper)  # [N, 1]
-            inside = (log_seq <= log_ratio_max) & (ratio >= lower) & (ratio <= upper)
-            slope = -adv * ratio * inside  # d value / d log s_i
-        per_token = sequence_level(value, slope, logp) * mask
-    else:  # per-token advantages: the GSPO-token form on [N, T]
-        ratio = torch.exp(sequence_ratio_tokens(log_seq[:, 0], logp).clamp(max=log_ratio_max))
-        per_token = torch.maximum(-adv * ratio, -adv * ratio.clamp(lo, hi)) * mask
-    if not stats:
-        return per_token, {}
-    values = ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
-    return per_token, to_floats(values)
+        log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
+        log_seq = (log_ratio.sum(-1) / mask.sum(-1).clamp_min(1.0))[:, None]  # [N, 1] log s_i
+        ratio = torch.exp(log_seq.clamp(max=log_ratio_max))  # [N, 1] s_i
+        lower, upper = pessimistic_bounds(adv, lo, hi)  # [N, 1] (or [N, T])
+        value = (-adv * ratio.clamp(lower, upper)) * mask  # −A·clip(s_i): PPO's min
+        inside = (log_seq <= log_ratio_max) & (ratio >= lower) & (ratio <= upper)
+        slope = -adv * ratio * inside  # ∂ℓ/∂logp_t = −A·s_i where nothing clips
+        values = ratio_stats(ratio, adv, mask, lo, hi, log_ratio) if stats else None
+    if slope.shape[-1] == 1:
+        per_token = linearized(logp, value, slope, mask)
+    else:
+        per_token = linearized(logp, value, slope * mask)
+    return per_token, ({} if values is None else to_floats(values))
 
 
 def reinforce(
@@ -221,14 +227,19 @@ def reinforce(
     that sampled the tokens (one update per batch). Ratio stats are still reported from
     ``old_logp`` so that off-policy drift is visible; clip fractions are 0.
     """
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    per_token = -adv * logp  # 0 at padding: logp is zero-filled there
-    if not stats:
-        return per_token, {}
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     with torch.no_grad():
-        log_ratio = logp.detach() - old_logp
-        values = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return per_token, to_floats(values)
+        value = torch.mul(lp, -adv).mul_(mask)  # −A·logp, 0 at padding
+        slope = -adv if adv.shape[-1] == 1 else -adv * mask
+        values = None
+        if stats:
+            log_ratio = masked_log_ratio(lp, old, mask)
+            ratio = torch.exp(log_ratio)
+            values = ratio_stats(
+                ratio, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+            )
+    per_token = linearized(logp, value, slope, mask if slope.shape[-1] == 1 else None)
+    return per_token, ({} if values is None else to_floats(values))
 
 
 SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]

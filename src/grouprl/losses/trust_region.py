@@ -18,6 +18,8 @@ from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
     beyond_count,
     check_inputs,
+    linearized,
+    masked_log_ratio,
     ratio_stats,
     valid_sum,
 )
@@ -67,33 +69,36 @@ def _dppo(
             raise ValueError(f"DPPO's {name} (a divergence threshold) must be >= 0, got {value}")
     if not clip_ratio_c > 0:
         raise ValueError(f"clip_ratio_c (the IS-weight truncation) must be > 0, got {clip_ratio_c}")
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     with torch.no_grad():  # the weight and the region carry no gradient: only logp does
-        log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-        ratio = torch.exp(log_ratio)
-        p, p_old = torch.exp(logp), torch.exp(old_logp)
+        log_ratio = masked_log_ratio(lp, old, mask).clamp_(-log_ratio_clamp, log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        # probabilities of the sampled token; at padding whatever they are, masked below
+        p, p_old = torch.exp(lp), torch.exp(old)
         if divergence == "tv":
             ok_pos = (p - p_old) <= delta_high
             ok_neg = (p - p_old) >= -delta_low
         else:
-            kl = binary_kl(old_logp, logp.detach(), binary_kl_eps)
+            kl = binary_kl(old, lp, binary_kl_eps)
             ok_pos = (kl <= delta_high) | (p <= p_old)
             ok_neg = (kl <= delta_low) | (p >= p_old)
         pos = adv > 0
-        valid = ((ok_pos & pos) | (ok_neg & ~pos)).to(logp.dtype)  # [N, T]
-        coef = -adv * ratio.clamp(max=clip_ratio_c) * valid
-    per_token = coef * logp  # 0 at padding: logp is zero-filled there
-    if not stats:
-        return per_token, {}
-    values = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    with torch.no_grad():
-        n = mask.sum()
-        values["clip_frac_region"] = (n - valid_sum(valid, mask)) / n
-        truncated = beyond_count(
-            ratio, clip_ratio_c, mask, valid, below=False, scratch=torch.empty_like(ratio)
-        )
-        values["clip_frac_truncated"] = truncated / n
-    return per_token, to_floats(values)
+        valid = ((ok_pos & pos) | (ok_neg & ~pos)).to(mask.dtype)  # [N, T] 0/1
+        slope = (-adv * ratio.clamp(max=clip_ratio_c)).mul_(valid).mul_(mask)  # −A·sg(min(ρ, C))
+        value = slope * lp  # the loss −A·sg(min(ρ, C))·valid·logp, 0 at padding
+        values = None
+        if stats:
+            n = mask.sum()
+            values = ratio_stats(
+                ratio, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+            )
+            values["clip_frac_region"] = (n - valid_sum(valid, mask)) / n
+            truncated = beyond_count(
+                ratio, clip_ratio_c, valid, below=False, scratch=p, mask=mask
+            )
+            values["clip_frac_truncated"] = truncated / n
+    per_token = linearized(logp, value, slope)
+    return per_token, ({} if values is None else to_floats(values))
 
 
 def dppo_tv(
@@ -192,13 +197,16 @@ def dro(
             f"DRO needs beta > 0 (the quadratic penalty weight; verl policy_loss.dro_beta has "
             f"no default), got {beta}"
         )
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T], 0 at padding
-    # −(A·logp − ½β·(log ρ)²), written as ½β·(log ρ)² − A·logp: the same value (IEEE rounding
-    # is symmetric), one operation fewer; 0 at padding, where logp and log ρ are 0
-    per_token = 0.5 * beta * log_ratio.square() - adv * logp
-    if not stats:
-        return per_token, {}
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     with torch.no_grad():
-        values = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return per_token, to_floats(values)
+        log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
+        # −(A·logp − ½β·(log ρ)²), written as ½β·(log ρ)² − A·logp: the same value (IEEE
+        # rounding is symmetric)
+        value = log_ratio.square().mul_(0.5 * beta).sub_(adv * lp).mul_(mask)
+        values = None
+        if stats:
+            ratio = torch.exp(log_ratio)
+            values = ratio_stats(ratio, adv, mask, None, None, log_ratio, padding=1.0)
+        slope = log_ratio.mul_(beta).sub_(adv).mul_(mask)  # ∂ℓ/∂logp = β·log ρ − A
+    per_token = linearized(logp, value, slope)
+    return per_token, ({} if values is None else to_floats(values))
