@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import torch
 
 from grouprl.losses.ratio import (
+    apply_gate,
     check_eps,
     check_inputs,
     clamp_log_ratio,
@@ -165,9 +166,7 @@ def clip_cov(
             generator=generator,
         )
     elif selected.shape != lp.shape:
-        raise ValueError(
-            f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}"
-        )
+        raise ValueError(f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}")
     lo, hi = 1.0 - eps_low, 1.0 + eps_high
     with torch.no_grad():
         log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
@@ -185,8 +184,7 @@ def clip_cov(
             )
             values["cov_frac"] = valid_sum(chosen, mask) / mask.sum()
         slope = ratio.mul_(-adv).mul_(keep).mul_(inside)  # −A·ρ where the clip is inactive
-        if gate is not None:
-            slope.mul_(gate)
+        slope = apply_gate(slope, gate)
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
@@ -242,9 +240,7 @@ def kl_cov(
     if selected is None:
         selected = kl_cov_select(lp, adv, mask, kl_cov_ratio=kl_cov_ratio)
     elif selected.shape != lp.shape:
-        raise ValueError(
-            f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}"
-        )
+        raise ValueError(f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}")
     with torch.no_grad():
         log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
         ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
@@ -260,6 +256,5 @@ def kl_cov(
         weight = chosen * ppo_kl_coef  # the penalty's coefficient at each token
         value = (unclipped + penalty.mul_(weight)).mul_(mask)
         slope = unclipped.add_(log_ratio.sign_().mul_(weight)).mul_(mask)  # d|x|/dx = sign x
-        if gate is not None:
-            slope.mul_(gate)
+        slope = apply_gate(slope, gate)
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))

@@ -14,6 +14,7 @@ import torch
 
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
+    apply_gate,
     check_inputs,
     clamp_log_ratio,
     linearized,
@@ -106,8 +107,7 @@ def sapo(
         value = _times(_times(gate, -adv), mask)  # −f(ρ)·A, 0 at padding
         # ∂ℓ/∂logp = −A·f'(ρ)·ρ, f'(ρ) = 4σ(1 − σ) = 4(σ − σ²)
         slope = sig.addcmul_(sig, sig, value=-1.0).mul_(ratio).mul_(-4.0 * adv)
-        if clamp_gate is not None:
-            slope.mul_(clamp_gate)
+        slope = apply_gate(slope, clamp_gate)
     if slope.shape[-1] == 1 and mask.shape[-1] != 1:  # one slope per sequence
         per_token = linearized(logp, value, slope, mask)
     else:
@@ -204,9 +204,8 @@ def vespo(
         value = torch.mul(lp, coef).mul_(mask)  # 0 at padding
         values = None
         if stats:
-            ratio = torch.exp(log_ratio)
-            values = ratio_stats(
-                ratio, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+            values = ratio_stats(  # the ratio goes into log_ratio's buffer
+                None, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
             )
             values["phi_mean"] = valid_sum(phi, mask) / mask.sum()
     if coef.shape[-1] == 1 and mask.shape[-1] != 1:

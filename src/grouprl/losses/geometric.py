@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from grouprl.losses.ratio import (
+    apply_gate,
     beyond_count,
     check_eps,
     check_inputs,
@@ -89,8 +90,7 @@ def gmpo(
         values = _stats(log_ratio, adv, mask, eps_low, eps_high, log_seq) if stats else None
         # the GSPO-token gradient runs through each token's clipped log-ratio: 0 where clipped
         slope = clipped.eq_(log_ratio).mul_(row).mul_(mask)
-        if clamp_gate is not None:
-            slope.mul_(clamp_gate)
+        slope = apply_gate(slope, clamp_gate)
     per_token = linearized(logp, value, slope)
     return per_token, ({} if values is None else to_floats(values))
 

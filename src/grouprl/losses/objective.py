@@ -18,9 +18,14 @@ from dataclasses import dataclass, field
 import torch
 
 from grouprl.losses.aggregation import StepTotals, entropy_threshold, reduce_masked
-from grouprl.losses.kl import KL_IS_WEIGHT_CLIP, kl_corrected
-from grouprl.losses.kl import kl as kl_fn
-from grouprl.losses.ratio import float_mask
+from grouprl.losses.kl import (
+    KL_CORRECTIONS,
+    KL_IS_WEIGHT_CLIP,
+    corrected_value_slope,
+    kl_corrected,
+    kl_value_slope,
+)
+from grouprl.losses.ratio import float_mask, linearized
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 from grouprl.types import to_floats
 
@@ -104,9 +109,10 @@ def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tens
         )
     w = w.detach()
     total, low = torch.stack([w.sum(), w.amin()]).double().tolist()  # one host transfer
-    if not (math.isfinite(total) and low >= 0):  # else a finite sum of values >= 0: all fine
-        if not bool((torch.isfinite(w) & (w >= 0)).all()):
-            raise ValueError("correction_weight must be finite and >= 0 (an importance weight)")
+    # a finite sum of values >= 0: all fine; else the element-wise check decides
+    fine = math.isfinite(total) and low >= 0
+    if not fine and not bool((torch.isfinite(w) & (w >= 0)).all()):
+        raise ValueError("correction_weight must be finite and >= 0 (an importance weight)")
     return w if w.dim() == 2 else w[:, None]
 
 
@@ -129,26 +135,41 @@ def _kl_tokens(
     weight_clip: float,
 ) -> torch.Tensor:
     """``[N, T]`` per-token KL (importance-corrected when ``correction`` is set), 0 outside
-    ``eff`` (0/1 float); padding is zero-filled first so that -inf / NaN there never reaches
-    the graph (:func:`_zero_fill`: a product when finite)."""
+    ``eff`` (0/1 float), with its gradient. Computed from copies whose padding is zero-filled
+    (:func:`_zero_fill`), so that -inf / NaN there never reaches the value or the gradient;
+    element-wise forms as value and slope (:func:`grouprl.losses.kl.kl_value_slope`), the
+    sequence-ratio correction through autograd."""
+    if ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
+    if not isinstance(ref_logp, torch.Tensor) or ref_logp.shape != logp.shape:
+        got = tuple(ref_logp.shape) if isinstance(ref_logp, torch.Tensor) else type(ref_logp)
+        raise ValueError(f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {got}")
     dtype = eff.dtype  # float32 at least (check_inputs)
-    tensors = [logp.to(dtype), ref_logp.detach().to(dtype)]
-    if correction is not None and old_logp is not None:
-        tensors.append(old_logp.detach().to(dtype))
-    safe = [_zero_fill(t, eff) for t in tensors]
+    if correction == "sequence_ratio":
+        safe = [_zero_fill(t.to(dtype), eff) for t in (logp, ref_logp.detach())]
+        old = None if old_logp is None else _zero_fill(old_logp.detach().to(dtype), eff)
+        value = kl_corrected(name, safe[0], safe[1], old, eff, correction=correction)
+        return value * eff
+    lp = _zero_fill(logp.detach().to(dtype), eff)
+    ref = _zero_fill(ref_logp.detach().to(dtype), eff)
     if correction is None:
-        value = kl_fn(name, safe[0], safe[1])
+        value, slope = kl_value_slope(name, lp, ref)
     else:
-        value = kl_corrected(
-            name,
-            safe[0],
-            safe[1],
-            safe[2] if len(safe) > 2 else None,
-            eff,
-            correction=correction,
-            weight_clip=weight_clip,
+        if correction not in KL_CORRECTIONS:
+            raise ValueError(
+                f"unknown KL correction {correction!r}; valid corrections: "
+                f"{', '.join(KL_CORRECTIONS)}"
+            )
+        if correction == "straight_through" and not weight_clip > 0:
+            raise ValueError(f"kl_weight_clip must be > 0, got {weight_clip}")
+        old = lp if old_logp is None else _zero_fill(old_logp.detach().to(dtype), eff)
+        value, slope = corrected_value_slope(
+            name, lp, ref, old, correction=correction, weight_clip=weight_clip
         )
-    return value * eff
+    with torch.no_grad():
+        value = value * eff
+        slope = slope * eff
+    return linearized(logp, value, slope)
 
 
 def objective(
@@ -225,6 +246,69 @@ def objective(
         raise ValueError(f"beta and entropy_coeff must be >= 0, got {beta} and {entropy_coeff}")
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
         raise ValueError("logp must be a [N, T] tensor")
+    keep_t, mask_f, eff = _masks(logp, mask, keep, correction_keep)
+    corr_w = _correction_weight(correction_weight, logp)
+    n_tok = eff.sum()
+    any_kept = bool(n_tok > 0)
+    sur_mask = eff if any_kept else mask_f  # validate the raw inputs when nothing is kept
+    per_token, sur_stats = surrogate_fn(
+        surrogate, logp, old_logp, adv, sur_mask, stats=stats, **dict(surrogate_params or {})
+    )  # [N, T], 0 outside eff
+    if not any_kept:
+        zero = (per_token * 0.0).sum()  # 0 with the graph: backward() works and adds nothing
+        if stats:
+            sur_stats = {key: 0.0 for key in sur_stats}
+            sur_stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
+        return Objective(zero, zero, zero, zero, per_token * 0.0, sur_stats, zero)
+    extra: dict[str, torch.Tensor] = {}
+    token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
+    if token_keep is not None:
+        per_token = _zero_fill(per_token, token_keep)
+        extra["entropy_mask_frac"] = token_keep.sum() / n_tok
+    if corr_w is not None:
+        per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
+    pg_loss = reduce_masked(aggregation, per_token, eff, totals)
+    # an unused branch: 0 with the graph (per_token is finite everywhere, also where logp
+    # holds -inf padding, which logp.sum() * 0 would turn into NaN)
+    zero = pg_loss * 0.0
+    loss, total = pg_loss, per_token  # only the branches that act: a zero branch would add
+    kl_loss = kl_unweighted = ent_bonus = zero  # a backward pass
+    if beta > 0:
+        kl_tok = _kl_tokens(
+            kl, logp, ref_logp, old_logp, eff, kl_correction, kl_weight_clip
+        )  # [N, T], 0 outside eff
+        w = _per_sample("kl_weight", kl_weight, logp.shape[0], logp).detach().to(eff.dtype)
+        kl_term = beta * w[:, None] * kl_tok
+        kl_loss = reduce_masked(aggregation, kl_term, eff, totals)
+        kl_unweighted = reduce_masked(aggregation, kl_tok, eff, totals)
+        loss, total = loss + kl_loss, total + kl_term
+        if stats:
+            extra["kl_mean"] = kl_tok.detach().sum() / n_tok
+    if entropy is not None and (stats or entropy_coeff > 0):
+        ent = _entropy_tokens(entropy, eff)  # [N, T], 0 outside eff
+        if stats:
+            extra["entropy_mean"] = ent.detach().sum() / n_tok
+        if token_keep is not None:  # the bonus acts where the surrogate does
+            ent = ent * token_keep
+        if entropy_coeff > 0:
+            ent_bonus = entropy_coeff * reduce_masked(aggregation, ent, eff, totals)
+            loss, total = loss - ent_bonus, total - entropy_coeff * ent
+    if stats:
+        extra.update(pg_loss=pg_loss, kl_loss=kl_loss)
+        if keep is not None:
+            extra["kept_frac"] = keep_t.to(eff.dtype).mean()
+        sur_stats.update(_branch_stats(to_floats(extra)))  # one device sync for all of them
+    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, sur_stats, kl_unweighted)
+
+
+def _masks(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    keep: torch.Tensor | None,
+    correction_keep: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(keep [N] bool, mask [N, T] 0/1 float, eff [N, T] 0/1 float)``: ``eff`` is the tokens
+    that take part in the loss (valid, in a kept row, not rejected by the correction)."""
     n = logp.shape[0]
     keep_t = _per_sample("keep", keep, n, logp).bool()
     if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
@@ -238,65 +322,23 @@ def objective(
                 f"correction_keep must be [N, T]={tuple(logp.shape)} bool (Correction.keep)"
             )
         eff = eff * float_mask(correction_keep, dtype)
-    corr_w = _correction_weight(correction_weight, logp)
-    n_tok = eff.sum()
-    any_kept = bool(n_tok > 0)
-    sur_mask = eff if any_kept else mask_f  # validate the raw inputs when nothing is kept
-    per_token, sur_stats = surrogate_fn(
-        surrogate, logp, old_logp, adv, sur_mask, stats=stats, **dict(surrogate_params or {})
-    )  # [N, T], 0 outside eff
-    zero = logp.sum() * 0.0  # keeps the graph when nothing contributes
-    if not any_kept:
-        if stats:
-            sur_stats = {key: 0.0 for key in sur_stats}
-            sur_stats.update(
-                pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0
-            )
-        return Objective(zero, zero, zero, zero, per_token * 0.0, sur_stats, zero)
-    extra: dict[str, torch.Tensor] = {}
-    token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
-    if token_keep is not None:
-        per_token = _zero_fill(per_token, token_keep)
-        extra["entropy_mask_frac"] = token_keep.sum() / n_tok
-    if corr_w is not None:
-        per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
-    total = per_token
-    pg_loss = reduce_masked(aggregation, per_token, eff, totals)
-    kl_loss = kl_unweighted = zero
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
-        if not isinstance(ref_logp, torch.Tensor) or ref_logp.shape != logp.shape:
-            got = tuple(ref_logp.shape) if isinstance(ref_logp, torch.Tensor) else type(ref_logp)
-            raise ValueError(
-                f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {got}"
-            )
-        w = _per_sample("kl_weight", kl_weight, n, logp).detach().to(dtype)
-        kl_tok = _kl_tokens(
-            kl, logp, ref_logp, old_logp, eff, kl_correction, kl_weight_clip
-        )  # [N, T], 0 outside eff
-        kl_term = beta * w[:, None] * kl_tok
-        kl_loss = reduce_masked(aggregation, kl_term, eff, totals)
-        kl_unweighted = reduce_masked(aggregation, kl_tok, eff, totals)
-        total = total + kl_term
-        if stats:
-            extra["kl_mean"] = kl_tok.detach().sum() / n_tok
-    ent_bonus = zero
-    if entropy is not None and (stats or entropy_coeff > 0):
-        if entropy.shape != logp.shape:
-            raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
-        ent = _zero_fill(entropy.to(dtype), eff)
-        if stats:
-            extra["entropy_mean"] = ent.detach().sum() / n_tok
-        if token_keep is not None:  # the bonus acts where the surrogate does
-            ent = ent * token_keep
-        if entropy_coeff > 0:
-            ent_bonus = entropy_coeff * reduce_masked(aggregation, ent, eff, totals)
-            total = total - entropy_coeff * ent
-    loss = pg_loss + kl_loss - ent_bonus
-    if stats:
-        extra.setdefault("kl_mean", zero.detach())
-        extra.setdefault("entropy_mean", zero.detach())
-        extra.update(pg_loss=pg_loss, kl_loss=kl_loss, kept_frac=keep_t.to(dtype).mean())
-        sur_stats.update(to_floats(extra))  # one device sync for all of them
-    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, sur_stats, kl_unweighted)
+    return keep_t, mask_f, eff
+
+
+def _entropy_tokens(entropy: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` token entropies, 0 outside ``eff`` (zero-filled: NaN padding never leaks)."""
+    if entropy.shape != eff.shape:
+        raise ValueError(f"entropy must be [N, T]={tuple(eff.shape)}")
+    return _zero_fill(entropy.to(eff.dtype), eff)
+
+
+def _branch_stats(floats: dict[str, float]) -> dict[str, float]:
+    """The objective's own statistics in their fixed order; an absent branch reads 0 and
+    ``kept_frac`` 1 when no row was dropped."""
+    out = {}
+    if "entropy_mask_frac" in floats:
+        out["entropy_mask_frac"] = floats["entropy_mask_frac"]
+    for key in ("kl_mean", "entropy_mean", "pg_loss", "kl_loss"):
+        out[key] = floats.get(key, 0.0)
+    out["kept_frac"] = floats.get("kept_frac", 1.0)
+    return out

@@ -22,8 +22,8 @@ asked (``stats=True``).
 
 from __future__ import annotations
 
-import functools
 import math
+from collections.abc import Callable
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -31,6 +31,7 @@ from torch.autograd.function import once_differentiable
 __all__ = [
     "LOG_RATIO_CLAMP",
     "Eps",
+    "apply_gate",
     "beyond_count",
     "check_eps",
     "check_inputs",
@@ -57,23 +58,29 @@ def _shape(t: torch.Tensor) -> tuple[int, ...]:
 def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``mask`` as a 0/1 tensor of ``dtype`` (nonzero = valid), copied only when it must be.
 
-    A float mask already in ``dtype`` that holds only 0 and 1 is returned as it is: checked by
-    four reductions and one host transfer, no copy (``Σm² = Σm`` with ``0 ≤ m ≤ 1``). Any
-    other (a bool or integer mask, a float mask of another dtype or with other values) becomes
-    ``(mask != 0)`` in ``dtype``, the reading every loss function gives a mask.
+    A float mask already in ``dtype`` that holds only 0 and 1 is returned as it is (checked by
+    :func:`_binary`, no copy). Any other (a bool or integer mask, a float mask of another
+    dtype or with other values) becomes ``(mask != 0)`` in ``dtype``, the reading every loss
+    function gives a mask.
     """
-    if mask.dtype == dtype:
-        flat = mask.reshape(-1)
-        if flat.numel() == 0:
-            return mask
-        lo, hi, sq, total = torch.stack(
-            [flat.amin(), flat.amax(), torch.dot(flat, flat), flat.sum()]
-        ).tolist()
-        if lo >= 0 and hi <= 1 and sq == total:
-            return mask
-    elif mask.dtype == torch.bool:
+    if mask.dtype == dtype and (mask.numel() == 0 or _binary(_mask_checks(mask).tolist())):
+        return mask
+    if mask.dtype == torch.bool:
         return mask.to(dtype)
     return (mask != 0).to(dtype)
+
+
+def _mask_checks(mask: torch.Tensor) -> torch.Tensor:
+    """``[min, max, Σm², Σm]`` of a float mask (three passes), to stack with other sums."""
+    flat = mask.reshape(-1)
+    low, high = torch.aminmax(flat)
+    return torch.stack([low, high, torch.dot(flat, flat), flat.sum()])
+
+
+def _binary(checks: list[float]) -> bool:
+    """A float mask holds only 0 and 1: ``0 ≤ m ≤ 1`` and ``Σm² = Σm`` (``m² < m`` inside)."""
+    low, high, squares, total = checks[:4]
+    return low >= 0 and high <= 1 and squares == total
 
 
 def check_inputs(
@@ -130,9 +137,8 @@ def check_inputs(
     # half-precision log-probs are upcast: exp(logp - old_logp) in bf16 has ~3 significant
     # digits, far coarser than a 0.2 clip range [OURS]
     dtype = torch.promote_types(logp.dtype, torch.float32)
-    m = float_mask(mask, dtype)
     lp, old, adv = logp.detach().to(dtype), old_logp.detach().to(dtype), adv.detach().to(dtype)
-    sums = torch.stack([m.sum(), lp.sum(), old.sum(), adv.sum()]).tolist()
+    m, sums = _mask_and_sums(mask, dtype, (lp, old, adv))  # valid tokens, Σlogp, Σold, Σadv
     if not sums[0] > 0:
         raise ValueError(
             "mask has no valid token (all zero): the loss would be 0/0; drop empty batches "
@@ -157,6 +163,26 @@ def check_inputs(
     return out[0], out[1], adv, m
 
 
+def _mask_and_sums(
+    mask: torch.Tensor, dtype: torch.dtype, tensors: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, list[float]]:
+    """``(mask as 0/1 float, [valid tokens, Σ tensor for each tensor])`` with one host transfer:
+    a float mask's 0/1 check (:func:`_binary`) rides on the same one."""
+    parts = [t.sum() for t in tensors]
+    m = mask
+    if mask.dtype == dtype and mask.numel():
+        parts = [*_mask_checks(mask), *parts]
+    elif mask.dtype == torch.bool:
+        m = mask.to(dtype)
+    else:
+        m = (mask != 0).to(dtype)
+    values = torch.stack([*parts, m.sum()]).tolist()
+    if len(values) == len(tensors) + 5 and not _binary(values):  # other values than 0 and 1
+        m = (mask != 0).to(dtype)
+        values[-1] = float(m.sum())
+    return m, [values[-1], *values[-1 - len(tensors) : -1]]
+
+
 def masked_log_ratio(lp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[N, T]``: ``(logp − old_logp)·mask``, exactly 0 at padding (inputs finite, as
     :func:`check_inputs` returns them), in one buffer."""
@@ -167,14 +193,14 @@ class _Linearized(torch.autograd.Function):
     """``value`` forward, ``grad · slope (· mask)`` backward (see :func:`linearized`)."""
 
     @staticmethod
-    def forward(ctx, logp, value, slope, mask):  # noqa: ANN001, ANN205 (autograd's signature)
+    def forward(ctx, logp, value, slope, mask):
         ctx.save_for_backward(slope, mask)
         ctx.dtype = logp.dtype
         return value
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):  # noqa: ANN001, ANN205
+    def backward(ctx, grad):
         slope, mask = ctx.saved_tensors
         out = grad * slope
         if mask is not None:
@@ -205,16 +231,26 @@ def linearized(
 def clamp_log_ratio(
     log_ratio: torch.Tensor, bound: float | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(log_ratio.clamp(±bound), gate)``: ``gate`` is the clamp's derivative as a 0/1 float
-    ``[N, T]`` (1 within the bounds, inclusive, as autograd's clamp), or None when no entry
+    """``(log_ratio.clamp(±bound), gate)``: ``gate`` is where the clamp passes the gradient, a
+    bool ``[N, T]`` (within the bounds, inclusive, as autograd's clamp), or None when no entry
     lies beyond ``bound`` (one ``aminmax``): the clamp is then the identity, in value and
-    gradient alike. ``bound=None``: no clamp."""
+    gradient alike. ``bound=None``: no clamp. Apply it with :func:`apply_gate`."""
     if bound is None:
         return log_ratio, None
     low, high = torch.aminmax(log_ratio)
     if -bound <= float(low) and float(high) <= bound:
         return log_ratio, None
-    return log_ratio.clamp(-bound, bound), (log_ratio.abs() <= bound).to(log_ratio.dtype)
+    return log_ratio.clamp(-bound, bound), log_ratio.abs() <= bound
+
+
+def apply_gate(slope: torch.Tensor, *gates: torch.Tensor | None) -> torch.Tensor:
+    """``slope`` set to 0 in place where a gate (:func:`clamp_log_ratio`) is False: a clamp
+    that acts passes no gradient, and a NaN slope there (``-inf`` inputs) becomes 0 as
+    autograd's clamp makes it."""
+    for gate in gates:
+        if gate is not None:
+            slope.masked_fill_(~gate, 0.0)
+    return slope
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -270,7 +306,7 @@ def _row(x: float | torch.Tensor | None) -> float | torch.Tensor | None:
 
 @torch.no_grad()
 def ratio_stats(
-    ratio: torch.Tensor,
+    ratio: torch.Tensor | None,
     adv: torch.Tensor,
     mask: torch.Tensor,
     lo: float | torch.Tensor | None,
@@ -291,18 +327,22 @@ def ratio_stats(
 
     ``ratio`` and ``log_ratio`` are ``[N, T]``, or ``[N, 1]`` (one per sequence: then computed
     on ``[N]``, each sequence weighed by its valid-token count), ``mask`` 0/1 float, ``lo`` /
-    ``hi`` floats or ``[N, 1]``. ``padding``: the value ``ratio`` holds at every padded
-    position when known (1.0 for the exponential of a masked log-ratio): the minimum and the
-    maximum then come from one ``aminmax`` unless the valid ratios all lie on one side of it,
-    and a count skips the mask when the padding lies within its bound. Otherwise the minimum
-    and maximum over the valid tokens are those of ``ratio ± max_float·(1 − mask)`` (exact at
-    the valid positions, beyond every ratio at the others). Sums are dot products with the
-    mask; at most one ``[N, T]`` buffer: ``scratch`` (a tensor the caller no longer needs) or
-    a new one.
+    ``hi`` floats or ``[N, 1]``; ``ratio=None`` means ``exp(log_ratio)``, computed here.
+    ``padding``: the value ``ratio`` holds at every padded position when known (1.0 for the
+    exponential of a masked log-ratio): the minimum and the maximum then come from one
+    ``aminmax`` unless the valid ratios all lie on one side of it, and a count skips the mask
+    when the padding lies within its bound; otherwise the minimum and maximum over the valid
+    tokens are those of ``ratio ± max_float·(1 − mask)`` (exact at the valid positions,
+    beyond every ratio at the others). Sums are dot products with the mask. ``[N, T]``
+    buffers: ``scratch``, a tensor the caller no longer needs (it may be ``log_ratio``
+    itself, read first), else new ones, only as the statistics need them.
     """
     n = mask.sum()
-    r = ratio.detach()
     approx_kl = -valid_sum(log_ratio.detach(), mask) / n
+    if ratio is None:  # exp(log_ratio), into the scratch buffer when there is one
+        ratio = torch.exp(log_ratio) if scratch is None else torch.exp(log_ratio, out=scratch)
+        scratch = None if scratch is ratio else scratch
+    r = ratio.detach()
     ratio_sum = valid_sum(r, mask)
     zero = torch.zeros((), dtype=mask.dtype, device=mask.device)
     if r.shape[-1] == 1 and adv.shape[-1] == 1 and mask.shape[-1] != 1:  # all on [N]
@@ -317,15 +357,21 @@ def ratio_stats(
         dual = (((r > cap) & (a < 0)) * weight).sum() if cap is not None else zero
     else:
         r = r.expand_as(mask)
-        buf = torch.empty_like(mask) if scratch is None else scratch
+        buffers = [] if scratch is None else [scratch]
+
+        def buf() -> torch.Tensor:  # one [N, T] buffer, made when first needed
+            if not buffers:
+                buffers.append(torch.empty_like(mask))
+            return buffers[0]
+
         r_min, r_max = _valid_min_max(r, mask, padding, buf)
         neg, pos = (adv < 0).to(mask.dtype), (adv > 0).to(mask.dtype)
 
-        def count(bound, rows, below):  # noqa: ANN001, ANN202
+        def count(bound, rows, below):
             if bound is None:
                 return zero
             masked = mask if _outside(padding, bound, below) else None
-            return beyond_count(r, bound, rows, below=below, scratch=buf, mask=masked)
+            return beyond_count(r, bound, rows, below=below, scratch=buf(), mask=masked)
 
         low = count(lo, None if any_sign else neg, True)
         high = count(hi, None if any_sign else pos, False)
@@ -347,7 +393,7 @@ def ratio_stats(
 
 
 def _valid_min_max(
-    r: torch.Tensor, mask: torch.Tensor, padding: float | None, buf: torch.Tensor
+    r: torch.Tensor, mask: torch.Tensor, padding: float | None, buf: Callable[[], torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The minimum and maximum of ``r`` over the valid positions (see :func:`ratio_stats`)."""
     if padding is not None:
@@ -359,9 +405,9 @@ def _valid_min_max(
             return low, high
     big = torch.finfo(r.dtype).max
     # big·(1 − m) as big − big·m: exactly 0 at the valid positions, big at the others
-    torch.mul(mask, -big, out=buf).add_(big)
-    r_min = buf.add_(r).amin()  # r at the valid positions
-    r_max = buf.sub_(r).neg_().add_(r).amax()  # r − big·(1 − m)
+    scratch = torch.mul(mask, -big, out=buf()).add_(big)
+    r_min = scratch.add_(r).amin()  # r at the valid positions
+    r_max = scratch.sub_(r).neg_().add_(r).amax()  # r − big·(1 − m)
     return r_min, r_max
 
 

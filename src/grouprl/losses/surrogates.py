@@ -35,6 +35,7 @@ from grouprl.losses.geometric import gmpo
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
     Eps,
+    apply_gate,
     check_eps,
     check_inputs,
     clamp_log_ratio,
@@ -114,17 +115,14 @@ def ppo_clip(
         value = ratio.clamp(lower, upper)
         inside = value == ratio  # where the clip is inactive and the gradient runs
         value.mul_(-adv).mul_(mask)  # [N, T] −A·clip(ρ), 0 at padding
-        values = (
-            ratio_stats(
+        values = None
+        if stats:  # before the ratio's buffer becomes the slope
+            values = ratio_stats(
                 ratio, adv, mask, lo, hi, log_ratio, cap=clip_ratio_c, padding=1.0,
                 scratch=log_ratio,
             )  # fmt: skip
-            if stats
-            else None
-        )
         slope = ratio.mul_(-adv).mul_(mask).mul_(inside)  # ∂ℓ/∂logp: −A·ρ inside, else 0
-        if gate is not None:
-            slope.mul_(gate)
+        slope = apply_gate(slope, gate)
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
@@ -157,14 +155,12 @@ def cispo(
         coef = ratio.clamp(1.0 - eps_low, 1.0 + eps_high).neg_().mul_(adv)  # −sg(w)·A
         slope = coef.mul_(mask)  # the gradient of −sg(w)·A·logp, 0 at padding
         value = slope * lp
-        values = (
-            ratio_stats(
+        values = None
+        if stats:
+            values = ratio_stats(
                 ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio, any_sign=True,
                 padding=1.0, scratch=log_ratio,
             )  # fmt: skip
-            if stats
-            else None
-        )
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
@@ -233,10 +229,9 @@ def reinforce(
         slope = -adv if adv.shape[-1] == 1 else -adv * mask
         values = None
         if stats:
-            log_ratio = masked_log_ratio(lp, old, mask)
-            ratio = torch.exp(log_ratio)
+            log_ratio = masked_log_ratio(lp, old, mask)  # the ratio goes into its buffer
             values = ratio_stats(
-                ratio, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+                None, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
             )
     per_token = linearized(logp, value, slope, mask if slope.shape[-1] == 1 else None)
     return per_token, ({} if values is None else to_floats(values))

@@ -93,9 +93,7 @@ def _dppo(
                 ratio, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
             )
             values["clip_frac_region"] = (n - valid_sum(valid, mask)) / n
-            truncated = beyond_count(
-                ratio, clip_ratio_c, valid, below=False, scratch=p, mask=mask
-            )
+            truncated = beyond_count(ratio, clip_ratio_c, valid, below=False, scratch=p, mask=mask)
             values["clip_frac_truncated"] = truncated / n
     per_token = linearized(logp, value, slope)
     return per_token, ({} if values is None else to_floats(values))
@@ -202,11 +200,10 @@ def dro(
         log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
         # −(A·logp − ½β·(log ρ)²), written as ½β·(log ρ)² − A·logp: the same value (IEEE
         # rounding is symmetric)
-        value = log_ratio.square().mul_(0.5 * beta).sub_(adv * lp).mul_(mask)
+        value = log_ratio.square().mul_(0.5 * beta).addcmul_(lp, adv, value=-1.0).mul_(mask)
         values = None
         if stats:
-            ratio = torch.exp(log_ratio)
-            values = ratio_stats(ratio, adv, mask, None, None, log_ratio, padding=1.0)
+            values = ratio_stats(None, adv, mask, None, None, log_ratio, padding=1.0)
         slope = log_ratio.mul_(beta).sub_(adv).mul_(mask)  # ∂ℓ/∂logp = β·log ρ − A
     per_token = linearized(logp, value, slope)
     return per_token, ({} if values is None else to_floats(values))
