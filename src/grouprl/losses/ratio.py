@@ -219,9 +219,10 @@ def linearized(
 
     ``value`` and ``slope`` are computed without a graph; the backward is ``grad · slope``
     (times the mask for a per-sequence slope). See the module docstring for why; the slopes
-    are pinned against autograd through the peers' own functions (``tests/losses``).
-    First-order only: a second derivative raises. Without a gradient to take (``logp``
-    needs none, or grad mode is off) ``value`` comes back as it is.
+    are pinned against autograd through the peers' own functions and plain references
+    (``tests/losses``). First-order only: the gradient carries no graph, and a
+    double-backward chain raises. Without a gradient to take (``logp`` needs none, or grad
+    mode is off) ``value`` comes back as it is.
     """
     if not (torch.is_grad_enabled() and logp.requires_grad):
         return value
