@@ -174,7 +174,7 @@ def _plain_kl(name, lp, ref):
 
 @pytest.mark.parametrize("name", ["k1", "k2", "k3", "abs", "k1+", "k3+", "abs+"])
 def test_kl_value_and_gradient_equal_the_plain_form(name):
-    logp, old, _, _ = _inputs(6)
+    logp, *_ = _inputs(6)
     ref = logp + 0.5 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
     ref[0, 0], ref[1, 1] = logp[0, 0] + 25.0, logp[1, 1] - 3.0  # both k3 clamps act
     weights = torch.rand(logp.shape, generator=torch.Generator().manual_seed(2), dtype=DT)
