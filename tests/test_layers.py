@@ -21,7 +21,10 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     "facade": ("=grouprl.train",),  # the package alone: its lazy ``run`` is the entry's
     # tasks/answers.py: answer spans in text, a leaf that imports nothing (the tasks and
     # AGPO's vote entropy read answers with it)
-    "foundation": ("=grouprl", "grouprl._json", "grouprl.types", "grouprl.tasks.answers"),
+    "foundation": (
+        "=grouprl", "grouprl._json", "grouprl._progress", "grouprl._threads", "grouprl.types",
+        "grouprl.tasks.answers",
+    ),
     "math": (
         "grouprl.advantages", "grouprl.losses", "grouprl.diagnostics", "grouprl.sampling",
         "grouprl.presets", "grouprl.control",

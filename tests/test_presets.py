@@ -53,8 +53,28 @@ EXPECTED = {
         0.0,
     ),
     "f_grpo": ("grpo", 0.5, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
-    "f_dapo": ("grpo", 0.5, None, None, "ppo_clip", DAPO, TM, True, "soft", None, "k3", 0.0),
+    "f_grpo_baseline": ("grpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
+    # F-GRPO App. B describes its DAPO by the clip only: no dynamic sampling, no overlong shaping
+    "f_dapo": ("grpo", 0.5, None, None, "ppo_clip", DAPO, TM, False, None, None, "k3", 0.0),
+    "f_dapo_baseline": ("grpo", 0.0, None, None, "ppo_clip", DAPO, TM, False, None, None, "k3", 0),
+    # [OURS] F-DAPO with full DAPO's additions, labelled
+    "f_dapo_full": ("grpo", 0.5, None, None, "ppo_clip", DAPO, TM, True, "soft", None, "k3", 0.0),
+    "f_dapo_full_baseline": (
+        "grpo",
+        0.0,
+        None,
+        None,
+        "ppo_clip",
+        DAPO,
+        TM,
+        True,
+        "soft",
+        None,
+        "k3",
+        0.0,
+    ),
     "f_cispo": ("grpo", 0.5, None, None, "cispo", CISPO, TM, False, None, None, "k3", 0.0),
+    "f_cispo_baseline": ("grpo", 0.0, None, None, "cispo", CISPO, TM, False, None, None, "k3", 0),
     "avspo": ("grpo", 0.0, None, "symmetric", "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
     "avspo_code": ("grpo", 0.0, None, "code", "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
     "maxnorm_rloo": (
@@ -103,6 +123,10 @@ EXPECTED = {
     ),
     # IS-GRPO: plain GRPO advantages; its difference is the prompt sampler (SAMPLER below)
     "is_grpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
+    # its fair baseline: GRPO over the same pool, drawn uniformly (issue 23)
+    "is_grpo_baseline": ("grpo", 0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
+    # one σ: Dr.GRPO's r − r̄ times the draw's importance weight 1/(|pool|·p_x) (issue 23)
+    "is_grpo_exact": ("dr_grpo", 0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
     # AGPO: ε_base 0.2 (replaced per step by the controller), k1 KL β = 0.03 (§3-§4);
     # aggregation from the AGPO code (per-sequence token mean, mean over sequences)
     "agpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, SMTM, False, None, "agpo", "k1", 0.03),
@@ -162,7 +186,7 @@ REWARD_SIDE["remax"] = (None, 0.001, "k1", "fixed")  # verl's ReMax example
 REWARD_SIDE["reinforce_pp_global"] = (None, 0.01, "k1", "fixed")  # OpenRLHF's defaults
 
 # The prompt sampler of each preset (ALGORITHMS.md §1): uniform unless named here.
-SAMPLER = {"is_grpo": "sigma"}
+SAMPLER = {"is_grpo": "sigma", "is_grpo_exact": "sigma"}
 
 FIELDS = (
     "estimator",
@@ -299,7 +323,7 @@ def test_with_and_unknown():
 # and the ACR script (one update per batch).
 SCHEDULES = {name: (1, 1) for name in EXPECTED}
 SCHEDULES.update({"dapo": (16, 1), "cispo": (16, 1), "gspo": (4, 1)})
-SCHEDULES.update({"f_grpo": (4, 1), "f_dapo": (4, 1), "f_cispo": (4, 1)})
+SCHEDULES.update({n: (4, 1) for n in EXPECTED if n.startswith("f_")})
 SCHEDULES["agpo"] = (1, 4)
 SCHEDULES.update({"gdpo": (4, 1), "remax": (4, 1), "gpg": (4, 1)})  # 512/128, 512/128, 1024/256
 # GMPO's authors' script (1,024 samples / 128 per step); SAPO, VESPO, LUSPO [OURS]: GSPO's four
@@ -325,3 +349,75 @@ def test_preset_schedule_must_be_a_positive_integer(bad):
         presets.get("dapo").with_(minibatches=bad)
     with pytest.raises(ValueError, match="ppo_epochs must be an integer >= 1"):
         presets.get("agpo").with_(ppo_epochs=bad)
+
+
+FOCAL = ("f_grpo", "f_dapo", "f_dapo_full", "f_cispo")
+
+
+@pytest.mark.parametrize("name", FOCAL)
+def test_each_f_preset_has_a_baseline_equal_in_every_field_but_gamma(name):
+    # F-GRPO App. L.2: the GRPO, DAPO and CISPO baselines run the same schedule, token mean
+    # and no KL as their focal variants, so the fair comparison changes γ and nothing else.
+    p, b = presets.get(name), presets.baseline_of(name)
+    assert b is presets.get(name + "_baseline") and b.name == name + "_baseline"
+    assert p.focal_gamma > 0 and b.focal_gamma == 0.0
+    differ = {
+        f.name
+        for f in dataclasses.fields(presets.Preset)
+        if getattr(p, f.name) != getattr(b, f.name)
+    }
+    assert differ == {"name", "description", "focal_gamma", "sources"}
+    assert {k for k in p.sources if p.sources[k] != b.sources[k]} == {"focal_gamma"}
+    assert "App. L.2" in b.sources["focal_gamma"]
+    assert b.advantage_kwargs() == {}  # γ = 0: no focal transform at all
+    # the baseline sits right after its F-preset in the listing
+    assert presets.names().index(b.name) == presets.names().index(name) + 1
+
+
+def test_baseline_of_a_preset_without_focal_weight_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"no fair baseline.*presets with one: f_grpo, f_dapo"):
+        presets.baseline_of("grpo")
+    with pytest.raises(ValueError, match="valid presets"):
+        presets.baseline_of("nope")
+    # every preset with a focal weight has one, and is_grpo; no other preset is *_baseline
+    assert sorted(n for n in presets.names() if n.endswith("_baseline")) == sorted(
+        [n + "_baseline" for n in presets.names() if presets.get(n).focal_gamma]
+        + ["is_grpo_baseline"]
+    )
+    assert presets.baseline_of("is_grpo") is presets.get("is_grpo_baseline")
+
+
+def test_f_dapo_follows_app_b_and_its_additions_are_labelled_ours():
+    # F-GRPO App. B describes its DAPO by the asymmetric clip only
+    p = presets.get("f_dapo")
+    assert (p.dynamic_sampling, p.overlong) == (False, None)
+    assert "App. B" in p.sources["dynamic_sampling"] and "App. B" in p.sources["overlong"]
+    full = presets.get("f_dapo_full")
+    assert (full.dynamic_sampling, full.overlong) == (True, "soft")
+    assert "[OURS]" in full.sources["dynamic_sampling"] and "[OURS]" in full.sources["overlong"]
+    assert "[OURS]" in full.description
+    # the F-presets cite F-GRPO for β = 0 and token-mean aggregation (App. L.2)
+    for name in FOCAL:
+        q = presets.get(name)
+        assert "App. L.2" in q.sources["beta"] and "App. L.2" in q.sources["aggregation"]
+
+
+def test_is_grpo_and_its_baseline_draw_one_pool_and_the_exact_variant_weights():
+    # issue 23: IS-GRPO is compared with GRPO over the *same* finite pool (a preset field),
+    # the baseline differing only in the sampler
+    p, b, e = (presets.get(n) for n in ("is_grpo", "is_grpo_baseline", "is_grpo_exact"))
+    assert p.pool_size == b.pool_size == e.pool_size == 1024
+    differ = {
+        f.name
+        for f in dataclasses.fields(presets.Preset)
+        if getattr(p, f.name) != getattr(b, f.name)
+    }
+    assert differ == {"name", "description", "sampler", "sources"}
+    assert (e.sampler, e.sampler_weight, e.estimator) == ("sigma", True, "dr_grpo")
+    assert not any(presets.get(n).sampler_weight for n in presets.names() if n != "is_grpo_exact")
+    # every other preset streams fresh prompts
+    assert {n for n in presets.names() if presets.get(n).pool_size} == {
+        "is_grpo", "is_grpo_baseline", "is_grpo_exact",
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="pool_size must be an integer >= 0"):
+        presets.get("grpo").with_(pool_size=-1)

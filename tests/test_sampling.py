@@ -227,3 +227,98 @@ def test_sampler_errors_say_what_to_do():
         sampling.make("uniform", 5).load_state_dict(s.state_dict())
     with pytest.raises(ValueError, match="not a sampler state"):
         sampling.load({"name": "x"})
+
+
+def _gain(estimator: str, j: float, g: int) -> float:
+    """c_G(J) of any estimator for binary rewards, by enumeration (as ``_grpo_gain``):
+    E[per-prompt update] = (f(1) − f(0))·∇J_x with f(r) = E_{k' ~ Bin(G−1, J)}[A_1 | r_1 = r]."""
+    f = {}
+    for r1 in (0.0, 1.0):
+        total = 0.0
+        for kk in range(g):
+            pmf = math.comb(g - 1, kk) * j**kk * (1 - j) ** (g - 1 - kk)
+            row = torch.tensor([[r1] + [1.0] * kk + [0.0] * (g - 1 - kk)], dtype=torch.float64)
+            total += pmf * float(advantages.compute(estimator, row).values[0, 0])
+        f[r1] = total
+    return f[1.0] - f[0.0]
+
+
+def _learned_sigma_sampler(j: torch.Tensor, g: int) -> sampling.SigmaSampler:
+    """A sigma sampler after 60 noisy steps of 8 prompts × g Bernoulli(J) rewards: its σ̂ is
+    wrong in the way a real run's is (EMA of few visits, collapsed groups, floor)."""
+    s = sampling.make("sigma", len(j))
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(60):
+        i = s.sample(8, gen)
+        rewards = (torch.rand(8, g, generator=gen, dtype=torch.float64) < j[i, None]).double()
+        s.observe(i, rewards.std(1))
+    return s
+
+
+@pytest.mark.parametrize("g", [2, 4, 8, 16, 64])
+def test_exact_importance_weight_aligns_the_expected_update_at_every_group_size(g):
+    # is_grpo_exact: Dr.GRPO's r − r̄ times 1/(|X|·p_x), p_x the sampler's real probability.
+    # Expected update Σ_x p_x·w_x·c_G^dr(J_x)·∇J_x with c_G^dr = (G − 1)/G for every J
+    # (enumerated here, not assumed): parallel to ∇J whatever σ̂ has learned.
+    pi, r, j = _tabular_pool()
+    k = len(j)
+    full = pi * (r - j[:, None]) / k  # [K, A] ∇J, J = (1/K) Σ_x J_x
+    grad = pi * (r - j[:, None])  # [K, A] ∇J_x
+    s = _learned_sigma_sampler(j, g)
+    p = s.probabilities()  # [K] what the sampler draws with
+    w = s.importance_weights(torch.arange(k))  # [K]
+    assert torch.allclose(w, 1.0 / (k * p), rtol=0, atol=1e-12)
+    c_dr = torch.tensor([_gain("dr_grpo", float(x), g) for x in j], dtype=torch.float64)
+    assert torch.allclose(c_dr, torch.full_like(c_dr, (g - 1) / g), atol=1e-12)
+    exact = _cosine(p, (w * c_dr)[:, None] * grad, full)
+    assert exact == pytest.approx(1.0, abs=1e-12)
+    # is_grpo as it was: GRPO's own σ_q normaliser under the same draws; below 1 at small G
+    c_grpo = torch.tensor([_gain("grpo", float(x), g) for x in j], dtype=torch.float64)
+    approx = _cosine(p, c_grpo[:, None] * grad, full)
+    assert approx < exact
+    if g <= 8:
+        assert approx < 0.999
+
+
+def test_exact_importance_weight_through_compute_monte_carlo():
+    # End to end: draw prompts with the sampler, sample groups of 4 from π_x, advantages from
+    # advantages.compute("dr_grpo", r, group_weight=w); the average update is parallel to ∇J
+    # (Monte Carlo: > 0.999), while the same draws with GRPO's advantages are not (≈ 0.98).
+    pi, r, j = _tabular_pool()
+    k, a = pi.shape
+    full = (pi * (r - j[:, None]) / k).reshape(-1)
+    s = _learned_sigma_sampler(j, 4)
+    gen = torch.Generator().manual_seed(3)
+    eye = torch.eye(a, dtype=torch.float64)
+    tot = {
+        "exact": torch.zeros(k, a, dtype=torch.float64),
+        "grpo": torch.zeros(k, a, dtype=torch.float64),
+    }
+    for _ in range(400):
+        idx = s.sample(256, gen)  # [P]
+        act = torch.multinomial(pi[idx], 4, replacement=True, generator=gen)  # [P, 4]
+        rew = r[idx].gather(1, act)  # [P, 4]
+        score = eye[act] - pi[idx][:, None, :]  # [P, 4, A] ∇ log π(a) w.r.t. prompt x's logits
+        w = s.importance_weights(idx)
+        for name, adv in (
+            ("exact", advantages.compute("dr_grpo", rew, group_weight=w).values),
+            ("grpo", advantages.compute("grpo", rew).values),
+        ):
+            upd = (adv[:, :, None] * score).mean(1)  # [P, A]
+            tot[name].index_add_(0, idx, upd)
+    cos = {n: float(v.reshape(-1) @ full / (v.norm() * full.norm())) for n, v in tot.items()}
+    assert cos["exact"] > 0.999 and cos["grpo"] < 0.99, cos
+
+
+def test_importance_weights_uniform_is_one_and_bad_input():
+    u = sampling.make("uniform", 5)
+    assert torch.equal(
+        u.importance_weights(torch.tensor([0, 4])), torch.ones(2, dtype=torch.float64)
+    )
+    s = _observed(3, torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64), sigma_floor=0.01)
+    # p = (1, 2, 3)/6 -> 1/(3p) = (2, 1, 2/3)
+    assert s.importance_weights(torch.tensor([0, 1, 2])).tolist() == pytest.approx([2, 1, 2 / 3])
+    with pytest.raises(ValueError, match=r"lie in \[0, 3\)"):
+        s.importance_weights(torch.tensor([3]))
+    with pytest.raises(ValueError, match="group_weight must be"):
+        advantages.compute("dr_grpo", torch.ones(2, 4), group_weight=torch.tensor([1.0, 0.0]))

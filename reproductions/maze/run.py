@@ -35,9 +35,12 @@ same settings (delete the folder to start over), so an interrupted sweep can be 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -48,6 +51,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common as C
+
+from grouprl.advantages import focal_mean_weight
 
 HERE = Path(__file__).resolve().parent
 LEGACY = HERE / "low_success" / "results.json"
@@ -60,29 +65,41 @@ EVAL_SEED = 20261130
 # ---- arms ---------------------------------------------------------------------------------------
 
 
-def arm_name(gamma: float, control: bool = False) -> str:
-    """``grpo``, ``f_grpo γ=0.5``, or the lr control ``grpo lr×w̄(γ=0.5)``."""
-    if control:
+CONTROLS = ("measured", "closed")
+"""The §5.6 lr controls: ``measured`` = lr × w̄_γ, the mean focal weight over the updated groups
+of the finished f_grpo γ runs; ``closed`` = lr × m_γ, F-GRPO App. N's closed form
+(``advantages.focal_mean_weight``: 0.679 at γ = 0.5, the paper's 6.8e-7 = 0.679 × 1e-6)."""
+
+
+def arm_name(gamma: float, control: str | bool | None = None) -> str:
+    """``grpo``, ``f_grpo γ=0.5``, or an lr control ``grpo lr×w̄(γ=0.5)`` / ``grpo lr×m_γ(γ=0.5)``.
+
+    ``control``: None (no control), ``"measured"`` (True, the older spelling) or ``"closed"``.
+    """
+    if control in (True, "measured"):
         return f"grpo lr×w̄(γ={gamma:g})"
+    if control == "closed":
+        return f"grpo lr×m_γ(γ={gamma:g})"
     return "grpo" if gamma == 0 else f"f_grpo γ={gamma:g}"
 
 
 def overrides(a, gamma: float, group: int, lr: float) -> list[str]:
     """The config overrides of one arm: only ``focal_gamma`` and ``lr`` differ between arms.
 
-    Aggregation token-mean for every arm (F-GRPO uses token-mean for every method); one epoch
-    of one minibatch per step, set here explicitly so that no preset default decides it.
+    γ = 0 runs the ``f_grpo_baseline`` preset, γ > 0 ``f_grpo`` with ``focal_gamma`` = γ: the
+    two are equal in every field but γ (``presets.baseline_of``; token mean, PPO clip 0.2,
+    β = 0, F-GRPO App. L.2). One epoch of one minibatch per step (F-GRPO App. K: "one
+    parameter update per RL step"), set here explicitly so that no preset default decides it.
     """
     return [
-        "model.name=tiny",
+        f"model.name={a.model}",
         "model.warm_start=false",
         "task.name=maze",
         f"sampling.prompts_per_step={a.prompts}",
         f"sampling.group_size={group}",
         f"sampling.max_new_tokens={a.max_new}",
         "sampling.verify_timeout_s=0",
-        "algorithm.preset=grpo",
-        "algorithm.aggregation=token_mean",
+        f"algorithm.preset={'f_grpo' if gamma else 'f_grpo_baseline'}",
         f"algorithm.focal_gamma={gamma}",
         f"optim.steps={a.steps}",
         f"optim.lr={lr}",
@@ -97,39 +114,98 @@ def overrides(a, gamma: float, group: int, lr: float) -> list[str]:
     ]
 
 
+SETTINGS: dict[str, dict[str, Any]] = {
+    "small": {
+        "size": 4, "min_path": 1, "max_path": 5, "model": "tiny", "sft_steps": 1000,
+        "sft_batch": 64, "sft_lr": 2e-3, "prompts": 16, "group": 8, "sweep_groups": [4, 16],
+        "gammas": [0.5, 1.0], "sweep_gammas": [0.5], "controls": ["measured"],
+        "control_gammas": None, "steps": 400, "lr": 1e-4, "max_new": 10, "eval_every": 100,
+        "eval_prompts": 200, "eval_samples": 128, "workers": 2, "ckpt_every": 0,
+    },
+    "appk": {
+        "size": 9, "min_path": 1, "max_path": 6, "model": "tiny:d=128,layers=6,heads=4",
+        "sft_steps": 2000, "sft_batch": 32, "sft_lr": 2e-3, "prompts": 16, "group": 8,
+        "sweep_groups": [4, 16], "gammas": [0.5, 1.0], "sweep_gammas": [0.5, 1.0],
+        "controls": ["measured", "closed"], "control_gammas": [0.5], "steps": 120,
+        "lr": 1e-4, "max_new": 8, "eval_every": 40, "eval_prompts": 64, "eval_samples": 32,
+        "workers": 1, "ckpt_every": 20,
+    },
+}  # fmt: skip
+"""``--setting``: the defaults of every flag. ``small`` = the issue-12 fair test (4×4, the 205k
+model; its results are this folder's README); ``appk`` = towards F-GRPO App. K on two shared
+cores (9×9 mazes with answers of 1-6 moves, a 1.2M-parameter model, SFT batch 32 as App. K,
+RL lr 1e-4 as App. K at 16 prompts a step, every N × γ of {4, 8, 16} × {0, 0.5, 1}, both lr
+controls at γ = 0.5; results under ``appk/``). Flags override. [OURS, pilot] SFT lr 2e-3, not
+App. K's 5e-4: at 1e-3 (paths ≤ 12) the loss sat at 1.32 with pass@1 0 after 500 steps."""
+
+
 def _args(argv: list[str] | None):
-    p = C.parser(__doc__.splitlines()[0], default_seeds=5)
-    p.add_argument("--size", type=int, default=4, help="maze side (cells)")
-    p.add_argument("--min-path", type=int, default=1, help="shortest answer (moves)")
-    p.add_argument("--max-path", type=int, default=5, help="longest answer (moves)")
-    p.add_argument("--sft-steps", type=int, default=1000, help="supervised warm-start steps")
-    p.add_argument("--prompts", type=int, default=16, help="mazes per step (P)")
-    p.add_argument("--group", type=int, default=8, help="completions per maze (N), main arms")
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--setting", choices=sorted(SETTINGS), default="small")
+    setting = pre.parse_known_args(argv)[0].setting
+    d = SETTINGS[setting]
+    p = C.parser(__doc__.splitlines()[0], default_seeds=5 if setting == "small" else 3)
     p.add_argument(
-        "--sweep-groups", type=int, nargs="*", default=[4, 16],
-        help="extra group sizes for grpo and f_grpo γ=0.5 (the paper's N sweep); none: skip",
+        "--setting", choices=sorted(SETTINGS), default="small",
+        help="the defaults of every flag below: small (4x4, the issue-12 fair test) or appk "
+        "(9x9, a 1.2M model, towards F-GRPO App. K)",
+    )  # fmt: skip
+    p.add_argument("--size", type=int, default=d["size"], help="maze side (cells)")
+    p.add_argument("--min-path", type=int, default=d["min_path"], help="shortest answer (moves)")
+    p.add_argument("--max-path", type=int, default=d["max_path"], help="longest answer (moves)")
+    p.add_argument("--model", default=d["model"], help="a tiny[:d=..,layers=..] model spec")
+    p.add_argument("--sft-steps", type=int, default=d["sft_steps"], help="warm-start steps")
+    p.add_argument("--sft-batch", type=int, default=d["sft_batch"], help="warm-start batch")
+    p.add_argument("--sft-lr", type=float, default=d["sft_lr"], help="warm-start peak lr")
+    p.add_argument("--prompts", type=int, default=d["prompts"], help="mazes per step (P)")
+    p.add_argument("--group", type=int, default=d["group"], help="completions per maze (N)")
+    p.add_argument(
+        "--sweep-groups", type=int, nargs="*", default=d["sweep_groups"],
+        help="extra group sizes for grpo and f_grpo at --sweep-gammas (the paper's N sweep)",
     )  # fmt: skip
     p.add_argument(
-        "--gammas", type=float, nargs="*", default=[0.5, 1.0],
-        help="focal γ values (none: grpo only, e.g. for an lr pilot)",
+        "--gammas", type=float, nargs="*", default=d["gammas"],
+        help="focal γ values at the main N (none: grpo only, e.g. for an lr pilot)",
     )  # fmt: skip
-    p.add_argument("--steps", type=int, default=400, help="RL steps per run")
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument(
+        "--sweep-gammas", type=float, nargs="*", default=d["sweep_gammas"],
+        help="focal γ values run at the --sweep-groups too",
+    )  # fmt: skip
+    p.add_argument(
+        "--controls", nargs="*", choices=CONTROLS, default=d["controls"],
+        help="the §5.6 lr controls: measured (lr × w̄ of the f_grpo runs), closed (lr × m_γ)",
+    )  # fmt: skip
+    p.add_argument(
+        "--control-gammas", type=float, nargs="*", default=d["control_gammas"],
+        help="γ values that get lr controls (default: every --gammas)",
+    )  # fmt: skip
+    p.add_argument("--steps", type=int, default=d["steps"], help="RL steps per run")
+    p.add_argument("--lr", type=float, default=d["lr"])
     p.add_argument(
         "--max-new",
         type=int,
-        default=10,
+        default=d["max_new"],
         help="generation limit; any answer longer than max-path moves is wrong anyway",
     )
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--eval-prompts", type=int, default=200)
-    p.add_argument("--eval-samples", type=int, default=128)
-    p.add_argument("--workers", type=int, default=2, help="runs in parallel (one thread each)")
+    p.add_argument("--eval-every", type=int, default=d["eval_every"])
+    p.add_argument("--eval-prompts", type=int, default=d["eval_prompts"])
+    p.add_argument("--eval-samples", type=int, default=d["eval_samples"])
+    p.add_argument(
+        "--workers", type=int, default=d["workers"], help="runs in parallel (one thread each)"
+    )
+    p.add_argument(
+        "--ckpt-every", type=int, default=d["ckpt_every"],
+        help="checkpoint a run every this many steps, so a killed sweep resumes inside the run "
+        "(0: only whole runs are kept)",
+    )  # fmt: skip
     a = p.parse_args(argv)
+    if a.control_gammas is None:
+        a.control_gammas = list(a.gammas)
     if a.quick:
         # 2 x 2 mazes with one-move answers and a few SFT steps: some groups are mixed, so
         # the focal weight and the lr controls run too
         a.size, a.min_path, a.max_path, a.sft_steps = 2, 1, 1, 15
+        a.model, a.sft_batch, a.sft_lr = "tiny", 64, 2e-3
         a.prompts, a.group, a.steps, a.max_new, a.eval_every = 4, 4, 4, 4, 2
         a.sweep_groups = [2] if "--sweep-groups" not in (argv or []) else a.sweep_groups
         a.eval_prompts, a.eval_samples, a.workers = 4, 8, 1
@@ -156,9 +232,14 @@ def _policy(a):
     from grouprl.train import sft
 
     task = _task(a)
-    model, tok = models.load("tiny", task=task, dtype=torch.float32, seed=0)
+    model, tok = models.load(a.model, task=task, dtype=torch.float32, seed=0)
     if a.sft_steps > 0:
-        model = sft.warm_start(model, tok, task, steps=a.sft_steps, seed=0, progress=False)
+        model = sft.warm_start(
+            model, tok, task, steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr, seed=0,
+            progress=False,
+        )  # fmt: skip
+    for q in model.parameters():  # a warm start trained in this process leaves its last .grad
+        q.grad = None  # (a cached one does not): the first RL step must not add it in
     return model.eval(), tok, task
 
 
@@ -233,8 +314,35 @@ class _Capture:
         pass
 
 
-def job(a, arm: str, gamma: float, group: int, lr: float, seed: int) -> dict[str, Any]:
-    """One run: ``a.steps`` steps of the arm, pass@k every ``a.eval_every`` steps and at the end."""
+def _progress_file(folder: Path) -> Path:
+    return folder / "job.json"
+
+
+def _restore(run, folder: Path) -> tuple[list[dict], dict[str, Any]]:
+    """The curve and evaluations saved with the checkpoint ``run`` resumed from (``job.json`` is
+    written before each checkpoint, so it is never behind it; anything after the checkpoint's
+    step is dropped and recomputed)."""
+    f = _progress_file(folder)
+    if run.step == 0 or not f.exists():
+        return [], {}
+    saved = json.loads(f.read_text(encoding="utf-8"))
+    curve = [r for r in saved["curve"] if r["step"] <= run.step]
+    evals = {k: v for k, v in saved["evals"].items() if int(k) <= run.step}
+    if len(curve) != run.step:
+        raise RuntimeError(f"{f}: {len(curve)} saved steps for a checkpoint at step {run.step}")
+    return curve, evals
+
+
+def job(
+    a, arm: str, gamma: float, group: int, lr: float, seed: int, folder: Path | None = None
+) -> dict[str, Any]:
+    """One run: ``a.steps`` steps of the arm, pass@k every ``a.eval_every`` steps and at the end.
+
+    With ``folder`` and ``a.ckpt_every`` > 0 the run checkpoints there (the trainer's own
+    checkpoints: model, AdamW, every generator) every ``a.ckpt_every`` steps with its curve
+    and evaluations so far, and a rerun continues from the last checkpoint, ending with what an
+    uninterrupted run ends with.
+    """
     import tempfile
 
     import torch
@@ -242,7 +350,9 @@ def job(a, arm: str, gamma: float, group: int, lr: float, seed: int) -> dict[str
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from grouprl.train import loop
+    from grouprl.train.checkpoint import list_checkpoints
     from grouprl.train.config import load_config
+    from grouprl.train.state import save_checkpoint
 
     model, tok, task = _policy(a)
     t0 = time.perf_counter()
@@ -254,12 +364,17 @@ def job(a, arm: str, gamma: float, group: int, lr: float, seed: int) -> dict[str
             "evals": {"0": ev},
             "seconds": time.perf_counter() - t0,
         }
-    gammas = sorted(set(a.gammas))
-    curve, evals = [], {}
-    with tempfile.TemporaryDirectory() as tmp:
+    gammas = sorted({*a.gammas, *a.sweep_gammas, *a.control_gammas})
+    keep = folder is not None and a.ckpt_every > 0
+    with contextlib.ExitStack() as stack:
+        out = folder if keep else Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        out.mkdir(parents=True, exist_ok=True)
+        resume = keep and bool(list_checkpoints(out / "checkpoints"))
         ov = [o.replace("{seed}", str(seed)) for o in overrides(a, gamma, group, lr)]
-        cfg = load_config(None, [*ov, f"run.out={tmp}"])
+        cfg = load_config(None, [*ov, f"run.out={out}", f"run.resume={resume}", "run.keep_last=1"])
         run = loop.setup(cfg, model=model, tokenizer=tok, task=task)
+        curve, evals = _restore(run, out) if resume else ([], {})
+        seconds = json.loads(_progress_file(out).read_text())["seconds"] if resume else 0.0
         run.sinks = _Capture()
         while run.step < a.steps:
             run.step += 1
@@ -276,6 +391,13 @@ def job(a, arm: str, gamma: float, group: int, lr: float, seed: int) -> dict[str
                     f"pass@{kmax} {ev[f'pass@{kmax}']:.3f} ({time.perf_counter() - t0:.0f} s)",
                     flush=True,
                 )
+            if keep and run.step % a.ckpt_every == 0 and run.step < a.steps:
+                progress = {"step": run.step, "curve": curve, "evals": evals}
+                progress["seconds"] = seconds + time.perf_counter() - t0
+                _progress_file(out).write_text(json.dumps(progress), encoding="utf-8")
+                save_checkpoint(run)  # after job.json: the checkpoint is never ahead of it
+    if keep:
+        shutil.rmtree(folder, ignore_errors=True)  # the finished run is kept as one JSON
     return {
         "arm": arm,
         "gamma": gamma,
@@ -283,7 +405,7 @@ def job(a, arm: str, gamma: float, group: int, lr: float, seed: int) -> dict[str
         "lr": lr,
         "seed": seed,
         "evals": evals,
-        "seconds": time.perf_counter() - t0,
+        "seconds": seconds + time.perf_counter() - t0,
         "curve": curve,
     }
 
@@ -377,11 +499,18 @@ def predicted_regime(correct: list[int], samples: int, group: int, gammas: list[
 # ---- summary ------------------------------------------------------------------------------------
 
 
+def _controls(a) -> list[tuple[str, float]]:
+    """(kind, γ) of the lr controls of a payload config (older payloads: measured, every γ)."""
+    kinds = a.get("controls", ["measured"])
+    gammas = a.get("control_gammas") or a["gammas"]
+    return [(k, g) for k in CONTROLS if k in kinds for g in gammas]
+
+
 def _arms(a) -> list[tuple[str, float, bool]]:
-    """(name, γ, is the lr control) of the main arms, in table order."""
+    """(name, γ, is an lr control) of the main arms, in table order."""
     out = [(arm_name(0.0), 0.0, False)]
     out += [(arm_name(g), g, False) for g in a["gammas"]]
-    out += [(arm_name(g, True), g, True) for g in a["gammas"]]
+    out += [(arm_name(g, kind), g, True) for kind, g in _controls(a)]
     return out
 
 
@@ -442,6 +571,7 @@ def summarise(runs: list[dict], cfg: dict[str, Any]) -> dict[str, Any]:
         "paired": _paired_rows(of, cfg, ks),
         "curves": _curve_rows(of, cfg, b_ev),
         "sweep": _sweep_rows(of, cfg),
+        "table4": table4_rows(of, cfg),
         "regime_curves": _regime_curves(of, cfg),
         "dips": _dip_rows(of, cfg, b_ev),
     }
@@ -456,7 +586,7 @@ def _common_seeds(xs: list[dict], ys: list[dict]) -> tuple[list[dict], list[dict
 def _paired_rows(of, cfg: dict[str, Any], ks: list[int]) -> list[dict[str, Any]]:
     rows = []
     comparisons = [(arm_name(g), arm_name(0.0)) for g in cfg["gammas"]]
-    comparisons += [(arm_name(g), arm_name(g, True)) for g in cfg["gammas"]]
+    comparisons += [(arm_name(g), arm_name(g, kind)) for kind, g in _controls(cfg)]
     for x, y in comparisons:
         xs, ys = _common_seeds(of(x), of(y))
         if not xs:
@@ -542,32 +672,99 @@ def _dip_rows(of, cfg: dict[str, Any], b_ev: dict[str, Any]) -> list[dict[str, A
     return rows
 
 
+def _sweep_gammas(cfg: dict[str, Any]) -> list[float]:
+    """The γ values run at every N (older payloads: 0.5, or the first γ)."""
+    if "sweep_gammas" in cfg:
+        return list(cfg["sweep_gammas"])
+    return [0.5 if 0.5 in cfg["gammas"] else cfg["gammas"][0]] if cfg["gammas"] else []
+
+
 def _sweep_rows(of, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per group size N: f_grpo γ=0.5 − grpo, paired, at pass@1 and pass@k_max; the regime."""
+    """Per group size N and swept γ: f_grpo γ − grpo, paired, at pass@1 and pass@k_max."""
     kmax = _ks(cfg["eval_samples"])[-1]
-    if not cfg["gammas"]:
-        return []
-    g = 0.5 if 0.5 in cfg["gammas"] else cfg["gammas"][0]
     rows = []
     for n in sorted({cfg["group"], *cfg["sweep_groups"]}):
-        xs, ys = _common_seeds(of(arm_name(g), n), of(arm_name(0.0), n))
-        if not xs:
+        for g in _sweep_gammas(cfg):
+            xs, ys = _common_seeds(of(arm_name(g), n), of(arm_name(0.0), n))
+            if not xs:
+                continue
+            reg = [run_regime(r, [g]) for r in xs + ys]
+            rows.append(
+                {
+                    "N": n,
+                    "comparison": f"{arm_name(g)} − grpo",
+                    "pass@1": paired(
+                        [_final(r)["pass@1"] for r in xs], [_final(r)["pass@1"] for r in ys]
+                    ),
+                    f"pass@{kmax}": paired(
+                        [_final(r)[f"pass@{kmax}"] for r in xs],
+                        [_final(r)[f"pass@{kmax}"] for r in ys],
+                    ),
+                    "grpo pass@1": C.ms([_final(r)["pass@1"] for r in ys]),
+                    "μ̂≥0.5 of mixed": C.ms([x["hi_of_mixed"] for x in reg]),
+                }
+            )
+    return rows
+
+
+TABLE4 = {
+    4: (65.6, 74.4, 79.7),
+    8: (72.2, 83.4, 76.3),
+    16: (73.9, 83.7, 84.4),
+    32: (74.5, 85.1, 84.9),
+    64: (73.4, 85.4, 84.8),
+    128: (75.8, 93.6, 91.2),
+}
+"""F-GRPO App. K, Table 4: final pass@1 (%) after 20K RL steps, N -> (GRPO, γ = 0.5, γ = 1)."""
+
+
+def _verdict(p: dict[str, Any], paper_diff: float) -> str:
+    """Our paired difference against the sign of the paper's: agrees / same sign (noise) /
+    opposite; a difference counts beyond 2 paired SE."""
+    if not p["n"] or not math.isfinite(p["mean"]):
+        return "–"
+    if p["mean"] == 0:
+        return "no difference"
+    se = p["se"] if math.isfinite(p["se"]) else math.inf
+    if abs(p["mean"]) > 2 * se:
+        return "agrees" if (p["mean"] > 0) == (paper_diff > 0) else "opposite"
+    return (
+        "same sign, within 2 SE"
+        if (p["mean"] > 0) == (paper_diff > 0)
+        else "opposite sign, within 2 SE"
+    )
+
+
+def table4_rows(of, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Row by row against F-GRPO Table 4 (final pass@1): ours (mean ± std over seeds, in %)
+    beside the paper's, and each focal arm's paired difference with the paper's verdict."""
+    rows = []
+    for n in sorted({cfg["group"], *cfg["sweep_groups"]}):
+        if n not in TABLE4:
             continue
-        reg = [run_regime(r, [g]) for r in xs + ys]
-        rows.append(
-            {
-                "N": n,
-                "comparison": f"{arm_name(g)} − grpo",
-                "pass@1": paired(
-                    [_final(r)["pass@1"] for r in xs], [_final(r)["pass@1"] for r in ys]
-                ),
-                f"pass@{kmax}": paired(
-                    [_final(r)[f"pass@{kmax}"] for r in xs], [_final(r)[f"pass@{kmax}"] for r in ys]
-                ),
-                "grpo pass@1": C.ms([_final(r)["pass@1"] for r in ys]),
-                "μ̂≥0.5 of mixed": C.ms([x["hi_of_mixed"] for x in reg]),
-            }
-        )
+        base = of(arm_name(0.0), n)
+        if not base:
+            continue
+        paper = TABLE4[n]
+        row: dict[str, Any] = {
+            "N": n,
+            "GRPO (paper)": paper[0],
+            "GRPO (ours)": C.ms([100 * _final(r)["pass@1"] for r in base]),
+        }
+        for k, g in ((1, 0.5), (2, 1.0)):
+            arm = of(arm_name(g), n)
+            if not arm:
+                continue
+            xs, ys = _common_seeds(arm, base)
+            d = paired(
+                [100 * _final(r)["pass@1"] for r in xs], [100 * _final(r)["pass@1"] for r in ys]
+            )
+            row[f"γ={g:g} (paper)"] = paper[k]
+            row[f"γ={g:g} (ours)"] = C.ms([100 * _final(r)["pass@1"] for r in arm])
+            row[f"γ={g:g} − GRPO, paper"] = round(paper[k] - paper[0], 1)
+            row[f"γ={g:g} − GRPO, ours"] = d
+            row[f"γ={g:g} verdict"] = _verdict(d, paper[k] - paper[0])
+        rows.append(row)
     return rows
 
 
@@ -632,6 +829,23 @@ def checks(tables: dict[str, Any], cfg: dict[str, Any], old: dict | None) -> lis
                 "seeds; the paper reports a dip and a recovery)",
             }
         )
+    for g in (0.5, 1.0):
+        rows = [r for r in tables.get("table4", []) if f"γ={g:g} verdict" in r]
+        if rows:
+            agree = [r["N"] for r in rows if r[f"γ={g:g} verdict"] == "agrees"]
+            out.append(
+                {
+                    "name": f"table4_f_grpo_γ={g:g}_raises_pass@1_at_every_N",
+                    "holds": len(agree) == len(rows)
+                    and all(r[f"γ={g:g} − GRPO, ours"]["n"] > 1 for r in rows),
+                    "detail": f"F-GRPO Table 4: γ={g:g} above GRPO at pass@1 at every N; ours "
+                    + "; ".join(
+                        f"N={r['N']}: {fmt_paired(r[f'γ={g:g} − GRPO, ours'])} points "
+                        f"(paper {r[f'γ={g:g} − GRPO, paper']:+.1f})"
+                        for r in rows
+                    ),
+                }
+            )
     if old is not None:
         p = old["pass@64"]
         out.append(
@@ -728,6 +942,13 @@ def readme_block(payload: dict[str, Any]) -> str:
             f"\n**Group size N** (paired, at the end; pass@{kmax}):\n",
             C.markdown_table([{k: _cell(v) for k, v in r.items()} for r in t["sweep"]]),
         ]
+    if t.get("table4"):
+        parts += [
+            "\n**Against F-GRPO Table 4** (final pass@1, %; ours mean ± std over seeds, the "
+            "differences paired by seed ± paired SE; verdict: the sign of ours beyond 2 SE "
+            "against the paper's):\n",
+            C.markdown_table([{k: _cell(v) for k, v in r.items()} for r in t["table4"]]),
+        ]
     if payload.get("legacy"):
         parts += [
             "\n**Earlier low-success setting** (kept as its own row; paired by seed):\n",
@@ -754,11 +975,16 @@ def _run_key(a) -> dict[str, Any]:
         "size", "min_path", "max_path", "sft_steps", "prompts", "steps", "max_new",
         "eval_every", "eval_prompts", "eval_samples", "gammas",
     )  # fmt: skip
-    return {k: getattr(a, k) for k in keys}
+    key = {k: getattr(a, k) for k in keys}
+    extra = ("model", "sft_batch", "sft_lr", "sweep_gammas", "control_gammas")
+    small = SETTINGS["small"]
+    key.update({k: getattr(a, k) for k in extra if getattr(a, k) != small.get(k, a.gammas)})
+    return key
 
 
 def _file(runs_dir: Path, arm: str, group: int, seed: int) -> Path:
-    slug = arm.replace(" ", "_").replace("×", "x").replace("w̄", "w").replace("γ=", "g")
+    slug = arm.replace(" ", "_").replace("×", "x").replace("w̄", "w").replace("m_γ", "m")
+    slug = slug.replace("γ=", "g")
     for ch in "()=":
         slug = slug.replace(ch, "")
     return runs_dir / f"{slug}_N{group}_s{seed}.json"
@@ -779,12 +1005,15 @@ def _execute(a, todo: list[tuple], runs: list[dict], runs_dir: Path, key: dict) 
             flush=True,
         )
 
+    def folder(spec: tuple) -> Path:  # where a run checkpoints (a.ckpt_every > 0)
+        return _file(runs_dir, spec[0], spec[2], spec[4]).with_suffix(".partial")
+
     if a.workers <= 1 or len(todo) <= 1:  # in this process (tests load this file directly)
         for spec in todo:
-            done(spec, job(a, *spec))
+            done(spec, job(a, *spec, folder=folder(spec)))
         return
     with ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(job, a, *spec): spec for spec in todo}
+        futures = {pool.submit(job, a, *spec, folder=folder(spec)): spec for spec in todo}
         for fut in as_completed(futures):
             done(futures[fut], fut.result())
 
@@ -799,10 +1028,13 @@ def _load(runs_dir: Path, spec: tuple, key: dict) -> dict | None:
 
 def _command(a) -> str:
     """The command line that reproduces this payload (the flags that differ from the defaults)."""
-    default = _args(["--quick"] if a.quick else [])
+    default = _args(["--setting", a.setting] + (["--quick"] if a.quick else []))
     flags = [" --quick"] if a.quick else []
+    if a.setting != "small":
+        flags.append(f" --setting {a.setting}")
     for name, value in vars(a).items():
-        if name in ("out", "readme_only", "quick", "workers") or value == getattr(default, name):
+        skip = ("out", "readme_only", "quick", "workers", "setting")
+        if name in skip or value == getattr(default, name):
             continue
         shown = " ".join(map(str, value)) if isinstance(value, list) else value
         flags.append(f" --{name.replace('_', '-')} {shown}".rstrip())
@@ -828,6 +1060,28 @@ def _compact(run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def plan(a) -> list[tuple[str, float, int, float, int]]:
+    """The runs that need no calibration, as (arm, γ, N, lr, seed), in the order they run: the
+    SFT start's evaluation, then seed by seed (an interrupted sweep leaves whole seeds, which
+    pair) the main N's arms, the other N's arms at ``sweep_gammas``, and the closed-form lr
+    controls at lr × m_γ (F-GRPO App. N, rounded to 4 digits)."""
+    out = [("base", 0.0, 0, 0.0, 0)]
+    closed = [g for g in a.control_gammas if "closed" in a.controls]
+    for s in range(a.seeds):
+        out += [(arm_name(g), g, a.group, a.lr, s) for g in [0.0, *a.gammas]]
+        out += [
+            (arm_name(g), g, n, a.lr, s)
+            for n in a.sweep_groups
+            if n != a.group
+            for g in sorted({0.0, *a.sweep_gammas})
+        ]
+        out += [
+            (arm_name(g, "closed"), 0.0, a.group, float(f"{a.lr * focal_mean_weight(g):.4g}"), s)
+            for g in closed
+        ]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     out = C.output_folder(a, HERE, readme_block)
@@ -837,28 +1091,20 @@ def main(argv: list[str] | None = None) -> int:
     runs_dir.mkdir(parents=True, exist_ok=True)
     key = _run_key(a)
     seeds = range(a.seeds)
-    phase1 = [("base", 0.0, 0, 0.0, 0)]
-    phase1 += [(arm_name(g), g, a.group, a.lr, s) for s in seeds for g in [0.0, *a.gammas]]
-    sweep_g = 0.5 if 0.5 in a.gammas else (a.gammas or [0.0])[0]
-    phase1 += [
-        (arm_name(g), g, n, a.lr, s)
-        for n in a.sweep_groups
-        if n != a.group
-        for s in seeds
-        for g in sorted({0.0, sweep_g})
-    ]
+    phase1 = plan(a)
+    closed = {g: focal_mean_weight(g) for g in a.control_gammas if "closed" in a.controls}
     runs: list[dict] = []
-    scales: dict[str, float] = {}
+    scales: dict[str, float] = {f"m_γ(γ={g:g})": m for g, m in closed.items()}
     for phase in (1, 2):
-        if phase == 2:  # the lr controls: calibrated on the finished f_grpo runs
+        if phase == 2:  # the measured lr controls: calibrated on the finished f_grpo runs
             todo_specs = []
-            for g in a.gammas:
+            for g in a.control_gammas if "measured" in a.controls else []:
                 w = control_scale(runs, g, a.group)
                 if w is None:
                     continue
                 scales[f"γ={g:g}"] = w
                 lr = float(f"{a.lr * w:.4g}")
-                todo_specs += [(arm_name(g, True), 0.0, a.group, lr, s) for s in seeds]
+                todo_specs += [(arm_name(g, "measured"), 0.0, a.group, lr, s) for s in seeds]
         else:
             todo_specs = phase1
         todo = []

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["PRESETS", "Preset", "frozen", "get", "names"]
+__all__ = ["BASELINE_SUFFIX", "PRESETS", "Preset", "baseline_of", "frozen", "get", "names"]
 
 
 def frozen(d: Any = None) -> MappingProxyType:
@@ -35,7 +35,10 @@ class Preset:
     Loss half: ``surrogate`` (+ ``surrogate_params``: clip bounds...), ``aggregation``,
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
-    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma").
+    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma");
+    ``pool_size`` (0 = the task's fresh stream, > 0 = that many train prompts drawn once, which
+    the sampler draws from; ``sampling.pool_size`` overrides it); ``sampler_weight`` (multiply
+    each group's advantages by the importance weight 1/(|pool|·p_x) of its draw).
     Update schedule: ``minibatches`` (optimizer steps per epoch over one generation batch, each
     on whole groups) and ``ppo_epochs`` (passes over the batch); the trainer runs them unless
     ``optim.minibatches`` / ``optim.ppo_epochs`` are set (ALGORITHMS.md §3 "Update schedule").
@@ -71,12 +74,23 @@ class Preset:
     controller: str | None = None  # None | "agpo"
     # -- prompt sampler (grouprl.sampling; ALGORITHMS.md §1, IS-GRPO)
     sampler: str = "uniform"
+    pool_size: int = 0
+    sampler_weight: bool = False
     # -- update schedule (ALGORITHMS.md §3): minibatches × ppo_epochs optimizer steps per batch
     minibatches: int = 1
     ppo_epochs: int = 1
     sources: MappingProxyType = field(default_factory=frozen)
 
     def __post_init__(self) -> None:
+        if (
+            isinstance(self.pool_size, bool)
+            or not isinstance(self.pool_size, int)
+            or (self.pool_size < 0)
+        ):
+            raise ValueError(
+                f"preset {self.name!r}: pool_size must be an integer >= 0 (0 = a fresh prompt "
+                f"stream), got {self.pool_size!r}"
+            )
         for key in ("minibatches", "ppo_epochs"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -196,7 +210,11 @@ _S_DAPO_CLIP = "DAPO clip-higher: eps_low 0.2, eps_high 0.28"
 _S_TOKEN_MEAN = "token mean over the step (DAPO; verl token-mean; ALGORITHMS.md §3 table)"
 _S_CISPO = "CISPO (MiniMax-M1): clipped stop-gradient IS weight on every token"
 _S_CISPO_CLIP = "eps 1.0/5.0 (weight in [0, 6]) as F-GRPO and ScaleRL use"
-_S_FOCAL = "F-GRPO: focal weight (1 - mu)^gamma, gamma 0.5 (the paper picked 0.5 or 1.0)"
+_S_FOCAL = (
+    "F-GRPO eqs. 11-13: focal weight (1 - mu)^gamma, mu = X/N the share of correct rollouts; "
+    "gamma 0.5 (Table 7: 0.5 in 7 of its 9 model x method set-ups, 1.0 in the others)"
+)
+_S_FOCAL_BETA = "0.0: F-GRPO App. L.2 drops the KL term (following DAPO) for every method"
 _S_MAXNORM = "MaxNorm-AC seed paper: s_q = max(tau_res, max_j |u_j|), |A| <= 1, c carries no grad"
 _S_RES = "MaxNorm-AC resolution protocol: delta_res 1e-2 for rewards in [0, 1]"
 _S_KL_UNSCALED = "MaxNorm-AC: KL added as beta·KL, never divided by s_q (kl_weight 1)"
@@ -238,6 +256,31 @@ _S_FOCAL_MB = (
     "per step)"
 )
 _S_FOCAL_EPOCHS = "1: F-GRPO App. L.2, Table 5: PPO epochs 1"
+_S_FOCAL_AGG = (
+    "token mean: F-GRPO App. L.2 'use token-mean loss aggregation' for every method, its GRPO, "
+    "DAPO and CISPO baselines included"
+)
+_S_FDAPO_NO_DS = (
+    "off: F-GRPO App. B describes its DAPO by the asymmetric clip only (no dynamic sampling); "
+    "f_dapo_full adds it [OURS]"
+)
+_S_FDAPO_NO_OVERLONG = (
+    "None: F-GRPO App. B / L.2 name no overlong shaping (rewards 1/0 from math-verify); "
+    "f_dapo_full adds DAPO's soft penalty [OURS]"
+)
+_S_IS_SAMPLER = (
+    "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn with p ~ max(sigma_hat, "
+    "sigma_floor) so the expected update is parallel to the full gradient; running estimate, "
+    "floor and replacement are [OURS]"
+)
+_S_IS_POOL = (
+    "1024 [OURS]: train prompts drawn once from the run's seed (the paper samples its data "
+    "set); is_grpo and is_grpo_baseline draw the same pool"
+)
+_S_FOCAL_BASELINE = (
+    "0: the F-GRPO paper's baseline for this F-preset, every other field equal (App. L.2: its "
+    "GRPO, DAPO and CISPO baselines run the same schedule, token mean, no KL)"
+)
 _S_AVSPO_SCHEDULE = (
     "1: the ACR authors' train_grpo.sh:37,39 (TRL GRPO, per_device_train_batch_size 1, "
     "gradient_accumulation_steps 1) with TRL's num_iterations=1: one step per generation batch"
@@ -249,7 +292,11 @@ _S_SAME_AS_GRPO = (
 _GRPO_SCHEDULE = {"minibatches": _S_GRPO_SCHEDULE, "ppo_epochs": _S_GRPO_SCHEDULE}
 _DAPO_SCHEDULE = {"minibatches": _S_DAPO_MB, "ppo_epochs": _S_ONE_EPOCH}
 _CISPO_SCHEDULE = {"minibatches": _S_CISPO_MB, "ppo_epochs": _S_ONE_EPOCH}
-_FOCAL_SCHEDULE = {"minibatches": _S_FOCAL_MB, "ppo_epochs": _S_FOCAL_EPOCHS}
+_FOCAL_SCHEDULE = {
+    "minibatches": _S_FOCAL_MB,
+    "ppo_epochs": _S_FOCAL_EPOCHS,
+    "beta": _S_FOCAL_BETA,
+}
 
 _DEFAULT_SOURCES: dict[str, str] = {
     "estimator": "GRPO: (r - mean)/(std + 1e-6), ddof 1 (DeepSeekMath; verl, TRL)",
@@ -274,6 +321,8 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "overlong": "None: truncated completions are trained on as they are (TRL default)",
     "controller": "None: fixed clip and temperature",
     "sampler": "uniform: every prompt of the pool equally likely (GRPO, TRL and verl default)",
+    "pool_size": "0: a fresh prompt stream from the task (no finite pool)",
+    "sampler_weight": "off: no importance weight on the advantages",
     "minibatches": _S_SAME_AS_GRPO,
     "ppo_epochs": _S_SAME_AS_GRPO,
 }
@@ -380,20 +429,38 @@ PRESETS: dict[str, Preset] = {
         _p(
             "f_grpo",
             "F-GRPO: GRPO with the focal weight (1 - mu)^0.5, token mean",
-            {"focal_gamma": _S_FOCAL, "aggregation": "F-GRPO paper: token mean", **_FOCAL_SCHEDULE},
+            {"focal_gamma": _S_FOCAL, "aggregation": _S_FOCAL_AGG, **_FOCAL_SCHEDULE},
             focal_gamma=0.5,
             aggregation="token_mean",
             minibatches=4,
         ),
         _p(
             "f_dapo",
-            "F-DAPO: DAPO with the focal weight (1 - mu)^0.5",
+            "F-DAPO as F-GRPO App. B describes DAPO: clip-higher 0.2/0.28, token mean, focal 0.5",
+            {
+                "focal_gamma": _S_FOCAL,
+                "surrogate_params": _S_DAPO_CLIP + "; F-GRPO App. B describes DAPO by this clip",
+                "aggregation": _S_FOCAL_AGG,
+                "dynamic_sampling": _S_FDAPO_NO_DS,
+                "overlong": _S_FDAPO_NO_OVERLONG,
+                **_FOCAL_SCHEDULE,
+            },
+            focal_gamma=0.5,
+            surrogate_params=_DAPO_CLIP,
+            aggregation="token_mean",
+            minibatches=4,
+        ),
+        _p(
+            "f_dapo_full",
+            "F-DAPO with DAPO's dynamic sampling and soft overlong penalty [OURS]",
             {
                 "focal_gamma": _S_FOCAL,
                 "surrogate_params": _S_DAPO_CLIP,
-                "aggregation": "F-GRPO paper / DAPO: token mean",
-                "dynamic_sampling": f"{_S_DAPO}, as the F-DAPO base",
-                "overlong": f"{_S_DAPO}, as the F-DAPO base",
+                "aggregation": _S_FOCAL_AGG,
+                "dynamic_sampling": f"[OURS] {_S_DAPO}'s dynamic sampling added to F-DAPO; "
+                "F-GRPO App. B describes DAPO by its clip only",
+                "overlong": f"[OURS] {_S_DAPO}'s soft overlong penalty added to F-DAPO (the focal "
+                "weight's mu still reads the verifier's correctness, F-GRPO eq. 11)",
                 **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
@@ -410,7 +477,7 @@ PRESETS: dict[str, Preset] = {
                 "focal_gamma": _S_FOCAL + "; F-CISPO on Qwen2.5-7B used 1.0",
                 "surrogate": _S_CISPO,
                 "surrogate_params": _S_CISPO_CLIP,
-                "aggregation": "F-GRPO paper / CISPO: token mean",
+                "aggregation": _S_FOCAL_AGG,
                 **_FOCAL_SCHEDULE,
             },
             focal_gamma=0.5,
@@ -512,12 +579,45 @@ PRESETS: dict[str, Preset] = {
                 "estimator": "IS-GRPO (Why GRPO needs normalization): per-prompt GRPO "
                 "normalisation, no extra weight (grouprl.sampling docstring)",
                 "aggregation": _S_TOKEN_MEAN,
-                "sampler": "IS-GRPO (Why GRPO needs normalization, abstract): prompts drawn "
-                "with p ~ max(sigma_hat, sigma_floor) so the expected update is parallel to the "
-                "full gradient; running estimate, floor and replacement are [OURS]",
+                "sampler": _S_IS_SAMPLER,
+                "pool_size": _S_IS_POOL,
             },
             aggregation="token_mean",
             sampler="sigma",
+            pool_size=1024,
+        ),
+        _p(
+            "is_grpo_baseline",
+            "GRPO on is_grpo's prompt pool, drawn uniformly: is_grpo's fair baseline",
+            {
+                "estimator": "GRPO (DeepSeekMath), as is_grpo",
+                "aggregation": _S_TOKEN_MEAN + ", as is_grpo",
+                "sampler": "uniform over the pool: is_grpo with the sampler off, every other "
+                "field equal (Why GRPO needs normalization compares schemes on one data set)",
+                "pool_size": _S_IS_POOL,
+            },
+            aggregation="token_mean",
+            pool_size=1024,
+        ),
+        _p(
+            "is_grpo_exact",
+            "IS-GRPO with one sigma: r - mean times the draw's importance weight 1/(|pool| p_x)",
+            {
+                "estimator": "Dr.GRPO's r - mean (no group std): its per-prompt expectation "
+                "is ((G-1)/G)·grad J_x at every G [OURS, issue 23]",
+                "aggregation": _S_TOKEN_MEAN,
+                "sampler": _S_IS_SAMPLER,
+                "pool_size": _S_IS_POOL,
+                "sampler_weight": "on [OURS, issue 23]: 1/(|pool|·p_x) with p_x the probability "
+                "the sampler drew x with, so the sigma that draws is the sigma that divides and "
+                "the expected update is parallel to the full gradient at every G "
+                "(grouprl.sampling docstring)",
+            },
+            estimator="dr_grpo",
+            aggregation="token_mean",
+            sampler="sigma",
+            pool_size=1024,
+            sampler_weight=True,
         ),
         _p(
             "agpo",
@@ -708,6 +808,51 @@ PRESETS: dict[str, Preset] = {
     ]
 }
 """Preset name -> Preset (ALGORITHMS.md §3)."""
+
+BASELINE_SUFFIX = "_baseline"
+"""``<f-preset>_baseline``: the F-preset with γ = 0 and every other field equal (its schedule,
+aggregation, clip, β, filters): the paper's baseline for that F-preset (F-GRPO App. L.2)."""
+
+
+def _baselines(table: dict[str, Preset]) -> dict[str, Preset]:
+    """For every preset with a focal weight, ``<name>_baseline``: the same with γ = 0.
+
+    Generated, not written out, so that a baseline can never drift from its F-preset; placed
+    right after it in :func:`names`. [OURS] naming: the suffix keeps the pair adjacent and says
+    what the preset is for; ``grpo`` stays the GRPO of its own sources (DeepSeekMath's schedule,
+    seq-mean-token-mean), which differs from ``f_grpo`` in three fields, not one.
+    """
+    out: dict[str, Preset] = {}
+    for name, p in table.items():
+        out[name] = p
+        if p.focal_gamma:
+            out[name + BASELINE_SUFFIX] = p.with_(
+                name=name + BASELINE_SUFFIX,
+                description=f"{name} with the focal weight off (γ = 0), every other field equal: "
+                "its fair baseline",
+                focal_gamma=0.0,
+                sources={**p.sources, "focal_gamma": _S_FOCAL_BASELINE},
+            )
+    return out
+
+
+PRESETS = _baselines(PRESETS)
+
+
+def baseline_of(name: str) -> Preset:
+    """The fair baseline of preset ``name``: ``<name>_baseline``, equal in every field but the
+    method's own (γ for an F-preset, the sampler for ``is_grpo``).
+
+    A ValueError for a preset that has none (the message lists those that do).
+    """
+    get(name)  # an unknown name: the usual error
+    if name + BASELINE_SUFFIX not in PRESETS:
+        have = [n for n in PRESETS if n + BASELINE_SUFFIX in PRESETS]
+        raise ValueError(
+            f"preset {name!r} has no fair baseline (no focal weight, no prompt sampler of its "
+            f"own); presets with one: {', '.join(have)}"
+        )
+    return PRESETS[name + BASELINE_SUFFIX]
 
 
 def names() -> list[str]:

@@ -147,6 +147,7 @@ def test_per_function_rewards_errors():
     ],
 )
 def test_compute_tokens_errors(name, kwargs, match):
+    kwargs = dict(kwargs)  # the parameters are shared by every run of the test: no pop on them
     mask = kwargs.pop("mask", MASK)
     with pytest.raises(ValueError, match=match):
         advantages.compute_tokens(name, R2, mask, **kwargs)

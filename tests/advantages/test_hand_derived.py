@@ -131,6 +131,64 @@ def test_fgrpo_worked_example():
     assert focal[0, 2].item() == pytest.approx(-0.540062 * math.sqrt(0.75), abs=1e-5)
 
 
+def test_focal_mu_reads_the_verifier_not_the_shaped_rewards():
+    # F-GRPO eq. 11: μ̂ = X/N. A group of 4 with 2 correct, whose 2 wrong rollouts were also
+    # overlong and got DAPO's soft penalty −0.5: shaped rewards (1, 1, −0.5, −0.5).
+    # From the verifier: μ̂ = 2/4 -> g = (1 − 0.5)^1 = 0.5.
+    # From the shaped mean (0.25, clipped to [0, 1]) the old code took g = 0.75 instead.
+    raw = torch.tensor([[1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
+    shaped = torch.tensor([[1.0, 1.0, -0.5, -0.5]], dtype=torch.float64)
+    base = advantages.compute("grpo", shaped).values  # the estimator reads the shaped rewards
+    out = advantages.compute("grpo", shaped, focal_gamma=1.0, verifier_rewards=raw)
+    assert out.stats["focal/mean_weight"] == pytest.approx(0.5)
+    assert torch.allclose(out.values, 0.5 * base, atol=1e-12)
+    # no verifier_rewards: μ̂ from the rewards given, as before
+    old = advantages.compute("grpo", shaped, focal_gamma=1.0)
+    assert old.stats["focal/mean_weight"] == pytest.approx(0.75)
+    # NaN (unscorable) in the verifier's rewards counts out of N: 1 correct of 3 scored
+    raw_nan = torch.tensor([[1.0, float("nan"), 0.0, 0.0]], dtype=torch.float64)
+    shaped_nan = torch.tensor([[1.0, float("nan"), -0.5, 0.0]], dtype=torch.float64)
+    w = advantages.compute("grpo", shaped_nan, focal_gamma=1.0, verifier_rewards=raw_nan)
+    assert w.stats["focal/mean_weight"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="verifier_rewards must have the rewards' shape"):
+        advantages.compute("grpo", shaped, focal_gamma=1.0, verifier_rewards=raw[:, :3])
+
+
+def _app_n_integral(gamma: float, power: float, n: int = 4000) -> float:
+    """∫(1 − μ)^γ w(μ) dμ / ∫ w(μ) dμ with w = (μ(1 − μ))^power, by Simpson's rule on
+    μ = sin²θ (smooth on [0, π/2], so the square-root endpoints cost no accuracy)."""
+    h = (math.pi / 2) / n
+
+    def f(theta: float, g: float) -> float:
+        mu = math.sin(theta) ** 2
+        jac = 2 * math.sin(theta) * math.cos(theta)
+        return (1 - mu) ** g * (mu * (1 - mu)) ** power * jac
+
+    def simpson(g: float) -> float:
+        total = f(0, g) + f(math.pi / 2, g)
+        total += sum((4 if i % 2 else 2) * f(i * h, g) for i in range(1, n))
+        return total * h / 3
+
+    return simpson(gamma) / simpson(0.0)
+
+
+def test_focal_mean_weight_closed_form_against_integration():
+    # F-GRPO App. N: m_γ = (4/√π)Γ(γ + 3/2)/Γ(γ + 3); by hand m_0 = (4/√π)(√π/2)/2 = 1,
+    # m_1 = (4/√π)(3√π/4)/6 = 1/2, m_0.5 = (4/√π)·1/Γ(3.5) = (4/√π)/(15√π/8) = 32/(15π).
+    m = advantages.focal_mean_weight
+    assert m(0.0) == pytest.approx(1.0, abs=1e-15)
+    assert m(1.0) == pytest.approx(0.5, abs=1e-15)
+    assert m(0.5) == pytest.approx(32 / (15 * math.pi), abs=1e-15)
+    assert round(m(0.5), 3) == 0.679  # the paper's 6.8e-7 = 0.679 × 1e-6 (§5.6)
+    # independent: the weighted average over μ ~ U(0, 1) with the weight √(μ(1 − μ))
+    for g in (0.25, 0.5, 1.0, 2.0, 3.7):
+        assert m(g) == pytest.approx(_app_n_integral(g, 0.5), abs=1e-10)
+    # the weight μ(1 − μ) the App. N text names gives 0.686 at γ = 0.5, not the paper's 0.679
+    assert _app_n_integral(0.5, 1.0) == pytest.approx(0.6857, abs=1e-4)
+    with pytest.raises(ValueError, match="focal_gamma must be a finite number >= 0"):
+        m(-0.5)
+
+
 def test_focal_reward_range():
     # rewards in [-1, 1]: mean of [1, -1, -1, -1] = -0.5 -> mu = (−0.5 + 1)/2 = 0.25 -> g = 0.75^γ
     r = torch.tensor([[1.0, -1.0, -1.0, -1.0]], dtype=torch.float64)

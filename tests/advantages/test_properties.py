@@ -4,8 +4,9 @@ import math
 
 import inputs
 import numpy as np
+import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
@@ -40,24 +41,64 @@ MEAN_CENTRED = [
 ]
 # no group baseline: a group whose rewards are all equal is compared with the batch
 NO_GROUP_RULE = ["reinforce_pp_global", "flash_reinforce"]
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+"""The count of examples is the profile's (tests/conftest.py: 200 derandomized in CI)."""
 
 # rewards on a grid (binary, partial credit) or continuous, NaN allowed
 levels = st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0, math.nan])
 
+TAU = 1e-6
+"""The collapse threshold on a group's σ (``advantages._groups.DEFAULT_TAU``, ALGORITHMS.md §0)."""
+
 
 @st.composite
-def batches(draw, min_p=1, max_p=6, min_g=2, max_g=8, nan=True):
+def batches(draw, min_p=1, max_p=6, min_g=2, max_g=8, nan=True, near_tau=False):
+    """``[P, G]`` float64 rewards: on a grid, continuous, or (``near_tau``) multiples of 1e-6,
+    whose groups have σ around the collapse threshold ``TAU``."""
     p = draw(st.integers(min_p, max_p))
     g = draw(st.integers(min_g, max_g))
     elem = levels if nan else st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0])
-    if draw(st.booleans()):
+    mode = draw(
+        st.sampled_from(["grid", "continuous", "near_tau"] if near_tau else ["grid", "continuous"])
+    )
+    if mode != "grid":
         # continuous rewards, on a 1e-6 grid so that shifting by a constant cannot merge two
-        # distinct rewards by rounding (e.g. 1e-308 + 3 == 0 + 3)
-        cont = st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 6))
+        # distinct rewards by rounding (e.g. 1e-308 + 3 == 0 + 3); near tau: 0 to 3e-6
+        cont = (
+            st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 6))
+            if mode == "continuous"
+            else st.integers(0, 3).map(lambda k: k * 1e-6)
+        )
         elem = cont if not nan else st.one_of(cont, st.just(math.nan))
     arr = draw(arrays(np.float64, (p, g), elements=elem))
     return torch.tensor(arr)
+
+
+def group_sigma(rewards: torch.Tensor) -> list[float]:
+    """Each group's std of its valid rewards (ddof 1, as §0), NaN with fewer than 2."""
+    out = []
+    for row in rewards.tolist():
+        valid = [r for r in row if not math.isnan(r)]
+        mean = sum(valid) / max(len(valid), 1)
+        var = sum((r - mean) ** 2 for r in valid) / (len(valid) - 1) if len(valid) > 1 else 0
+        out.append(math.sqrt(var) if len(valid) > 1 else math.nan)
+    return out
+
+
+def collapse_unchanged(rewards: torch.Tensor, factor: float) -> bool:
+    """Whether multiplying every reward by ``factor`` leaves every group on its side of the
+    collapse threshold (σ < TAU, ALGORITHMS.md §0), with a margin of 1e-6 relative for
+    rounding. The threshold is absolute: it is not scale invariant, so neither is any
+    estimator across it (``test_scaling_across_tau_collapses_the_group``)."""
+    for s in group_sigma(rewards):
+        if math.isnan(s):
+            continue
+        for x in (s, factor * s):
+            if abs(x - TAU) <= 1e-6 * TAU:
+                return False
+        if (s < TAU) != (factor * s < TAU):
+            return False
+    return True
 
 
 @SETTINGS
@@ -86,8 +127,9 @@ def test_collapsed_group_is_exactly_zero(rewards, name, row, value):
 
 
 @SETTINGS
-@given(batches(), st.sampled_from(ALL), st.sampled_from([-3.0, -0.5, 0.5, 7.0]))
+@given(batches(near_tau=True), st.sampled_from(ALL), st.sampled_from([-3.0, -0.5, 0.5, 7.0]))
 def test_shift_invariance(rewards, name, c):
+    assume(collapse_unchanged(rewards, 1.0))  # σ not within rounding of the threshold
     a = inputs.compute(name, rewards).values
     b = inputs.compute(name, rewards + c).values
     assert torch.allclose(a, b, atol=1e-9)
@@ -95,7 +137,7 @@ def test_shift_invariance(rewards, name, c):
 
 @SETTINGS
 @given(
-    batches(),
+    batches(near_tau=True),
     st.sampled_from(
         [
             "grpo",
@@ -112,12 +154,29 @@ def test_shift_invariance(rewards, name, c):
     st.sampled_from([0.5, 2.0, 10.0]),
 )
 def test_scale_invariance_where_std_normalised(rewards, name, c):
+    # holds where scaling moves no group's σ across the collapse threshold tau: an absolute
+    # threshold (test_scaling_across_tau_collapses_the_group)
+    assume(collapse_unchanged(rewards, c))
     kw = {} if name == "gopo" else {"eps": 0.0}
     if name == "gdpo":
         kw["combine_params"] = {"eps": 0.0}
     a = inputs.compute(name, rewards, **kw).values
     b = inputs.compute(name, rewards * c, **kw).values
     assert torch.allclose(a, b, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["grpo", "batch_std", "gopo", "sigma_weighted_grpo"])
+def test_scaling_across_tau_collapses_the_group(name):
+    # rewards [0, 2e-6]: σ = √2·1e-6 >= tau = 1e-6, a live group (GRPO: ±1/√2); times 0.5,
+    # σ = 0.71e-6 < tau: collapsed, advantage exactly 0 (ALGORITHMS.md §0: never test σ == 0)
+    rewards = torch.tensor([[0.0, 2e-6]], dtype=torch.float64)
+    kw = {} if name == "gopo" else {"eps": 0.0}
+    live = advantages.compute(name, rewards, **kw).values
+    assert (live != 0).all() and (live[0, 1] > 0) and (live[0, 0] == -live[0, 1])
+    if name in ("grpo", "batch_std", "sigma_weighted_grpo"):
+        assert live[0, 1] == pytest.approx(1 / math.sqrt(2), rel=1e-9)
+    assert (advantages.compute(name, rewards * 0.5, **kw).values == 0).all()
+    assert not collapse_unchanged(rewards, 0.5) and collapse_unchanged(rewards, 2.0)
 
 
 @SETTINGS

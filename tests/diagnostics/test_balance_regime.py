@@ -5,13 +5,50 @@ import math
 import pytest
 import torch
 
+from grouprl import advantages
 from grouprl.diagnostics import (
+    LOW_SIGMA,
     gradient_orthogonality,
     kl_stats,
+    low_sigma_groups,
     per_prompt_gradients,
     reward_kl_balance,
     sigma_stats,
+    subset_keys,
 )
+
+
+def test_low_sigma_groups_is_table3s_subset_by_hand():
+    # MaxNorm Table 3 caption: updated groups with σ_q < 1e-2. Four groups of 3 (ddof 1):
+    #   (0.5, 0.504, 0.5): mean 0.50133, σ = 0.0023094 < 1e-2, updated by GRPO  -> in
+    #   (0, 1, 0):         σ = 0.57735, updated                                  -> out (σ)
+    #   (1, 1, 1):         σ = 0, collapsed: not updated                         -> out
+    #   (0.2, NaN, 0.205): σ of the two valid = 0.0035355 < 1e-2, updated       -> in
+    r = torch.tensor(
+        [[0.5, 0.504, 0.5], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.2, float("nan"), 0.205]],
+        dtype=torch.float64,
+    )
+    adv = advantages.compute("grpo", r)
+    assert LOW_SIGMA == 1e-2
+    assert low_sigma_groups(r, adv).tolist() == [True, False, False, True]
+    # a looser threshold takes the σ = 0.577 group too; the collapsed one never counts
+    assert low_sigma_groups(r, adv, low_sigma=1.0).tolist() == [True, True, False, True]
+    # the resolution protocol (δ 1e-2) skips the sub-resolution groups: not updated, not in
+    res = advantages.compute("rloo", r, delta_res=1e-2)
+    assert low_sigma_groups(r, res).tolist() == [False, False, False, False]
+    with pytest.raises(ValueError, match=r"rewards must be \[P, G\]"):
+        low_sigma_groups(r[:2], adv)
+
+
+def test_subset_keys_names_each_r_over_kl():
+    m = {"balance/r_over_kl": 3.0, "balance/cosine": 0.5}
+    assert subset_keys(m, "low_sigma") == {
+        "balance/low_sigma/r_over_kl": 3.0,
+        "balance/low_sigma/cosine": 0.5,
+    }
+    assert set(subset_keys(m, "batch")) == {"balance/batch/r_over_kl", "balance/batch/cosine"}
+    with pytest.raises(ValueError, match="valid subsets: low_sigma, batch"):
+        subset_keys(m, "all")
 
 
 def test_balance_linear_losses_hand_derived():

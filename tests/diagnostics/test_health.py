@@ -25,9 +25,74 @@ def test_stall_fires_on_the_50th_consecutive_step_only():
     w = h.update(49, {"acr/rate": 0.4, "acr/all_wrong": 0.3, "acr/all_correct": 0.1})
     assert len(w) == 1 and w[0].startswith("[acr_stall] step 49")
     assert w[0].endswith("-> " + STALL_ADVICE["all_wrong"])  # 0.3 all-wrong > 0.1 all-correct
-    # Cooldown: silent for the next 49 steps, then fires again at step 99.
-    assert _feed(h, [0.4] * 49, start=50) == []
-    assert any("acr_stall" in x for x in _feed(h, [0.4], start=99))
+    # The same condition for 250 more steps: printed once, not every 50 steps (issue 25: the
+    # default run printed the same acr_stall line six times)
+    assert _feed(h, [0.4] * 250, start=50) == []
+    (ep,) = h.episodes()
+    assert (ep.rule, ep.start, ep.last, ep.open, ep.updates) == ("acr_stall", 49, 299, True, [])
+    assert ep.span == "steps 49–299" and ep.message == w[0]
+
+
+def test_a_persisting_condition_updates_only_on_a_material_change():
+    h = RunHealth()
+    assert len(_feed(h, [0.9] * 50)) == 1  # opens at step 49, window mean 0.9
+    # 0.75 from step 50: the 25-step window mean falls by 0.006 a step and has moved by
+    # 0.1 (change_abs) after 17 steps, at step 66 (0.798); nothing more while it sinks to 0.75
+    lines = _feed(h, [0.75] * 25, start=50)
+    assert lines == [
+        "[acr_stall] step 66: still on since step 49, now ACR 0.80 (last 25 steps), all-wrong "
+        "(was ACR 0.90 (last 25 steps), all-wrong at step 49)"
+    ]
+    # a change of kind (all-wrong -> all-correct) is material by itself, and so is shown once
+    # `gap` (10) steps have passed since the last line
+    m = {"acr/rate": 0.8, "acr/all_wrong": 0.1, "acr/all_correct": 0.7}
+    out = [line for s in range(75, 90) for line in h.update(s, dict(m))]
+    # (window mean at step 76: (24 × 0.75 + 0.8) / 25 = 0.752)
+    assert out == [
+        "[acr_stall] step 76: still on since step 49, now ACR 0.75 (last 25 steps), all-correct "
+        "(was ACR 0.80 (last 25 steps), all-wrong at step 66)"
+    ]
+    # below the threshold: cleared after `gap` steps, with the span of steps it held
+    # (the jump from 0.8 to 0.2 opens acr_unstable: the window's std passes 0.15)
+    out = [x for x in _feed(h, [0.2] * 10, start=90) if x.startswith("[acr_stall]")]
+    assert out == ["[acr_stall] step 99: cleared; it held over steps 49–89"]
+    ep = h.episodes()[0]
+    assert ep.rule == "acr_stall" and not ep.open and ep.span == "steps 49–89"
+    assert len(ep.updates) == 2 and "acr_stall" not in h.open
+
+
+def test_a_short_dip_does_not_end_the_episode():
+    h = RunHealth()
+    _feed(h, [0.5] * 50)
+    # 9 steps below the threshold (< gap) then above again: the same episode, no line (the
+    # window mean moves by 0.072 < change_abs)
+    assert _feed(h, [0.3] * 9 + [0.5] * 5, start=50) == []
+    (ep,) = h.episodes()
+    assert ep.open and ep.last == 63
+
+
+def test_a_flickering_condition_is_one_episode():
+    h = RunHealth()
+    out = []
+    for s in range(40):  # unscorable share above 5 % on every other step
+        out += h.update(s, {"reward/nan_frac": 0.2 if s % 2 == 0 else 0.0})
+    assert len(out) == 1 and out[0].startswith("[nan_rewards] step 0: 20.0% of rewards")
+    (ep,) = h.episodes()
+    assert ep.span == "steps 0–38"
+
+
+def test_steps_without_the_metric_do_not_clear_an_episode():
+    # R/KL is measured every 10 steps: nine steps without it in between are not "absent"
+    h = RunHealth()
+    out = []
+    for s in range(100):
+        m = {"acr/rate": 0.1, "acr/all_wrong": 0.1}
+        if s % 10 == 0:
+            m["balance/low_sigma/r_over_kl"] = 0.3
+        out += h.update(s, m)
+    assert len(out) == 1 and "kl_dominated" in out[0]
+    (ep,) = h.episodes()
+    assert ep.open and ep.span == "steps 0–90"
 
 
 def test_stall_resets_when_acr_drops():
@@ -68,7 +133,12 @@ def test_tail_nan_balance_loss_rules():
     assert (
         h.update(
             0,
-            {"scale/inv_p99": 50.0, "reward/nan_frac": 0.01, "balance/r_over_kl": 1.0, "loss": 0.3},
+            {
+                "scale/inv_p99": 50.0,
+                "reward/nan_frac": 0.01,
+                "balance/low_sigma/r_over_kl": 1.0,
+                "loss": 0.3,
+            },
         )
         == []
     )
@@ -76,8 +146,10 @@ def test_tail_nan_balance_loss_rules():
     assert len(w) == 1 and "maxnorm_rloo" in w[0] and "delta_res" in w[0]
     w = h.update(2, {"reward/nan_frac": 0.2})
     assert len(w) == 1 and "verifier" in w[0]
-    assert "kl_dominated" in h.update(3, {"balance/r_over_kl": 0.48})[0]
-    assert "kl_overwhelmed" in RunHealth().update(3, {"balance/r_over_kl": 3.1})[0]
+    assert "kl_dominated" in h.update(3, {"balance/low_sigma/r_over_kl": 0.48})[0]
+    assert "kl_overwhelmed" in RunHealth().update(3, {"balance/low_sigma/r_over_kl": 3.1})[0]
+    # Table 3's thresholds are for its low-σ subset: the whole-batch number does not fire them
+    assert RunHealth().update(3, {"balance/batch/r_over_kl": 3.1}) == []
     assert "nonfinite_loss" in h.update(4, {"loss": float("nan")})[0]
     # Absent keys: silent.
     assert RunHealth().update(0, {}) == []

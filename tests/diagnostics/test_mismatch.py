@@ -95,11 +95,19 @@ def test_rollout_mismatch_is_said_once_then_on_doubling_then_anew_after_it_went(
     assert "algorithm.rollout_correction=icepop" in first[0]
     assert _feed(h, range(40, 60), 3.9e-3) == []  # not yet doubled
     grown = _feed(h, [60], 4.5e-3)
-    assert len(grown) == 1 and "grew to" in grown[0] and "was 0.002" in grown[0]
-    assert _feed(h, [61], 4e-4) == []  # below half the limit: over
-    again = _feed(h, [62], 1.5e-3)
-    assert len(again) == 1 and "grew" not in again[0]
-    assert h.fired_total["rollout_mismatch"] == 3
+    assert grown == [
+        "[rollout_mismatch] step 60: still on since step 5, now KL(rollout||train) 0.0045 "
+        "(was KL(rollout||train) 0.002 at step 5)"
+    ]
+    # once on, it holds down to half the limit: 6e-4 is still the same episode
+    assert _feed(h, range(61, 70), 6e-4) == []
+    # below half the limit for `gap` (10) steps: over, said once
+    assert _feed(h, range(70, 80), 4e-4) == [
+        "[rollout_mismatch] step 79: cleared; it held over steps 5–69"
+    ]
+    again = _feed(h, [80], 1.5e-3)
+    assert len(again) == 1 and again[0].startswith("[rollout_mismatch] step 80: KL(")
+    assert h.fired_total["rollout_mismatch"] == 2  # two episodes
 
 
 def test_rollout_mismatch_with_the_correction_on_says_how_much_it_drops():

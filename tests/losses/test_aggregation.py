@@ -169,3 +169,42 @@ def test_bad_input():
         step_totals(torch.ones(2, 5), max_len=3)
     with pytest.raises(ValueError, match="keep tensors"):
         step_totals([torch.ones(2, 5)], keep=[torch.ones(2), torch.ones(2)])
+
+
+@pytest.mark.parametrize(
+    "agg, what",
+    [
+        ("token_mean", "valid tokens"),
+        ("seq_mean_token_mean", "sequences with a valid token"),
+        ("seq_mean_token_sum_norm", "sequences with a valid token"),
+    ],
+)
+def test_a_zero_normaliser_names_what_was_counted(agg, what):
+    with pytest.raises(ValueError, match=rf"the normaliser \({what}\) is 0"):
+        losses.aggregate(agg, torch.ones(2, 3), torch.zeros(2, 3))
+
+
+def test_step_totals_of_zero_width_masks_and_errors_that_name_the_shapes():
+    empty = step_totals([torch.zeros(2, 0), torch.zeros(3, 0)])
+    assert (empty.num_tokens, empty.num_seqs, empty.max_len, empty.is_empty) == (0, 0, 0, True)
+    with pytest.raises(ValueError, match="needs at least one mask"):
+        step_totals([])
+    with pytest.raises(ValueError, match=r"each mask must be \[N, T\], got shape \(4,\)"):
+        step_totals(torch.ones(4))
+    with pytest.raises(ValueError, match=r"keep must be \[N\]=\(2,\) for its mask, got \(3,\)"):
+        step_totals(torch.ones(2, 5), keep=torch.ones(3))
+    with pytest.raises(ValueError, match="it must be the generation limit, at least the padded"):
+        step_totals(torch.ones(2, 5), max_len=3)
+
+
+def test_the_per_sequence_mean_keeps_the_losses_dtype_whatever_the_masks():
+    # a float64 (or bool) mask must not widen a float32 loss
+    per_token = torch.tensor([[1.0, 2.0, 0.0], [3.0, 0.0, 0.0]])
+    for mask in (
+        torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.float64),
+        torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool),
+    ):
+        for agg in AGGS:
+            out = losses.aggregate(agg, per_token, mask)
+            assert out.dtype == torch.float32, (agg, mask.dtype, out.dtype)
+        assert float(losses.aggregate("seq_mean_token_mean", per_token, mask)) == 2.25

@@ -366,3 +366,15 @@ def test_on_policy_warning_names_the_schedule():
     assert losses.on_policy_warning("reinforce", 1, 1) is None
     assert {"ppo_clip", "cispo", "gspo"} <= losses.CLIPPED
     assert "clip_cov" not in losses.CLIPPED and "reinforce" not in losses.CLIPPED
+
+
+def test_on_policy_note_is_one_line_without_advice():
+    # a preset run at its own one-step schedule: the same fact, said once, nothing to fix
+    note = losses.on_policy_note("ppo_clip", "grpo", 1, 1)
+    assert note == (
+        "grpo takes one optimizer step per generation batch, as its sources do: every step is "
+        "on-policy (ratio 1), so the ppo_clip clip does not act"
+    )
+    assert "\n" not in note and "Set optim" not in note
+    assert losses.on_policy_note("ppo_clip", "dapo", 16, 1) is None
+    assert losses.on_policy_note("reinforce", "grpo", 1, 1) is None

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from grouprl.report import read_metrics, replay_health, write_run_report
-from grouprl.report.run import plan_panels, run_beta, training_figure
+from grouprl.report.glance import ema, glance
+from grouprl.report.run import plan_panels, replay_episodes, run_beta, training_figure
 
 
 def _write(run, rows, extra=""):
@@ -57,11 +58,16 @@ def test_full_report(tmp_path):
     assert path == run / "report.html"
     page = path.read_text()
     assert page.count("data:image/png;base64,") == 1
-    assert "[acr_stall] step 50" in page and "[inv_scale_tail] step 10" in page
+    # each health condition once, with its span (the stall holds from step 50 to the end)
+    assert page.count("acr_stall") == 2  # the Health entry and its line under "At a glance"
+    assert "<b>acr_stall, steps 50–60 (still on at the end)</b>" in page
+    assert "<b>inv_scale_tail, step 10</b>" in page
+    assert "health: acr_stall over steps 50–60, still on at the end" in page
     # 60 steps: the step-0 evaluation row is not a step
     assert "<td>steps logged</td><td>60</td>" in page
-    assert "eval/pass@8 (step 0)</td><td>0.4<" in page
-    assert "eval/pass@8 (step 60)</td><td>0.5<" in page
+    # the first and last evaluation are in "At a glance" (start, end, change, when)
+    assert "<td>pass@8</td><td>0.4</td><td>0.5</td><td>0.1</td><td>step 0 → step 60</td>" in page
+    assert "eval/pass@8 (step 0)" not in page
     assert "<td>config algorithm</td><td>dapo</td>" in page
     assert "<td>config task</td><td>maze</td>" in page
     assert "<td>β (KL coefficient)</td><td>0.04</td>" in page
@@ -75,10 +81,10 @@ def test_panels_follow_what_was_logged(tmp_path):
     panels, left_out = plan_panels(rows, beta=None)
     assert [(p.title, p.keys) for p in panels] == [("loss", ("loss",))]
     assert left_out == [
+        "evaluation: not logged",
         "reward: not logged",
         "advantage-collapse rate: not logged",
         "KL: not logged",
-        "evaluation: not logged",
         "1/scale over updated groups: not logged",
     ]
     fig, _ = training_figure(rows, None)
@@ -97,7 +103,7 @@ def test_missing_keys_and_bad_lines(tmp_path):
     assert len(rows) == 2 and len(errors) == 3 and errors[0].startswith("line 3")
     page = write_run_report(run).read_text()
     assert page.count("data:image/png;base64,") == 1  # the loss panel alone
-    assert "Not drawn: reward: not logged; advantage-collapse rate: not logged;" in page
+    assert "Not drawn: evaluation: not logged; reward: not logged;" in page
     assert "Skipped lines" in page and "line 5" in page
     # Only step keys: still a page.
     _write(run, [])
@@ -113,7 +119,7 @@ def test_beta_zero_hides_the_kl_panel():
     off, left_off = plan_panels(rows, beta=0.0)
     on, left_on = plan_panels(rows, beta=0.04)
     assert "KL" not in [p.title for p in off] and "KL: β = 0, the run has no KL term" in left_off
-    assert [p.keys for p in off if p.title == "loss"] == [("loss/total", "loss/pg")]
+    assert [p.keys for p in off if p.title == "loss"] == [("loss/total",)]  # = loss/pg
     assert "KL" in [p.title for p in on] and not any("KL" in x for x in left_on)
     assert [p.keys for p in on if p.title == "loss"] == [("loss/total", "loss/pg", "loss/kl")]
 
@@ -147,9 +153,13 @@ def test_short_run_without_updates_draws_without_warnings(tmp_path):
     (ax,) = [a for a in fig.axes if a.get_title().startswith("1/scale")]
     assert ax.get_yscale() == "linear" and ax.get_title().endswith("(linear: some values are 0)")
     assert "last KL mean" not in page
-    positive = training_figure([_step(s) for s in range(1, 4)], beta=0.0)[0]
+    # a log axis only where the values span more than a decade (3 to 2000 at step 10)
+    positive = training_figure([_step(s) for s in range(1, 12)], beta=0.0)[0]
     (ax,) = [a for a in positive.axes if a.get_title().startswith("1/scale")]
     assert ax.get_yscale() == "log"
+    narrow = training_figure([_step(s) for s in range(1, 4)], beta=0.0)[0]
+    (ax,) = [a for a in narrow.axes if a.get_title().startswith("1/scale")]
+    assert ax.get_yscale() == "linear" and "(linear" not in ax.get_title()
 
 
 def test_missing_metrics_file(tmp_path):
@@ -188,6 +198,124 @@ def test_clip_fraction_panel_says_why_all_zero(tmp_path):
     page = write_run_report(run).read_text()
     assert "The clip acted in 0 of 4 logged steps" in page
     assert "Every step was on-policy (ratio 1)" in page
+    assert 'alt="clip fractions"' not in page  # flat lines at 0 say less than the sentence
     # a run that logged no clip fraction has no such section
     _write(run, [{"step": 1, "reward/mean": 0.5}])
     assert "Policy update: clipping" not in write_run_report(run).read_text()
+
+
+def test_ema_known_answers():
+    assert ema([3.0, 3.0, 3.0]) == pytest.approx([3.0, 3.0, 3.0])  # debiased: no ramp from 0
+    # m1 = 0.1·0 = 0 -> 0/0.1; m2 = 0.9·0 + 0.1·1 = 0.1 -> 0.1/(1 − 0.81) = 0.526316
+    # m3 = 0.09 + 0.1 = 0.19 -> 0.19/(1 − 0.729) = 0.701107
+    assert ema([0.0, 1.0, 1.0]) == pytest.approx([0.0, 0.1 / 0.19, 0.19 / 0.271])
+    assert ema([2.0, 4.0], alpha=1.0) == [2.0, 4.0]
+    with pytest.raises(ValueError, match="alpha"):
+        ema([1.0], alpha=0.0)
+
+
+def _long_run(n=60):
+    rows = [{"step": 0.0, "eval/pass@1": 0.40, "eval/pass@8": 0.80}]
+    for s in range(1, n + 1):
+        rows.append(
+            {"step": float(s), "reward/mean": 0.3 + 0.2 * s / n + 0.1 * (-1) ** s,
+             "acr/rate": 0.3, "acr/all_wrong": 0.2, "acr/all_correct": 0.1}
+        )  # fmt: skip
+    rows[-1].update({"eval/pass@1": 0.47, "eval/pass@8": 0.77})
+    return rows
+
+
+def test_glance_says_what_improved_and_what_to_look_at():
+    rows = _long_run()
+    g = glance(rows, replay_episodes(rows), {"eval": {"prompts": 200, "samples": 16}})
+    assert g.headline == (
+        "Held-out pass@1 0.400 → 0.470 (+0.070), pass@8 0.800 → 0.770 (-0.030), "
+        "step 0 → step 60 (200 held-out prompts × 16 samples)."
+    )
+    # train reward: mean of steps 1–6 against steps 55–60 (a tenth of 60 steps each)
+    (reward,) = [c for c in g.changes if c.key == "reward/mean"]
+    assert reward.where == "steps 1–6 → steps 55–60"
+    head = sum(0.3 + 0.2 * s / 60 + 0.1 * (-1) ** s for s in range(1, 7)) / 6
+    assert reward.start == pytest.approx(head)
+    # 2 SE of a share of 0.8 over 200 prompts: 2·sqrt(0.8·0.2/200) = 0.057
+    assert g.look_at == [
+        "pass@8 fell by 0.030 (200 held-out prompts: a change under ~0.06 may be noise): the "
+        "policy sharpened onto fewer answers; a lower optim.lr or fewer steps keep more of it"
+    ]
+    # nothing fell, no health condition: it says so
+    rows[-1]["eval/pass@8"] = 0.85
+    assert glance(rows).look_at == [
+        "nothing stands out: no health rule fired; every held-out number rose"
+    ]
+    rows[-1]["eval/pass@8"] = 0.79  # -0.01: not pointed out, but not called a rise either
+    assert glance(rows).look_at == [
+        "nothing stands out: no health rule fired; pass@8 moved by less than 0.02"
+    ]
+    rows[-1]["eval/pass@8"] = 0.85
+    # a collapse rate that rose by 0.1 or more is pointed out before any rule fires
+    risen = [{**r, "acr/rate": 0.2 + 0.15 * r["step"] / 60} if r["step"] >= 1 else r for r in rows]
+    assert glance(risen).look_at[0].startswith("collapsed groups rose 0.21 → 0.34 (steps 1–6")
+    rows[-1]["eval/pass@1"] = 0.405
+    assert glance(rows).look_at[0].startswith("pass@1 did not improve (+0.005)")
+
+
+def test_curves_are_smoothed_over_the_raw_values_and_legends_sit_below(tmp_path):
+    rows = _long_run()
+    fig, _ = training_figure(rows, beta=0.0)
+    (ax,) = [a for a in fig.axes if a.get_title() == "reward"]
+    raw, smooth = ax.get_lines()
+    y = [r["reward/mean"] for r in rows[1:]]
+    assert list(raw.get_ydata()) == y and raw.get_alpha() < 1
+    assert list(smooth.get_ydata()) == pytest.approx(ema(y))
+    assert (
+        smooth.get_label() == "reward/mean (EMA)" and smooth.get_linewidth() > raw.get_linewidth()
+    )
+    # the evaluation (2 points) is drawn as measured
+    (ev,) = [a for a in fig.axes if a.get_title() == "evaluation"]
+    assert all(len(line.get_ydata()) == 2 for line in ev.get_lines())
+    # no legend overlaps the data area of any panel
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # lays the figure out (constrained layout) as the PNG will be
+    renderer = canvas.get_renderer()
+    legends = [a for a in fig.axes if a.get_legend() is not None]
+    assert len(legends) >= 3
+    for a in legends:
+        box, area = a.get_legend().get_window_extent(renderer), a.get_window_extent(renderer)
+        assert box.y1 <= area.y0, a.get_title()
+    _write(tmp_path / "r", rows)
+    page = write_run_report(tmp_path / "r").read_text()
+    assert "exponential moving average (α = 0.1" in page
+    assert page.index("At a glance") < page.index("Summary") < page.index("Training curves")
+
+
+def test_the_clip_note_is_a_warning_only_when_the_config_chose_the_schedule(tmp_path):
+    rows = [{"step": s, "policy/clip_frac_region": 0.0} for s in range(1, 5)]
+    run = tmp_path / "run"
+    _write(run, rows)
+    cfg = _config("grpo")
+    for optim, warn in (({"minibatches": None, "ppo_epochs": None}, False),
+                        ({"minibatches": 1, "ppo_epochs": None}, True)):  # fmt: skip
+        (run / "config.yaml").write_text(yaml.safe_dump({**cfg, "optim": optim}))
+        page = write_run_report(run).read_text()
+        assert ('<p class="warn">The clip acted in 0' in page) is warn
+        assert ("sources run it (its own schedule)" in page) is not warn
+
+
+def test_a_repeated_series_and_a_loss_of_rounding_noise_are_not_drawn():
+    # a binary reward's eval/reward_mean is eval/pass@1; an on-policy loss is 0 ± 1e-7
+    rows = _long_run()
+    for r in rows:
+        if "eval/pass@1" in r:
+            r["eval/reward_mean"] = r["eval/pass@1"] + 1e-4  # the same up to rounding
+        if r["step"] >= 1:
+            r["loss/total"] = 1e-7 * (-1) ** int(r["step"])
+    panels, left_out = plan_panels(rows, beta=0.0)
+    (ev,) = [p for p in panels if p.title == "evaluation"]
+    assert ev.keys == ("eval/pass@1", "eval/pass@8")
+    assert "loss" not in [p.title for p in panels]
+    assert left_out[-1].startswith("loss: below 1e-05 at every step")
+    assert [c.label for c in glance(rows).changes][:2] == ["pass@1", "pass@8"]
+    rows[5]["loss/total"] = 0.3  # a real loss is drawn
+    assert "loss" in [p.title for p in plan_panels(rows, beta=0.0)[0]]

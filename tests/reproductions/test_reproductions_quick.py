@@ -113,7 +113,9 @@ def test_maze_quick_runs_trains_and_resumes(tmp_path, monkeypatch):
     assert 0 < w <= 1 and res["control_scale"]["γ=0.5"] == pytest.approx(w)
     ctl = [r for r in main if r["arm"] == "grpo lr×w̄(γ=0.5)"]
     assert all(r["lr"] == pytest.approx(res["config"]["lr"] * w, rel=1e-3) for r in ctl)
-    # arms differ only in focal_gamma and lr: same preset, aggregation and update schedule
+    # arms differ only in focal_gamma and lr: f_grpo_baseline / f_grpo, equal in every other
+    # field (presets.baseline_of), the same sampling and update schedule
+    from grouprl import presets
     from grouprl.train.config import load_config
 
     a = mod._args(argv)
@@ -121,11 +123,15 @@ def test_maze_quick_runs_trains_and_resumes(tmp_path, monkeypatch):
         load_config(None, [o.replace("{seed}", "0") for o in mod.overrides(a, g, 4, lr)])
         for g, lr in ((0.0, 1e-4), (0.5, 1e-4), (0.0, 5e-5))
     ]
+    assert [c.algorithm.preset for c in cfgs] == ["f_grpo_baseline", "f_grpo", "f_grpo_baseline"]
+    resolved = [c.algorithm.resolve() for c in cfgs]
+    assert resolved[0] == presets.get("f_grpo_baseline").with_(focal_gamma=0.0)
+    assert resolved[1] == presets.get("f_grpo")  # γ = 0.5: the preset itself
+    assert resolved[1].with_(name=resolved[0].name, description=resolved[0].description,
+                             focal_gamma=0.0, sources=resolved[0].sources) == resolved[0]  # fmt: skip
     d = [c.to_dict() for c in cfgs]
-    assert d[0]["algorithm"]["overrides"] == {"aggregation": "token_mean", "focal_gamma": 0.0}
-    assert d[1]["algorithm"]["overrides"]["focal_gamma"] == 0.5
     for x in d[1:]:
-        x["algorithm"]["overrides"]["focal_gamma"] = 0.0
+        x["algorithm"] = d[0]["algorithm"]
         x["optim"]["lr"] = d[0]["optim"]["lr"]
         assert x == d[0]
     assert d[0]["optim"]["ppo_epochs"] == 1 and d[0]["optim"]["minibatches"] == 1
@@ -142,6 +148,99 @@ def test_maze_quick_runs_trains_and_resumes(tmp_path, monkeypatch):
     assert len(names) == 1 + 5 * 2 + 2 * 2  # base, 5 arms x 2 seeds, the N = 2 sweep
     assert mod.main(argv) == 0  # everything reused: no run file is rewritten
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()} == mtimes
+
+
+@pytest.mark.slow
+def test_maze_run_killed_inside_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    """--ckpt-every: a run stopped after step 5 of 6 continues from its step-4 checkpoint and
+    ends with the curve and evaluations of a run never stopped; the folder is then removed."""
+    monkeypatch.setenv("GROUPRL_NO_SFT_CACHE", "1")
+    mod = _load("maze")
+    a = mod._args(["--quick", "--ckpt-every", "2"])
+    a.steps, a.prompts, a.sft_steps = 6, 8, 40  # enough correct answers for mixed groups
+    full = mod.job(a, "f_grpo γ=0.5", 0.5, 8, 1e-3, 0)  # no folder: never checkpointed
+    assert (
+        sum(r["mixed"] for r in full["curve"]) > 0
+        and max(r["grad_norm"] for r in full["curve"]) > 0
+    )
+    from grouprl.train import loop
+
+    real = loop.train_step
+
+    def stop_at_5(run):
+        if run.step == 5:
+            raise KeyboardInterrupt
+        return real(run)
+
+    folder = tmp_path / "run.partial"
+    monkeypatch.setattr(loop, "train_step", stop_at_5)
+    with pytest.raises(KeyboardInterrupt):
+        mod.job(a, "f_grpo γ=0.5", 0.5, 8, 1e-3, 0, folder=folder)
+    assert json.loads((folder / "job.json").read_text())["step"] == 4
+    monkeypatch.setattr(loop, "train_step", real)
+    again = mod.job(a, "f_grpo γ=0.5", 0.5, 8, 1e-3, 0, folder=folder)
+    # json: NaN (no mixed group at a step) compares equal to NaN
+    assert json.dumps(again["curve"]) == json.dumps(full["curve"])
+    assert json.dumps(again["evals"]) == json.dumps(full["evals"])
+    assert [r["step"] for r in again["curve"]] == [1, 2, 3, 4, 5, 6]
+    assert not folder.exists()
+
+
+def test_maze_table4_rows_and_verdicts_by_hand():
+    """F-GRPO Table 4 beside ours: per N the paper's pass@1, ours in %, the paired differences
+    and the verdict (beyond 2 paired SE: agrees / opposite; else within noise)."""
+    mod = _load("maze")
+
+    def run(arm, n, seed, p1):
+        return {"arm": arm, "group": n, "seed": seed, "evals": {"10": {"pass@1": p1}}}
+
+    runs = [run("grpo", 8, s, v) for s, v in enumerate((0.50, 0.52, 0.54))]
+    runs += [run("f_grpo γ=0.5", 8, s, v) for s, v in enumerate((0.60, 0.61, 0.65))]
+    runs += [run("f_grpo γ=1", 8, s, v) for s, v in enumerate((0.49, 0.53, 0.52))]
+    by = {(r["arm"], r["group"], r["seed"]): r for r in runs}
+
+    def of(arm, n=8):
+        return [by[(arm, n, s)] for s in range(3) if (arm, n, s) in by]
+
+    cfg = {"group": 8, "sweep_groups": [7]}  # N = 7 is not in Table 4: no row
+    (row,) = mod.table4_rows(of, cfg)
+    assert (row["N"], row["GRPO (paper)"], row["γ=0.5 (paper)"], row["γ=1 (paper)"]) == (
+        8, 72.2, 83.4, 76.3,
+    )  # fmt: skip
+    assert row["GRPO (ours)"]["mean"] == pytest.approx(52.0)
+    # γ = 0.5: d = (10, 9, 11) points, mean 10, sd 1, SE 1/√3: beyond 2 SE, as the paper (+11.2)
+    d = row["γ=0.5 − GRPO, ours"]
+    assert d["mean"] == pytest.approx(10.0) and d["se"] == pytest.approx(1 / math.sqrt(3))
+    assert row["γ=0.5 − GRPO, paper"] == 11.2 and row["γ=0.5 verdict"] == "agrees"
+    # γ = 1: d = (−1, 1, −2), mean −2/3, SE 0.882: within noise, opposite to the paper's +4.1
+    assert row["γ=1 − GRPO, paper"] == 4.1
+    assert row["γ=1 verdict"] == "opposite sign, within 2 SE"
+
+
+def test_maze_appk_plan_every_n_and_gamma_seed_major_with_the_closed_form_control():
+    """--setting appk: N ∈ {4, 8, 16} × γ ∈ {0, 0.5, 1} for every seed, seed by seed, and the
+    §5.6 control at lr × m_0.5 = 1e-4 × 32/(15π) (F-GRPO App. N) without calibration."""
+    mod = _load("maze")
+    a = mod._args(["--setting", "appk", "--seeds", "2"])
+    assert (a.size, a.group, a.sweep_groups, a.sft_batch, a.lr) == (9, 8, [4, 16], 32, 1e-4)
+    specs = mod.plan(a)
+    assert specs[0][0] == "base"
+    per_seed = [sp for sp in specs[1:] if sp[4] == 0]
+    assert specs[1 : 1 + len(per_seed)] == per_seed  # seed 0 entirely before seed 1
+    runs = {(arm, n) for arm, _g, n, _lr, _s in per_seed}
+    arms = {"grpo": 0.0, "f_grpo γ=0.5": 0.5, "f_grpo γ=1": 1.0}
+    assert {(arm, n) for arm in arms for n in (4, 8, 16)} <= runs
+    (ctl,) = [sp for sp in per_seed if sp[0] == "grpo lr×m_γ(γ=0.5)"]
+    assert (
+        ctl[1] == 0.0
+        and ctl[2] == 8
+        and ctl[3] == pytest.approx(1e-4 * 32 / (15 * math.pi), rel=1e-3)
+    )
+    assert all(g == arms[arm] for arm, g, *_ in per_seed if arm in arms)
+    assert len(specs) == 1 + 2 * (9 + 1)
+    # the small setting keeps its committed defaults: measured controls only, γ 0.5 swept
+    small = mod._args([])
+    assert (small.controls, small.sweep_gammas, small.model) == (["measured"], [0.5], "tiny")
 
 
 def test_maze_paired_statistics_hand_case():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import glob
 import json
 import logging
 import os
@@ -33,12 +32,24 @@ needs_system_py = pytest.mark.skipif(
 )
 
 
-def _leftover_workdirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "grouprl-sb-*")))
+def _record_workdirs(monkeypatch) -> list[str]:
+    """The folders ``tempfile.mkdtemp`` makes from now on (the sandbox's work dirs), recorded
+    by name: a second test run on the machine makes its own in the same temp folder, so a
+    listing of ``grouprl-sb-*`` there would see them (it failed beside a second copy of the
+    suite)."""
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def recording(*args, **kwargs):
+        made.append(real(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "mkdtemp", recording)
+    return made
 
 
-def test_result_fields_stdin_and_exit_codes():
-    before = _leftover_workdirs()
+def test_result_fields_stdin_and_exit_codes(monkeypatch):
+    made = _record_workdirs(monkeypatch)
     res = run_untrusted(
         "import sys\ndata = sys.stdin.read()\nprint(data.upper())\n"
         "print('ünïcode', file=sys.stderr)\nsys.exit(3)\n",
@@ -55,7 +66,8 @@ def test_result_fields_stdin_and_exit_codes():
     assert syntax.status == "error" and "SyntaxError" in syntax.stderr
     raised = run_untrusted("raise KeyError('k')", timeout_s=5, memory_mb=256)
     assert raised.status == "error" and raised.stderr.rstrip().endswith("KeyError: 'k'")
-    assert _leftover_workdirs() == before  # every temp dir removed
+    assert len(made) == 4 and all(os.path.basename(d).startswith("grouprl-sb-") for d in made)
+    assert not any(os.path.exists(d) for d in made)  # every work dir removed
 
 
 def test_environment_is_stripped(monkeypatch):

@@ -17,13 +17,16 @@ from grouprl.cli import main
 from grouprl.simulate import get, names, write_result
 from grouprl.simulate.categorical import (
     CategoricalConfig,
+    adamw_step,
     at_gain,
     centred,
+    fig2_claims,
     focal,
     initial_logits,
     matched_reference,
     run_group_size,
     sample_actions,
+    seeds_at,
     surrogate,
     surrogate_grad,
 )
@@ -114,12 +117,137 @@ def test_initial_state_full_size_by_hand():
     assert int((reward > 0).sum()) == 10_000
 
 
-def test_run_equals_an_autograd_reference_loop():
-    # The simulation's closed-form steps against a loop that differentiates the surrogate
-    # itself (autograd) with the same random stream: same Q_pos, M_ret and entropy.
+def test_adamw_two_steps_by_hand():
+    # β = (0.9, 0.999), η = 0.1, no weight decay; gradients d1 = (1, −2, 0.5, 0), d2 = (−1, −2, 0, 0).
+    # Step 1: m̂ = d1, v̂ = d1², so each logit moves by −η·sign(d1) (0 where d1 = 0).
+    # Step 2: m = 0.9·0.1·d1 + 0.1·d2 = (−0.01, −0.38, 0.045, 0), m̂ = m/0.19;
+    #         v = 0.999·0.001·d1² + 0.001·d2² = (0.001999, 0.007996, 0.00024975, 0),
+    #         v̂ = v/0.001999 = (1, 4, 0.00024975/0.001999, 0);
+    #         step = η·m̂/√v̂ = (−0.1/19, −0.1, 0.1·(0.045/0.19)/√(0.00024975/0.001999), 0).
+    z0 = torch.tensor([[0.0, 1.0, -1.0, 2.0]], dtype=torch.float64)
+    d1 = torch.tensor([[1.0, -2.0, 0.5, 0.0]], dtype=torch.float64)
+    d2 = torch.tensor([[-1.0, -2.0, 0.0, 0.0]], dtype=torch.float64)
+
+    def zeros():
+        return torch.zeros_like(z0)
+
+    z1, m, v = adamw_step(z0.clone(), d1, zeros(), zeros(), 1, lr=0.1, weight_decay=0.0)
+    assert z1.tolist()[0] == pytest.approx([-0.1, 1.1, -1.1, 2.0], abs=1e-8)
+    z2, m, v = adamw_step(z1, d2, m, v, 2, lr=0.1, weight_decay=0.0)
+    third = 0.1 * (0.045 / 0.19) / math.sqrt(0.00024975 / 0.001999)
+    want = [-0.1 + 0.1 / 19, 1.1 + 0.1, -1.1 - third, 2.0]
+    assert z2.tolist()[0] == pytest.approx(want, abs=1e-8)
+    assert m.tolist()[0] == pytest.approx([-0.01, -0.38, 0.045, 0.0], abs=1e-15)
+    # decoupled weight decay: z·(1 − ηλ) before the Adam step (λ = 0.5: × 0.95)
+    zw, _, _ = adamw_step(z0.clone(), d1, zeros(), zeros(), 1, lr=0.1, weight_decay=0.5)
+    assert zw.tolist()[0] == pytest.approx([-0.1, 1.05, -1.05, 1.9], abs=1e-8)
+    # in place: the returned tensors are the ones passed
+    z, mm, vv = z0.clone(), zeros(), zeros()
+    out = adamw_step(z, d1, mm, vv, 1, lr=0.1)
+    assert out[0] is z and out[1] is mm and out[2] is vv
+
+
+def test_adamw_step_matches_torch_adamw():
+    # Independent reference: torch.optim.AdamW on the same [B, A] tensor, 7 steps of random
+    # gradients, non-default betas / eps / weight decay.
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    ref = z.clone().requires_grad_(True)
+    opt = torch.optim.AdamW([ref], lr=0.03, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
+    m, v = torch.zeros_like(z), torch.zeros_like(z)
+    for t in range(1, 8):
+        grad = torch.randn(3, 6, generator=g, dtype=torch.float64) * 10 ** (t % 3 - 1)
+        z, m, v = adamw_step(
+            z, grad, m, v, t, lr=0.03, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1
+        )
+        ref.grad = grad.clone()
+        opt.step()
+        assert torch.allclose(z, ref.detach(), atol=1e-13, rtol=0)
+
+
+def test_defaults_follow_app_j_adamw_lr_1e2_four_seeds_at_every_n():
+    cfg = CategoricalConfig()
+    assert (cfg.optimizer, cfg.lr, cfg.steps, cfg.seeds) == ("adamw", 1e-2, 1000, 4)
+    assert cfg.group_sizes == tuple(2**k for k in range(1, 18))
+    assert seeds_at(cfg, 2**17) == 4  # the paper runs 4 seeds at N = 131,072 too
+    sim = get("categorical")
+    with pytest.raises(ValueError, match="valid optimizers: adamw, plain"):
+        sim(quick=True, optimizer="sgd")
+    with pytest.raises(ValueError, match="AdamW needs"):
+        sim(quick=True, betas=(1.0, 0.999))
+
+
+def test_adamw_run_equals_a_torch_adamw_reference_loop():
+    # The default run (AdamW on −g·L, closed-form gradient) against torch.optim.AdamW stepping
+    # on the autograd gradient of −g·L, with the same random stream.
     cfg = CategoricalConfig(
-        n_actions=300, n_correct=40, steps=6, seeds=1, gammas=(0.0, 1.0), log_every=1, lr=40.0
+        n_actions=300, n_correct=40, steps=6, seeds=1, gammas=(0.0, 1.0), log_every=1, lr=0.05
     )
+    n = 5
+    out = run_group_size(cfg, n, torch.Generator().manual_seed(11))
+    z0, reward = initial_logits(cfg)
+    gen = torch.Generator().manual_seed(11)
+    z = z0.expand(2, -1).clone().requires_grad_(True)
+    opt = torch.optim.AdamW([z], lr=0.05)  # torch defaults: the config's [OURS] choice
+    pi0 = torch.softmax(z.detach(), 1)
+    for t in range(cfg.steps):
+        a = sample_actions(torch.softmax(z.detach(), 1), n, gen)
+        mu = (reward[a].mean(1) + 1) / 2
+        weight = torch.stack([torch.ones((), dtype=torch.float64), 1 - mu[1]])  # γ = 0, 1
+        opt.zero_grad()
+        (-(surrogate(z, a, centred(reward, a)) * weight).sum()).backward()
+        opt.step()
+        pi = torch.softmax(z.detach(), 1)
+        m_ret = 1 - (pi0[:, :40] - pi[:, :40]).clamp_min(0).sum(1) / pi0[:, :40].sum(1)
+        assert torch.allclose(out["q_pos"][:, t + 1], pi[:, :40].sum(1), atol=1e-12, rtol=0)
+        assert torch.allclose(out["m_ret"][:, t + 1], m_ret, atol=1e-12, rtol=0)
+    # Adam moves the unlikely logits by ~η a step, where plain ascent at η moves them ~η·π/N
+    assert float(out["q_pos"][0, -1] - out["q_pos"][0, 0]) != 0.0
+
+
+def _v_curves(m_end: list[float], gain: list[float], seeds: int = 3) -> dict[int, dict]:
+    """Synthetic run_group_size outputs, γ ∈ {0, 1}: γ = 0 ends at ``m_end`` / ``gain`` per N,
+    γ = 1 keeps 0.1 more M_ret; seeds differ by ±1e-3 (so SEs are small and finite)."""
+    curves = {}
+    for i, n in enumerate((2, 8, 64, 1024)):
+        rows = {"q_pos": [], "m_ret": [], "entropy": [], "anchor": []}
+        for k in (0, 1):
+            for s in range(seeds):
+                e = (s - 1) * 1e-3
+                m1 = min(1.0, m_end[i] + 0.1 * k + e)
+                rows["q_pos"].append([0.6, 0.6 + gain[i] / 2, 0.6 + gain[i] + e])
+                rows["m_ret"].append([1.0, (1.0 + m1) / 2, m1])
+                rows["entropy"].append([10.0, 9.0, 8.0])
+                rows["anchor"].append([0.1, 0.1, 0.1])
+        curves[n] = {key: torch.tensor(v, dtype=torch.float64) for key, v in rows.items()}
+    return curves
+
+
+def test_fig2_claims_hold_on_a_v_shape_and_fail_on_a_monotone_curve():
+    cfg = CategoricalConfig(gammas=(0.0, 1.0), seeds=3)
+    # V-shaped M_ret (0.95, 0.3, 0.5, 0.999) with Q_pos gain largest at the bottom
+    ok = {c.name.split(" @")[0]: c for c in fig2_claims(cfg, 0.01, _v_curves(
+        [0.95, 0.3, 0.5, 0.999], [0.01, 0.3, 0.2, 0.1]))}  # fmt: skip
+    assert all(c.holds for c in ok.values()), [c.detail for c in ok.values() if not c.holds]
+    assert "lowest M_ret(T) 0.3000 at N=8" in ok["m_ret_lowest_at_intermediate_n"].detail
+    # zone = N with M_ret below (0.95 + 0.3)/2 = 0.625: N = 8 and 64, both +0.1 for γ = 1
+    assert "N=8: +0.1" in ok["focal_retains_more_in_zone"].detail
+    assert "N=64: +0.1" in ok["focal_retains_more_in_zone"].detail
+    # monotone M_ret (collapse grows with N) and a largest N that forgets: (b), (c)-I, III fail
+    bad = {c.name.split(" @")[0]: c.holds for c in fig2_claims(cfg, 0.01, _v_curves(
+        [0.9, 0.6, 0.3, 0.05], [0.1, 0.2, 0.3, 0.4]))}  # fmt: skip
+    assert not bad["m_ret_lowest_at_intermediate_n"]
+    assert not bad["largest_n_keeps_m_ret_throughout"]
+    assert bad["q_pos_rises_at_every_n"] and bad["focal_retains_more_in_zone"]
+
+
+def test_plain_run_equals_an_autograd_reference_loop():
+    # The labelled plain-ascent option: closed-form steps against a loop that differentiates
+    # the surrogate itself (autograd) with the same random stream: same Q_pos, M_ret, entropy.
+    cfg = CategoricalConfig(
+        n_actions=300, n_correct=40, steps=6, seeds=1, gammas=(0.0, 1.0), log_every=1, lr=40.0,
+        optimizer="plain",
+    )  # fmt: skip
     n = 5
     out = run_group_size(cfg, n, torch.Generator().manual_seed(11))
     z0, reward = initial_logits(cfg)
@@ -154,7 +282,7 @@ def test_zero_lr_frozen_deterministic_and_one_seed_at_the_largest_n():
         torch.Generator(),
     )
     assert big["q_pos"].shape[0] == 3  # one seed per γ at N >= one_seed_from
-    cfg = CategoricalConfig(n_actions=500, n_correct=50, steps=20, seeds=2, log_every=5, lr=30.0)
+    cfg = CategoricalConfig(n_actions=500, n_correct=50, steps=20, seeds=2, log_every=5, lr=0.1)
     a = run_group_size(cfg, 16, torch.Generator().manual_seed(3))
     b = run_group_size(cfg, 16, torch.Generator().manual_seed(3))
     assert torch.equal(a["q_pos"], b["q_pos"]) and torch.equal(a["m_ret"], b["m_ret"])
@@ -197,20 +325,29 @@ def test_simulate_rows_matched_gain_and_bad_input():
         group_sizes=(4, 64),
         steps=20,
         log_every=5,
-        lr_sweep=(300.0,),
+        lr_sweep=(0.1,),
     )
-    assert {row["lr"] for row in r.rows} == {0.01, 300.0} and len(r.rows) == 12  # 2 η·2 N·3 γ
-    assert set(r.data["lr_sweep"]) == {"300"} and set(r.data["lr_sweep"]["300"]) == {"4", "64"}
+    assert {row["lr"] for row in r.rows} == {0.01, 0.1} and len(r.rows) == 12  # 2 η·2 N·3 γ
+    assert {row["optimizer"] for row in r.rows} == {"adamw"}
+    assert set(r.data["lr_sweep"]) == {"0.1"} and set(r.data["lr_sweep"]["0.1"]) == {"4", "64"}
     key = "M_ret γ=0 at this gain"
     for row in r.rows:
-        assert math.isnan(row[key]) == (row["gamma"] == 0.0)
+        if row["gamma"] == 0.0:
+            assert math.isnan(row[key])
+        elif math.isnan(row[key]):  # no γ = 0 seed ever reached this row's gain
+            cur0 = torch.as_tensor(
+                r.data[str(row["N"])]["q_pos"]
+                if row["lr"] == 0.01
+                else r.data["lr_sweep"]["0.1"][str(row["N"])]["q_pos"]
+            )[:2]
+            assert float((cur0 - cur0[:, :1]).max()) < row["Q_pos gain"]
         assert row["Q_pos gain"] == pytest.approx(row["Q_pos(T)"] - row["Q_pos(0)"])
         if row["gamma"] > 0 and math.isfinite(row[key]):
             assert row["M_ret − matched"] == pytest.approx(row["M_ret(T)"] - row[key])
     # the matched reference is the per-seed interpolation of the γ = 0 runs, recomputed here
-    cur = r.data["lr_sweep"]["300"]["4"]
+    cur = r.data["lr_sweep"]["0.1"]["4"]
     q, m = torch.as_tensor(cur["q_pos"]), torch.as_tensor(cur["m_ret"])  # [3 γ × 2 seeds, T']
-    row = next(x for x in r.rows if (x["lr"], x["N"], x["gamma"]) == (300.0, 4, 1.0))
+    row = next(x for x in r.rows if (x["lr"], x["N"], x["gamma"]) == (0.1, 4, 1.0))
     target = float(q[4:, -1].mean() - q[4:, 0].mean())
     ref = [at_gain(q[s] - q[s, 0], m[s], target) for s in (0, 1)]
     ok = [v for v in ref if math.isfinite(v)]

@@ -212,6 +212,28 @@ def test_a_broken_function_makes_the_batch_unscorable(fn, reason):
         Rewards([fn]).score(_batch(["a", "b", "c"]), timeout_s=0.5, max_unscorable_frac=0.5)
 
 
+def _raises(completions, **kw):
+    raise ZeroDivisionError("boom")
+
+
+def test_the_stop_message_asks_for_what_the_failure_needs():
+    # issue 25: a function that raised was told "raise the timeout, now 0 s per call"
+    for timeout in (0, 0.5):
+        with pytest.raises(UnscorableError) as err:
+            Rewards([_raises]).score(_batch(["a", "b"]), timeout_s=timeout, max_unscorable_frac=0)
+        text = str(err.value)
+        assert "ZeroDivisionError: boom" in text
+        assert text.endswith("Fix the reward function(s): see the first errors.")
+        assert "timeout" not in text.split("first errors:")[0] and "raise " not in text
+    with pytest.raises(UnscorableError) as err:  # a hang: the timeout is the thing to change
+        Rewards([_hangs]).score(_batch(["a"]), timeout_s=0.5, max_unscorable_frac=0)
+    assert str(err.value).endswith(
+        "1 call(s) ran past the timeout: make the reward function(s) faster or raise "
+        "sampling.verify_timeout_s (now 0.5 s per call)."
+    )
+    assert "Fix the reward" not in str(err.value)
+
+
 def test_infinite_reward_is_a_failure_and_nan_is_none():
     out = Rewards([_infinite]).score(_batch(["a", "x"]), timeout_s=0)
     assert _same(out.rewards, [1.0, NAN]) and "returned inf" in out.errors[0]

@@ -74,9 +74,9 @@ def test_bad_input_exits_2_with_the_choices_before_loading_a_model(
 
 
 CONFIGS = {  # what each example config says it runs (read off the files)
-    "maze.yaml": ("tiny", "maze", "grpo", 300, 0.0),
+    "maze.yaml": ("tiny", "maze", "grpo", 150, 0.0),
     "maze_f_grpo.yaml": ("tiny", "maze", "f_grpo", 300, 0.0),
-    "maze_focal.yaml": ("tiny", "maze", "grpo", 400, 0.0),
+    "maze_focal.yaml": ("tiny", "maze", "f_grpo", 400, 0.0),
     "smollm2_arithmetic.yaml": ("smollm2", "basic_arithmetic", "f_grpo", 50, 0.0),
     "smollm2_lora_dapo.yaml": ("smollm2", "basic_arithmetic", "dapo", 50, 0.01),
 }
@@ -97,3 +97,46 @@ def test_example_configs_load_and_validate(name):
         cfg.algorithm.resolve().beta,
     )
     assert got == CONFIGS[name] and cfg.run.out.startswith("runs/")
+
+
+def test_progress_shows_without_a_terminal(tmp_path, monkeypatch, capsys):
+    # issue 25: with stdout going to a file the warm start printed nothing for minutes and
+    # the run nothing until its end; now plain lines (capsys's stdout is not a terminal)
+    monkeypatch.setenv("GROUPRL_CACHE", str(tmp_path / "cache"))  # an empty SFT cache
+    out = tmp_path / "run"
+    argv = ["train", "--out", str(out), "--steps", "20", "--prompts-per-step", "2",
+            "--group-size", "2", "--set", "model.sft_steps=20", "--set", "eval.every=0",
+            "--set", "run.save_final=false", "--set", "run.threads=1"]  # fmt: skip
+    assert cli.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "threads: 1 (run.threads; --set run.threads=N to choose)"
+    assert any(
+        x.startswith("SFT warm start: 20 steps of supervised training on maze") for x in lines
+    )
+    sft = [x for x in lines if x.startswith("SFT warm start ")]
+    assert [x.split()[3] for x in sft][:2] == ["2/20", "4/20"] and sft[-1].split()[3] == "20/20"
+    assert any(x.startswith("SFT warm start: done in ") for x in lines)
+    steps = [x.split()[1] for x in lines if x.startswith("step ")]
+    assert steps == [f"{k}/20" for k in range(2, 21, 2)]  # every tenth of the run
+    assert all("reward" in x and "ACR" in x and "KL" not in x for x in lines if x[:5] == "step ")
+    assert lines[-1] == f"report: {out / 'report.html'}"
+    # the second run finds the warm start in the cache and says so
+    assert cli.main([*argv, "--overwrite"]) == 0
+    assert "SFT warm start: cached weights loaded" in capsys.readouterr().out
+
+
+def test_the_default_run_is_the_maze_miniature_and_maze_yaml_spells_it_out():
+    # issue 25: `grouprl train` with no arguments, and configs/maze.yaml, are the same run
+    default, yaml = load_config(), load_config(ROOT / "configs" / "maze.yaml")
+    assert dict(default.task.params) == {"size": 4, "min_path": 1, "max_path": 5}
+    assert (default.model.sft_steps, default.optim.steps, default.batch_size) == (700, 150, 256)
+    assert default.sampling.max_new_tokens == 10 and default.sampling.verify_timeout_s == 0
+    for section in ("model", "task", "sampling", "algorithm", "optim", "eval"):
+        assert getattr(default, section) == getattr(yaml, section), section
+    # a maze of your own starts from the plain defaults, not a mix with the miniature's
+    own = load_config(None, ["task.params.size=5"])
+    assert dict(own.task.params) == {"size": 5} and own.sampling.max_new_tokens == 32
+    assert (own.model.sft_steps, own.optim.steps) == (1400, 300)
+    # another task on the tiny model keeps only the tiny profile
+    other = load_config(None, ["task.name=basic_arithmetic"])
+    assert dict(other.task.params) == {} and other.sampling.group_size == 8

@@ -12,8 +12,8 @@ from grouprl.train import config as C
 def test_defaults_are_the_maze_miniature_and_validate():
     cfg = C.load_config()
     assert (cfg.model.name, cfg.task.name, cfg.algorithm.preset) == ("tiny", "maze", "grpo")
-    # docs/models.md (the maze miniature): 32 mazes x 8; lr 5e-5 measured here (OptimConfig.lr)
-    assert (cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.optim.lr) == (32, 8, 5e-5)
+    # the maze miniature (config.MAZE_MINIATURE, issue 25): 16 mazes x 16; lr 5e-5
+    assert (cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.optim.lr) == (16, 16, 5e-5)
     assert cfg.batch_size == 256
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.optim.lr = 1.0
@@ -56,8 +56,8 @@ def test_yaml_and_overrides_load_into_the_same_classes(tmp_path):
         (["algorithm.preset=nope"], "valid presets: grpo"),
         (["task.name=nope"], "valid tasks: maze"),
         (["model.name=nope"], "unknown model 'nope'; give one of: tiny"),
-        (["optim.minibatches=3"], "does not divide sampling.prompts_per_step=32"),
-        (["optim.micro_batch_size=12"], "not a multiple of the group size sampling.group_size=8"),
+        (["optim.minibatches=3"], "does not divide sampling.prompts_per_step=16"),
+        (["optim.micro_batch_size=12"], "not a multiple of the group size sampling.group_size=16"),
         (["optim.micro_batch_size=-8"], "micro_batch_size=-8"),
         (["sampling.group_size=1"], "group_size must be >= 2"),
         (["optim.bogus=1"], "unknown field optim.bogus; valid fields: steps"),
@@ -65,7 +65,7 @@ def test_yaml_and_overrides_load_into_the_same_classes(tmp_path):
         (["algorithm.not_a_field=1"], "unknown algorithm override(s) ['not_a_field']"),
         (["eval.samples=4"], "pass@k needs n >= k"),
         (["model.dtype=int8"], "model.dtype must be"),
-        (["run.threads=-1"], "run.threads must be >= 0 (0 = torch's default)"),
+        (["run.threads=-1"], "run.threads must be >= 0 (0 = auto)"),
     ],
 )
 def test_bad_configs_fail_at_load_with_the_fix(overrides, message):
@@ -154,17 +154,54 @@ def test_preset_minibatches_that_do_not_divide_the_prompts_take_the_largest_divi
         C.load_config(None, ["optim.minibatches=two"])
 
 
-def test_threads_zero_keeps_torchs_own_thread_count(monkeypatch):
-    """run.threads defaults to 0: setup leaves torch's thread count alone; 1 sets it."""
+def test_threads_zero_is_auto(monkeypatch):
+    """run.threads defaults to 0 (auto, grouprl._threads): setup sets the count the load
+    leaves free, at most torch's own; a positive count is set as it is."""
     import torch
 
-    from grouprl.train.state import setup
+    from grouprl import _threads
+    from grouprl.train import state
 
     assert C.load_config().run.threads == 0
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(state, "TORCH_THREADS", 2)
+    monkeypatch.setattr(_threads, "available_cores", lambda: 2)
     base = ["model.warm_start=false", "sampling.prompts_per_step=2", "sampling.group_size=2"]
-    setup(C.load_config(None, base))
-    assert calls == []
-    setup(C.load_config(None, [*base, "run.threads=1"]))
-    assert calls == [1]
+    for load, expected in ((0.2, 2), (3.5, 1)):
+        monkeypatch.setattr(_threads, "_load", lambda x=load: x)
+        state.setup(C.load_config(None, base))
+        assert calls[-1] == expected
+    state.setup(C.load_config(None, [*base, "run.threads=3"]))
+    assert calls[-1] == 3
+
+
+def test_a_logger_asked_for_but_not_installed_is_an_error_before_the_run(
+    tmp_path, monkeypatch, capsys
+):
+    # issue 25: run.wandb=true without wandb ran to the end without a word
+    import importlib.util
+
+    from grouprl.cli import main
+
+    real = importlib.util.find_spec
+    missing = {"wandb", "tensorboard"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a)
+    )
+    with pytest.raises(C.ConfigError) as err:
+        C.load_config(None, ["run.wandb=true"])
+    assert str(err.value) == (
+        "run.wandb=true but wandb is not installed: pip install wandb, or set run.wandb=false"
+    )
+    with pytest.raises(C.ConfigError, match=r"pip install 'grouprl\[logging\]'"):
+        C.load_config(None, ["run.tensorboard=true"])
+    # the default (None) writes TensorBoard events only where tensorboard is installed
+    assert C.load_config().run.tensorboard is None
+    C.load_config(None, ["run.tensorboard=false"])
+    # the command line: exit code 2 and the message, before any model loads or folder exists
+    out = tmp_path / "run"
+    assert main(["train", "--out", str(out), "--set", "run.wandb=true"]) == 2
+    err_text = capsys.readouterr().err
+    assert "pip install wandb" in err_text and not out.exists()

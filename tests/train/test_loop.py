@@ -4,6 +4,7 @@ non-finite steps, unscorable rewards, exact gradient accumulation."""
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import torch
@@ -228,18 +229,22 @@ def test_reward_kl_balance_and_kl_tail_are_logged_when_beta_is_set(tmp_path):
     )  # fmt: skip
     train(cfg, **inj)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
-    measured = [r for r in rows if "balance/r_over_kl" in r]
+    measured = [r for r in rows if "balance/batch/r_over_kl" in r]
     assert 0 < len(measured) < len(rows)  # every 2nd step only
     for r in measured:
         # R/KL = |g_R| / (beta |g_KL|), once per step (not averaged over minibatches)
-        want = r["balance/reward_grad_norm"] / (0.1 * r["balance/kl_grad_norm"])
-        assert r["balance/r_over_kl"] == pytest.approx(want, rel=1e-9)
-        assert -1 <= r["balance/cosine"] <= 1
+        want = r["balance/batch/reward_grad_norm"] / (0.1 * r["balance/batch/kl_grad_norm"])
+        assert r["balance/batch/r_over_kl"] == pytest.approx(want, rel=1e-9)
+        assert -1 <= r["balance/batch/cosine"] <= 1
+        # binary rewards: no updated group has σ < 1e-2, so Table 3's subset is empty
+        assert r["balance/low_sigma/rows"] == 0 and "balance/low_sigma/r_over_kl" not in r
     assert all(r["kl/p95"] >= 0 and r["kl/max"] >= r["kl/p95"] for r in rows)
     # without beta there is no KL branch and nothing to balance
     cfg0, inj0 = make(tmp_path / "b0", "optim.steps=2", "eval.balance_every=1")
     train(cfg0, **inj0)
-    assert not any("balance/r_over_kl" in r for r in read_jsonl(tmp_path / "b0" / "metrics.jsonl"))
+    assert not any(
+        k.startswith("balance/") for r in read_jsonl(tmp_path / "b0" / "metrics.jsonl") for k in r
+    )
 
 
 def test_sampled_acr_counts_the_groups_dynamic_sampling_dropped(tmp_path):
@@ -259,3 +264,117 @@ def test_sampled_acr_counts_the_groups_dynamic_sampling_dropped(tmp_path):
         assert collapsed == pytest.approx(round(collapsed), abs=1e-9)  # a count of groups
         assert kept <= drawn - round(collapsed)  # only informative groups are kept
     assert any(r["acr/sampled_rate"] > r["acr/rate"] for r in rows)  # the toy model collapses
+
+
+class _MostlyRight(ToyTask):
+    """Correct unless the first word is ``d``: groups with μ̂ well above 0 (the focal weight
+    then differs between the verifier's rewards and shaped ones)."""
+
+    def verify(self, completion, reference):
+        return float((completion.split() or [""])[0] != "d")
+
+
+def test_focal_mu_hat_reads_the_verifier_not_the_overlong_shaped_rewards(tmp_path, monkeypatch):
+    # F-GRPO eq. 11: μ̂ = X/N from the verifier. The soft overlong penalty is replaced here by
+    # a known shaping (−0.25 on every reward), so the verifier's rewards are shaped + 0.25.
+    from grouprl import advantages
+    from grouprl.train import filters, loop
+    from grouprl.train.state import setup
+
+    def shaped(self, rewards, completion_mask):
+        return rewards - 0.25 if self.mode == "soft" else rewards
+
+    monkeypatch.setattr(filters.Overlong, "rewards", shaped)
+    seen = []
+    real = advantages.compute
+    monkeypatch.setattr(
+        loop.advantages, "compute", lambda *a, **k: seen.append((a, k)) or real(*a, **k)
+    )
+    cfg, inj = make(
+        tmp_path, "algorithm.preset=f_grpo", "algorithm.overlong=soft",
+        "algorithm.focal_gamma=1.0", "sampling.group_size=8", task=_MostlyRight(),
+    )  # fmt: skip
+    run = setup(cfg, **inj)
+    run.step = 1
+    m = loop.train_step(run)
+    (args, kw) = seen[0]
+    rewards = args[1]  # [P, G] what the estimator reads: the shaped rewards
+    raw = rewards + 0.25  # the verifier's
+    assert torch.equal(kw["verifier_rewards"], raw)
+    want = float((1.0 - raw.mean(1)).mean())  # (1 − μ̂)^1 per group, μ̂ = X/N
+    from_shaped = float((1.0 - rewards.mean(1).clamp(0, 1)).mean())  # the old behaviour
+    assert m["adv/focal/mean_weight"] == pytest.approx(want, abs=1e-6)
+    assert abs(from_shaped - want) > 0.1  # the test can tell them apart
+    # without the penalty the verifier's rewards are the rewards: no second tensor is passed
+    seen.clear()
+    cfg, inj = make(tmp_path / "b", "algorithm.preset=f_grpo", task=_MostlyRight())
+    run = setup(cfg, **inj)
+    run.step = 1
+    loop.train_step(run)
+    assert seen[0][1]["verifier_rewards"] is None
+
+
+class _LowSigma(ToyTask):
+    """Even examples: reward 0.5 + 0.001·(crc32 of the completion mod 7), σ_q < 1e-2 (Table 3's
+    low-variance groups); odd examples: the binary toy reward (σ_q ≥ 0.35 when mixed)."""
+
+    def examples(self, split, n, seed):
+        from grouprl.tasks.base import Example
+
+        return [Example(f"low/{split}/{seed}/{i}", "q", i % 2) for i in range(n)]
+
+    def verify(self, completion, reference):
+        if reference == 0:  # a deterministic function of the whole completion, spread 0.006
+            return 0.5 + 0.001 * (zlib.crc32(completion.encode()) % 7)
+        return float((completion.split() or [""])[0] == "a")
+
+
+def test_r_over_kl_on_table3s_subset_and_on_the_batch_under_their_own_names(tmp_path, monkeypatch):
+    # MaxNorm Table 3 measures R/KL on updated groups with σ_q < 1e-2: logged as
+    # balance/low_sigma/*, the whole micro-batch as balance/batch/*.
+    from grouprl import advantages
+    from grouprl.train import loop
+    from grouprl.train.state import setup
+
+    seen = []
+    real = advantages.compute
+    monkeypatch.setattr(
+        loop.advantages, "compute", lambda *a, **k: seen.append(a[1]) or real(*a, **k)
+    )
+    cfg, inj = make(
+        tmp_path, "algorithm.beta=0.1", "eval.balance_every=1", "sampling.group_size=8",
+        "sampling.prompts_per_step=6", task=_LowSigma(),
+    )  # fmt: skip
+    run = setup(cfg, **inj)
+    for run.step in (1, 2):  # step 1 is at the reference (k3's gradient is 0): step 2 has a KL
+        got = loop.train_step(run)
+    rewards = seen[1]  # [6, 8], groups in draw order: even = low-σ kind
+    low = [p for p in range(6) if p % 2 == 0 and rewards[p].max() > rewards[p].min()]
+    assert all(float(rewards[p].std()) < 1e-2 for p in low) and low  # the subset is not empty
+    assert got["balance/low_sigma/rows"] == 8 * len(low)  # by hand: 8 rows per group
+    assert {"balance/batch/r_over_kl", "balance/low_sigma/r_over_kl"} <= set(got)
+    assert "balance/r_over_kl" not in got
+    for sub in ("low_sigma", "batch"):
+        want = got[f"balance/{sub}/reward_grad_norm"] / (0.1 * got[f"balance/{sub}/kl_grad_norm"])
+        assert got[f"balance/{sub}/r_over_kl"] == pytest.approx(want, rel=1e-9)
+    # the binary groups are in the batch, not the subset: the two numbers differ
+    assert got["balance/low_sigma/r_over_kl"] != pytest.approx(got["balance/batch/r_over_kl"])
+
+    class _AllLow(_LowSigma):  # every group low-σ: the subset is the whole batch
+        def examples(self, split, n, seed):
+            return [e.__class__(e.id, e.prompt, 0) for e in super().examples(split, n, seed)]
+
+    seen.clear()
+    cfg, inj = make(
+        tmp_path / "all", "algorithm.beta=0.1", "eval.balance_every=1", "sampling.group_size=8",
+        task=_AllLow(),
+    )  # fmt: skip
+    run = setup(cfg, **inj)
+    for run.step in (1, 2):
+        both = loop.train_step(run)
+    mixed = sum(bool(r.max() > r.min()) for r in seen[1])
+    assert both["balance/low_sigma/rows"] == 8 * mixed
+    if mixed == 4:  # no group came out constant: same rows, same aggregation, same number
+        assert both["balance/low_sigma/r_over_kl"] == pytest.approx(
+            both["balance/batch/r_over_kl"], rel=1e-6
+        )

@@ -107,3 +107,55 @@ def test_pool_and_sampler_config_errors():
         load_config(None, ["sampling.pool_size=4", "sampling.prompts_per_step=8"])
     with pytest.raises(ConfigError, match=r"unknown prompt sampler algorithm\.sampler='bogus'"):
         load_config(None, ["algorithm.sampler=bogus"])
+
+
+def test_is_grpo_and_its_baseline_train_on_the_same_pool(tmp_path):
+    # issue 23: is_grpo_baseline is GRPO over is_grpo's pool (Preset.pool_size), drawn
+    # uniformly; plain grpo streams fresh prompts
+    runs = {}
+    for name in ("is_grpo", "is_grpo_baseline", "is_grpo_exact", "grpo"):
+        cfg, inj = make(tmp_path / name, f"algorithm.preset={name}")
+        runs[name] = setup(cfg, **inj)
+    ids = {n: [e.id for e in r.prompts.pool] if r.prompts.pool else None for n, r in runs.items()}
+    assert len(ids["is_grpo"]) == 1024 and ids["is_grpo"] == ids["is_grpo_baseline"]
+    assert ids["is_grpo_exact"] == ids["is_grpo"]
+    assert runs["is_grpo_baseline"].prompts.sampler.name == "uniform"
+    assert runs["grpo"].prompts.mode == "stream"
+    # sampling.pool_size still overrides the preset's
+    cfg, inj = make(tmp_path / "p64", "algorithm.preset=is_grpo_baseline", "sampling.pool_size=64")
+    assert len(setup(cfg, **inj).prompts.pool) == 64
+
+
+def test_is_grpo_exact_weights_each_group_by_its_draw(tmp_path, monkeypatch):
+    # The advantages of step 2 get group_weight = 1/(|pool|·p_x) with p the sampler's
+    # probabilities *before* step 2's draw (after step 1's observations), recomputed here
+    # from a snapshot of the sampler and the step's own generator seed.
+    from grouprl import advantages, sampling
+    from grouprl.train import loop
+
+    seen = []
+    real = advantages.compute
+
+    def spy(*args, **kw):
+        seen.append(kw.get("group_weight"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(loop.advantages, "compute", spy)
+    cfg, inj = make(tmp_path, "algorithm.preset=is_grpo_exact", "sampling.pool_size=16")
+    run = setup(cfg, **inj)
+    run.step = 1
+    loop.train_step(run)
+    assert torch.equal(seen[0], torch.ones(4, dtype=torch.float64))  # unvisited: uniform
+    before = sampling.load(run.prompts.sampler.state_dict())
+    idx = before.sample(4, torch.Generator().manual_seed(prompt_seed(cfg.run.seed, 2, 0)))
+    want = 1.0 / (16 * before.probabilities()[idx])
+    run.step = 2
+    loop.train_step(run)
+    assert torch.allclose(seen[1], want, rtol=0, atol=1e-12)
+    assert not torch.allclose(want, torch.ones_like(want))  # the sampler has moved
+    # is_grpo (no sampler_weight) passes none
+    cfg, inj = make(tmp_path / "plain", "algorithm.preset=is_grpo", "sampling.pool_size=16")
+    run = setup(cfg, **inj)
+    run.step = 1
+    loop.train_step(run)
+    assert seen[-1] is None

@@ -14,10 +14,13 @@ from grouprl.train.loop import Timer, collect_batch, train
 from grouprl.train.sinks import read_jsonl
 from grouprl.train.state import setup
 
-WARNING = "schedule: surrogate 'ppo_clip' runs one optimizer step per generation batch"
+NOTE = (
+    "note: grpo takes one optimizer step per generation batch, as its sources do: every step "
+    "is on-policy (ratio 1), so the ppo_clip clip does not act"
+)
 
 
-def test_one_update_per_batch_is_on_policy_and_warned_once(tmp_path, capsys):
+def test_one_update_per_batch_is_on_policy_and_noted_once(tmp_path, capsys):
     # grpo's schedule (DeepSeekMath: one update per exploration stage): ratio 1, no clip
     cfg, inj = make(tmp_path, "algorithm.preset=grpo", "optim.steps=3")
     train(cfg, **inj)
@@ -26,7 +29,9 @@ def test_one_update_per_batch_is_on_policy_and_warned_once(tmp_path, capsys):
         assert r["optim/steps"] == 1.0
         assert r["policy/clip_frac_region"] == 0.0
         assert abs(r["policy/ratio_max"] - 1) < 1e-4 and abs(r["policy/ratio_min"] - 1) < 1e-4
-    assert capsys.readouterr().out.count(WARNING) == 1
+    # the preset's own schedule: a one-line note, not a warning (issue 25)
+    out = capsys.readouterr().out
+    assert out.count(NOTE) == 1 and "warning" not in out
 
 
 def test_the_presets_schedule_runs_and_its_clip_acts(tmp_path, capsys):
@@ -45,7 +50,8 @@ def test_the_presets_schedule_runs_and_its_clip_acts(tmp_path, capsys):
     rows = read_jsonl(tmp_path / "b/metrics.jsonl")
     assert [r["optim/steps"] for r in rows] == [1.0, 1.0]
     assert all(r["policy/clip_frac_region"] == 0.0 for r in rows)
-    assert "schedule: surrogate 'gspo' runs one optimizer step" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "warning: surrogate 'gspo' runs one optimizer step" in out and "note:" not in out
 
 
 def test_a_preset_count_above_the_prompts_is_lowered_with_a_note(tmp_path, capsys):

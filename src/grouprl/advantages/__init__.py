@@ -36,6 +36,7 @@ from grouprl.advantages._groups import (
     check_positive,
     dense_valid,
     group_moments,
+    keyword_defaults,
     validate_rewards,
 )
 from grouprl.advantages.combine import REWARD_COMBINATIONS, weighted_sum
@@ -44,6 +45,7 @@ from grouprl.advantages.transforms import (
     DEFAULT_DELTA_RES,
     VIRTUAL_MODES,
     VirtualTrigger,
+    focal_mean_weight,
     focal_weight,
     resolution,
     virtual_count,
@@ -63,6 +65,7 @@ __all__ = [
     "combine",
     "compute",
     "compute_tokens",
+    "focal_mean_weight",
     "focal_weight",
     "group_std",
     "kl_reward",
@@ -143,7 +146,7 @@ def needs(name: str, **params: Any) -> frozenset[str]:
     """
     if name in TOKEN_ESTIMATORS and name not in ESTIMATORS:
         return frozenset({"tokens", "old_logp", "sum_pi_squared"})
-    accepted = set(_estimator(name).__kwdefaults__ or {})
+    accepted = set(keyword_defaults(_estimator(name)))
     out = set()
     if "baseline" in accepted:
         out.add("baseline")
@@ -168,7 +171,7 @@ def _estimator(name: str) -> Callable[..., Advantages]:
 
 
 def _check_params(fn: Callable[..., Advantages], name: str, params: dict[str, Any]) -> None:
-    accepted = set(fn.__kwdefaults__ or {}) - set(INPUTS)
+    accepted = set(keyword_defaults(fn)) - set(INPUTS)
     unknown = set(params) - accepted
     if unknown:
         raise ValueError(
@@ -245,12 +248,12 @@ def _check_inputs(
     baseline: torch.Tensor | None,
 ) -> dict[str, torch.Tensor]:
     """The per-batch inputs the estimator reads, validated (shapes [P, G] and [P])."""
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(keyword_defaults(fn))
     out: dict[str, torch.Tensor] = {}
     p, g = rewards.shape
     if baseline is not None:
         if "baseline" not in accepted:
-            readers = [n for n, f in ESTIMATORS.items() if "baseline" in (f.__kwdefaults__ or {})]
+            readers = [n for n, f in ESTIMATORS.items() if "baseline" in keyword_defaults(f)]
             raise ValueError(
                 f"estimator {name!r} does not read a baseline; baseline= is for {', '.join(readers)}"
             )
@@ -270,6 +273,31 @@ def _check_inputs(
     return out
 
 
+def _verifier_levels(
+    verifier_rewards: torch.Tensor, shape: torch.Size
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The verifier's rewards ``[P, G]`` and their validity mask, for the focal weight's μ̂."""
+    valid = validate_rewards(verifier_rewards)
+    if verifier_rewards.shape != shape:
+        raise ValueError(
+            f"verifier_rewards must have the rewards' shape {tuple(shape)} (the same groups "
+            f"before shaping), got {tuple(verifier_rewards.shape)}"
+        )
+    return verifier_rewards, valid
+
+
+def _weighted(values: torch.Tensor, group_weight: Any, stats: dict[str, float]) -> torch.Tensor:
+    """``values [P, G]`` times a positive finite weight per group ``[P]`` (logged as its mean)."""
+    gw = torch.as_tensor(group_weight, device=values.device)
+    if gw.shape != (values.shape[0],) or not bool(torch.isfinite(gw).all() and (gw > 0).all()):
+        raise ValueError(
+            f"group_weight must be [P] = [{values.shape[0]}] positive finite weights (one per "
+            f"group, e.g. the sampler's importance weights), got shape {tuple(gw.shape)}"
+        )
+    stats["sampler/importance_weight_mean"] = float(gw.double().mean())
+    return values * gw.to(values.dtype)[:, None]
+
+
 def compute(
     name: str,
     rewards: torch.Tensor,
@@ -286,6 +314,8 @@ def compute(
     combine: str | None = None,
     reward_weights: Any = None,
     combine_params: Mapping[str, Any] | None = None,
+    verifier_rewards: torch.Tensor | None = None,
+    group_weight: torch.Tensor | None = None,
     **params: Any,
 ) -> Advantages:
     """Advantages of estimator ``name`` for ``rewards [P, G]`` (NaN = missing), with transforms.
@@ -314,6 +344,14 @@ def compute(
             rewards, they are one function's.
         reward_weights: ``[K]`` weights of the reward functions (None: all 1, TRL's default).
         combine_params: parameters of the combination (``normalize_then_sum``: ``eps``...).
+        verifier_rewards: ``[P, G]`` the verifier's rewards before any shaping (DAPO's soft
+            overlong penalty), NaN where unscorable; the focal weight's μ̂ reads these, never
+            the shaped ``rewards`` (F-GRPO eq. 11: μ̂ = X/N, the share of correct rollouts).
+            None: ``rewards`` are the verifier's.
+        group_weight: ``[P]`` positive finite weight per group, multiplying its advantages
+            after every other transform: the prompt sampler's importance weight
+            1/(|pool|·p_x) (``sampling.PromptSampler.importance_weights``, ``is_grpo_exact``).
+            None: 1.
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
@@ -325,7 +363,7 @@ def compute(
             "have no resolution and no correct/wrong levels: delta_res and virtual work on "
             "combine='sum' only [OURS]"
         )
-    if delta_res is not None and "tau_res" in (fn.__kwdefaults__ or {}):
+    if delta_res is not None and "tau_res" in keyword_defaults(fn):
         params.setdefault("tau_res", delta_res)
     _check_params(fn, name, params)
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
@@ -388,9 +426,12 @@ def compute(
     values = out.values[:, :g]  # [P, G] real samples only
     stats.update(out.stats)
 
-    # -- focal weight: one scalar per group, from the real rewards
-    if focal_gamma:  # on the reward levels: the raw weighted sum when the combination normalises
-        if how in (None, "sum"):
+    # -- focal weight: one scalar per group, from the verifier's (unshaped) real rewards; on
+    # the reward levels (the raw weighted sum) when the combination normalises
+    if focal_gamma:
+        if verifier_rewards is not None:
+            lv, lvalid = _verifier_levels(verifier_rewards, values.shape)
+        elif how in (None, "sum"):
             lv, lvalid = rewards, valid
         else:
             lv = weighted_sum(*level)  # (``combine`` is this function's argument here)
@@ -398,6 +439,9 @@ def compute(
         weight = focal_weight(lv, lvalid, focal_gamma, (r_lo, r_hi))  # [P]
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())
+
+    if group_weight is not None:
+        values = _weighted(values, group_weight, stats)
 
     updated = out.updated
     if keep is None:
@@ -531,7 +575,7 @@ def _token_estimate(
     token_rewards_as,
     params,
 ):
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(keyword_defaults(fn))
     if baseline is not None:
         raise ValueError(f"token estimator {name!r} does not read a baseline (remax does)")
     if token_rewards_as is not None:

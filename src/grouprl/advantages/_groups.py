@@ -5,8 +5,10 @@ A reward tensor is ``[P, G]`` with NaN for missing entries; ``valid`` is its ``[
 
 from __future__ import annotations
 
+import inspect
 import math
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -14,6 +16,13 @@ from grouprl.types import Advantages
 
 DEFAULT_TAU = 1e-6
 """Collapse threshold on σ_q (ALGORITHMS.md §0, ACR paper): never test σ == 0."""
+
+
+def keyword_defaults(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword-only parameters of an estimator (or combination) and their defaults,
+    through any ``functools.wraps`` wrapper (``inspect.unwrap``): a wrapped estimator (a
+    decorator, mutation testing's trampolines, scripts/mutation.sh) keeps its parameters."""
+    return dict(inspect.unwrap(fn).__kwdefaults__ or {})
 
 
 def validate_rewards(rewards: torch.Tensor) -> torch.Tensor | None:

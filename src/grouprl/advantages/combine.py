@@ -14,7 +14,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, check_positive, group_moments
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    check_positive,
+    group_moments,
+    keyword_defaults,
+)
 
 __all__ = ["REWARD_COMBINATIONS", "combine", "normalize_then_sum", "weighted_sum"]
 
@@ -117,7 +122,7 @@ def combine(
         raise ValueError(f"rewards must be floating point (NaN = None), got {rewards.dtype}")
     if not bool(torch.isfinite(rewards.sum())) and bool(torch.isinf(rewards).any()):
         raise ValueError("per-function rewards contain ±inf; return NaN (None) when unscorable")
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(keyword_defaults(fn))
     unknown = set(params) - accepted
     if unknown:
         raise ValueError(

@@ -218,6 +218,22 @@ def _code_trigger(
 
 
 # --------------------------------------------------------------------------- focal weight
+def focal_mean_weight(gamma: float) -> float:
+    """m_γ = (4/√π)·Γ(γ + 3/2)/Γ(γ + 3): the focal weight's mean reduction (F-GRPO App. N).
+
+    F-GRPO App. N averages the multiplicative reduction (1 − μ)^γ over the success rate μ
+    uniform on [0, 1], weighted by the GRPO advantage's magnitude, and writes the ratio of
+    Beta functions B(3/2, γ + 3/2)/B(3/2, 3/2) — the weight √(μ(1 − μ)), which is the total
+    |A| of a std-normalised binary group (Σ_i |A_i| = N·2μ(1 − μ)/√(μ(1 − μ))). The text calls
+    the magnitude "proportional to µ(1 − µ)"; that weight would give B(2, γ + 2)/B(2, 2)
+    (0.686 at γ = 0.5), not the paper's numbers, which are the closed form here: m_0 = 1,
+    m_0.5 = 0.679 (§5.6's low-LR control, 6.8e-7 = 0.679 × 1e-6), m_1 = 0.5.
+    """
+    if not (gamma >= 0 and math.isfinite(gamma)):
+        raise ValueError(f"focal_gamma must be a finite number >= 0, got {gamma!r}")
+    return 4.0 / math.sqrt(math.pi) * math.exp(math.lgamma(gamma + 1.5) - math.lgamma(gamma + 3.0))
+
+
 def focal_weight(
     rewards: torch.Tensor,
     valid: torch.Tensor | None,

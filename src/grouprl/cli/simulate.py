@@ -36,13 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_floats,
         default=None,
         metavar="η,η,...",
-        help="categorical: more step sizes after --lr (the paper's 1e-2), e.g. 1e3,3e3,1e4",
+        help="categorical: more step sizes after --lr (the paper's 1e-2), e.g. 1e-3,3e-2",
     )
     parser.add_argument(
         "--surrogate",
         choices=("prob", "logprob"),
         default=None,
         help="categorical: the paper's (1/N)Σ r̃ π(a) (prob, default) or the log-prob variant",
+    )
+    parser.add_argument(
+        "--optimizer",
+        choices=("adamw", "plain"),
+        default=None,
+        help="categorical: AdamW as Hu et al. §4.1 / F-GRPO App. J (default) or plain gradient "
+        "ascent (ours, labelled; needs η ≈ 1e3 to move)",
     )
     parser.add_argument(
         "--beta",
@@ -98,7 +105,12 @@ def run(args: argparse.Namespace) -> int:
         if args.name not in ("categorical", "acr"):
             raise SystemExit(f"--lr applies to categorical and acr, not {args.name}")
         overrides["lr"] = args.lr
-    for flag, key in (("steps", "steps"), ("lr_sweep", "lr_sweep"), ("surrogate", "surrogate")):
+    for flag, key in (
+        ("steps", "steps"),
+        ("lr_sweep", "lr_sweep"),
+        ("surrogate", "surrogate"),
+        ("optimizer", "optimizer"),
+    ):
         value = getattr(args, flag)
         if value is not None:
             if args.name != "categorical":

@@ -191,10 +191,14 @@ def run(args: argparse.Namespace) -> int:
         return _fail(_yaml_message(args.config, err), 2)
     except ValueError as err:  # data or reward functions (grouprl.tasks.dataset)
         return _fail(str(err), 2)
+    from grouprl._threads import tell_openmp
+
+    threads, why = tell_openmp(cfg.run.threads)  # before torch loads and starts its pools
     print(
         f"grouprl train: {cfg.model.name} on {cfg.task.name} with {cfg.algorithm.preset}, "
         f"{cfg.optim.steps} steps of {cfg.sampling.prompts_per_step} x "
-        f"{cfg.sampling.group_size}; run folder {cfg.run.out}",
+        f"{cfg.sampling.group_size}; run folder {cfg.run.out}\n"
+        f"threads: {threads} ({why}; --set run.threads=N to choose)",
         flush=True,
     )
     return _train(cfg, task)
@@ -264,3 +268,6 @@ def _summary(result) -> None:
             before, after = result.evals[first].get(key), result.evals[last][key]
             print(f"  {key:<18} step {first}: {before:.3f}  ->  step {last}: {after:.3f}")
     print(f"run folder: {result.run_dir} (metrics.jsonl, rewards.jsonl, checkpoints/)")
+    report = result.run_dir / "report.html"
+    if report.is_file():
+        print(f"report: {report}")

@@ -6,6 +6,7 @@
   rules, each warning with the recommended action;
 - :func:`inverse_scale_tail`: P95/P99 of 1/scale over updated groups;
 - :func:`reward_kl_balance`, :func:`kl_stats`: R/KL, direction cosine, KL mean / P95;
+  :func:`low_sigma_groups`: MaxNorm Table 3's subset (updated groups with σ_q < 1e-2);
 - :func:`tail_miss_probability`, :func:`p_active`, :func:`advise_group_size`: F-GRPO Lemma 3.1;
 - :func:`sigma_stats`, :func:`gradient_orthogonality`: the normalisation regime;
 - :func:`pass_at_k`: unbiased pass@k;
@@ -17,7 +18,13 @@ from __future__ import annotations
 
 from grouprl.diagnostics import health
 from grouprl.diagnostics.acr import DEFAULT_TAU, acr, collapse_split
-from grouprl.diagnostics.balance import kl_stats, reward_kl_balance
+from grouprl.diagnostics.balance import (
+    LOW_SIGMA,
+    kl_stats,
+    low_sigma_groups,
+    reward_kl_balance,
+    subset_keys,
+)
 from grouprl.diagnostics.health import HealthConfig, RunHealth
 from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, step_metrics
 from grouprl.diagnostics.mismatch import MISMATCH_KEYS, effective_sample_size, mismatch_metrics
@@ -33,6 +40,7 @@ from grouprl.diagnostics.tailmiss import (
 
 __all__ = [
     "DEFAULT_TAU",
+    "LOW_SIGMA",
     "MISMATCH_KEYS",
     "STEP_METRIC_KEYS",
     "GroupSizeAdvice",
@@ -46,6 +54,7 @@ __all__ = [
     "health",
     "inverse_scale_tail",
     "kl_stats",
+    "low_sigma_groups",
     "mismatch_metrics",
     "p_active",
     "pass_at_k",
@@ -53,6 +62,7 @@ __all__ = [
     "reward_kl_balance",
     "sigma_stats",
     "step_metrics",
+    "subset_keys",
     "tail_miss_probability",
     "updated_groups",
 ]

@@ -16,7 +16,60 @@ from collections.abc import Iterable
 
 import torch
 
-__all__ = ["kl_stats", "reward_kl_balance"]
+from grouprl.diagnostics.scale import updated_groups
+from grouprl.types import Advantages
+
+__all__ = [
+    "LOW_SIGMA",
+    "SUBSETS",
+    "kl_stats",
+    "low_sigma_groups",
+    "reward_kl_balance",
+    "subset_keys",
+]
+
+LOW_SIGMA = 1e-2
+"""σ_q below which a group is "low-variance": MaxNorm-AC Table 3 measures its diagnostics, R/KL
+included, "on updated groups with σ_q < 1e-2" [PAPER seed: Table 3 caption]."""
+
+SUBSETS = ("low_sigma", "batch")
+"""Where the trainer measures R/KL, logged as ``balance/<subset>/...``: ``low_sigma`` = the
+updated groups with σ_q < :data:`LOW_SIGMA` (:func:`low_sigma_groups`, Table 3's subset, the
+number to hold against Table 3 and the one the health rule reads); ``batch`` = every kept row
+of the measured micro-batch (what was logged as ``balance/r_over_kl`` before issue 23)."""
+
+
+def low_sigma_groups(
+    rewards: torch.Tensor, adv: Advantages, low_sigma: float = LOW_SIGMA
+) -> torch.Tensor:
+    """``[P]`` bool: MaxNorm Table 3's subset, updated groups whose raw-reward σ_q < ``low_sigma``.
+
+    ``rewards [P, G]``: the rewards the estimator was given (NaN = missing, counted out);
+    σ_q their standard deviation with Bessel's correction (ddof 1, the GRPO estimator's, and
+    what the Table 3 reproduction uses); a group with fewer than two valid rewards has no σ and
+    is not in the subset. ``adv``: the estimator's output (:func:`updated_groups`). One
+    definition for the trainer and ``simulate.low_variance``.
+    """
+    if rewards.dim() != 2 or rewards.shape[0] != adv.values.shape[0]:
+        raise ValueError(
+            f"rewards must be [P, G] with the advantages' P = {adv.values.shape[0]}, got "
+            f"{tuple(rewards.shape)}"
+        )
+    valid = ~torch.isnan(rewards)  # [P, G]
+    n = valid.sum(dim=1)  # [P]
+    r = torch.where(valid, rewards, torch.zeros_like(rewards))
+    mean = r.sum(dim=1) / n.clamp_min(1)  # [P]
+    dev = torch.where(valid, rewards - mean[:, None], torch.zeros_like(rewards))
+    sigma = (dev.pow(2).sum(dim=1) / (n - 1).clamp_min(1)).sqrt()  # [P]
+    return updated_groups(adv) & (n >= 2) & (sigma < low_sigma)
+
+
+def subset_keys(metrics: dict[str, float], subset: str) -> dict[str, float]:
+    """``balance/x`` -> ``balance/<subset>/x`` (:data:`SUBSETS`) for :func:`reward_kl_balance`'s
+    output, so the Table 3 subset and the whole batch are logged under their own names."""
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown R/KL subset {subset!r}; valid subsets: {', '.join(SUBSETS)}")
+    return {k.replace("balance/", f"balance/{subset}/", 1): v for k, v in metrics.items()}
 
 
 def _flat_grad(loss: torch.Tensor, params: list[torch.Tensor], retain: bool) -> torch.Tensor:

@@ -1,19 +1,23 @@
-"""Run health across steps: rules that turn logged numbers into warnings with an action.
+"""Run health across steps: rules that turn logged numbers into messages with an action.
 
 :class:`RunHealth` is fed the flat metric dict of each step (``step_metrics`` output plus
-anything else the trainer logs: ``loss``, ``balance/r_over_kl``, ...) and returns the
-warnings that fire at that step. Every rule is a named threshold with its source; rules
-whose metric is absent stay silent. Warnings repeat at most once per ``cooldown`` steps.
+anything else the trainer logs: ``loss``, ``balance/low_sigma/r_over_kl``, ...). Every rule is
+a named threshold with its source; rules whose metric is absent stay silent. A condition that
+persists is one *episode*: ``update`` returns its full message (what was seen and what to
+do) once, on the step it starts, then a short update only when it changes materially (its
+number moves past ``HealthConfig.change_abs`` / ``change_factor``, or its kind changes, at
+most once per ``gap`` steps), and one line when it clears (``gap`` steps without it).
+:meth:`RunHealth.episodes` lists each episode once with its span, for the run report.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-__all__ = ["STALL_ADVICE", "HealthConfig", "RunHealth"]
+__all__ = ["STALL_ADVICE", "Episode", "Finding", "HealthConfig", "RunHealth"]
 
 
 STALL_ADVICE: dict[str, str] = {
@@ -51,7 +55,8 @@ class HealthConfig:
     stall_steps: int = 50
     """Consecutive steps for the stall alarm [PAPER: ACR paper]."""
     window: int = 25
-    """Window (steps) of the ACR std divergence rule [PAPER: ACR paper]."""
+    """Window (steps) of the ACR std divergence rule [PAPER: ACR paper]; the stall's updates
+    report the mean ACR over the same window."""
     window_std: float = 0.15
     """ACR std over ``window`` steps above this flags divergence risk [PAPER: ACR paper]."""
     acr_first: int = 100
@@ -62,20 +67,79 @@ class HealthConfig:
     nan_frac: float = 0.05
     """Share of unscorable (NaN) rewards above this = verifier trouble [OURS]."""
     r_over_kl_low: float = 0.5
-    """R/KL below this = reward branch KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
+    """R/KL (``balance/low_sigma/r_over_kl``, on Table 3's subset) below this = reward branch
+    KL-dominated [PAPER seed: RLOO/Dr.GRPO at 0.48-0.51]."""
     r_over_kl_high: float = 3.0
     """R/KL above this = KL calibration lost [PAPER seed: GRPO at 3.1 in Table 3]."""
     entropy_frac: float = 0.1
     """Policy entropy below this share of its first logged value = entropy collapse [OURS]."""
     truncated_frac: float = 0.5
     """Share of completions cut at the token limit above this = length budget too small [OURS]."""
-    cooldown: int = 50
-    """A rule that fired stays quiet this many steps [OURS: keeps logs readable]."""
+    gap: int = 10
+    """An episode clears after this many consecutive steps without its condition; a shorter
+    gap belongs to the same episode. Also the least number of steps between two lines of one
+    episode [OURS: a condition that flickers from step to step is one message, not many]."""
+    change_abs: float = 0.1
+    """A share (ACR, NaN or truncated fraction, ACR std) that moved by at least this since the
+    episode's last line is a material change, printed as a short update [OURS]."""
+    change_factor: float = 2.0
+    """A ratio-scale number (1/scale P99, R/KL, entropy, mismatch KL) that moved by at least
+    this factor since the episode's last line is a material change [OURS]."""
     mismatch_kl: float = 1e-3
     """``mismatch/kl_k3`` (KL of the rollout engine's policy from the trainer's) above this =
     the samples come from another policy than the one trained [OURS: bf16 sampling of our
-    fp32 maze model measures ~1e-4 to 1e-3 (reproductions/rollout_correction)]. Said once when
-    it starts, again only when it has doubled since, and anew after it fell below half."""
+    fp32 maze model measures ~1e-4 to 1e-3 (reproductions/rollout_correction)]. Once on, the
+    condition holds down to half of it (so a KL that hovers at the limit is one episode)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A rule's condition holding at one step: what was seen, and what to do about it."""
+
+    rule: str
+    value: float
+    """The number the condition is about (compared with the episode's last line)."""
+    detail: str
+    """What was seen, for the first line of an episode."""
+    action: str
+    """What to do (after ``->`` in the first line)."""
+    short: str
+    """The number in a few words, for the updates."""
+    kind: str = ""
+    """A category whose change is material by itself (the stall's all-wrong / all-correct)."""
+    log_scale: bool = False
+    """Judge changes of ``value`` by ratio (``change_factor``) instead of difference."""
+
+
+@dataclass
+class Episode:
+    """One persisting condition: first and last step it held, its messages."""
+
+    rule: str
+    start: int
+    last: int
+    message: str
+    """The full first line (what was seen -> what to do)."""
+    updates: list[str]
+    """The short lines printed while it lasted, in order."""
+    said: str = ""
+    """The number in words at the latest line (``Finding.short``)."""
+    open: bool = True
+    """Still holding (or within ``gap`` steps of its last step)."""
+    printed_at: int = 0
+    """The step of the episode's latest line."""
+    value: float = 0.0
+    """The value at the latest line."""
+    kind: str = ""
+    absent: int = 0
+    """Consecutive steps without the condition."""
+
+    @property
+    def span(self) -> str:
+        """``steps a–b`` (``step a`` for one step)."""
+        return (
+            f"step {self.start}" if self.start == self.last else f"steps {self.start}–{self.last}"
+        )
 
 
 class RunHealth:
@@ -89,9 +153,11 @@ class RunHealth:
             for line in health.update(step, metrics):
                 log.warning(line)
             metrics.update(health.metrics())
+        health.episodes()            # each condition once, with its span
 
-    Each warning is one line: ``"[rule] step S: what was seen -> what to do"``.
-    ``state_dict()`` / ``load_state_dict()`` carry everything across a checkpoint resume.
+    Each line starts ``"[rule] step S: "``: the first line of an episode says what was seen
+    ``-> what to do``; updates say ``still on since step A: <number>``; the last line says
+    ``cleared``. ``state_dict()`` / ``load_state_dict()`` carry everything across a resume.
     """
 
     def __init__(self, config: HealthConfig | None = None) -> None:
@@ -102,10 +168,9 @@ class RunHealth:
         self.first_count = 0
         self.stall_run = 0
         self.window: deque[float] = deque(maxlen=self.config.window)
-        self.last_fired: dict[str, int] = {}
-        self.fired_total: dict[str, int] = {}
         self.entropy_ref: float | None = None
-        self.mismatch_said: float | None = None
+        self.open: dict[str, Episode] = {}
+        self.closed: list[Episode] = []
 
     # -- derived numbers -------------------------------------------------------------------
 
@@ -128,6 +193,11 @@ class RunHealth:
         m = sum(w) / len(w)
         return math.sqrt(sum((x - m) ** 2 for x in w) / len(w))
 
+    @property
+    def acr_window_mean(self) -> float:
+        """Mean of the last ``window`` per-step ACR values (0 before the first)."""
+        return sum(self.window) / len(self.window) if self.window else 0.0
+
     def metrics(self) -> dict[str, float]:
         """The derived numbers as flat ``health/*`` metrics for the step's log line."""
         return {
@@ -137,24 +207,85 @@ class RunHealth:
             "health/stall_run": float(self.stall_run),
         }
 
+    @property
+    def fired_total(self) -> dict[str, int]:
+        """Episodes so far per rule (each condition counted once, however long it held)."""
+        out: dict[str, int] = {}
+        for ep in self.episodes():
+            out[ep.rule] = out.get(ep.rule, 0) + 1
+        return out
+
+    def episodes(self) -> list[Episode]:
+        """Every episode so far, closed and open, in the order they started."""
+        return sorted([*self.closed, *self.open.values()], key=lambda e: (e.start, e.rule))
+
     # -- the rules -------------------------------------------------------------------------
 
     def update(self, step: int, metrics: dict[str, float]) -> list[str]:
-        """Feed one step's metrics; return the warnings that fire now (each with its action)."""
-        out: list[str] = []
+        """Feed one step's metrics; return the lines to print now (see the class docstring)."""
+        findings: list[Finding] = []
         # the ACR of every generated group when the trainer logs it (with dynamic sampling the
         # kept batch's acr/rate hides the groups that were generated and dropped)
         acr_rate = metrics.get("acr/sampled_rate", metrics.get("acr/rate"))
         if acr_rate is not None and math.isfinite(acr_rate):
             self._track_acr(float(acr_rate))
-            out += self._acr_rules(step, metrics)
-        out += self._scale_rule(step, metrics)
-        out += self._nan_rule(step, metrics)
-        out += self._balance_rule(step, metrics)
-        out += self._loss_rule(step, metrics)
-        out += self._policy_rules(step, metrics)
-        out += self._mismatch_rule(step, metrics)
+            findings += self._acr_rules(metrics)
+        findings += self._scale_rule(metrics)
+        findings += self._nan_rule(metrics)
+        findings += self._balance_rule(metrics)
+        findings += self._loss_rule(metrics)
+        findings += self._policy_rules(metrics)
+        findings += self._mismatch_rule(metrics)
+        return self._track(step, findings, metrics)
+
+    def _track(self, step: int, findings: list[Finding], metrics: dict[str, float]) -> list[str]:
+        """Open, update and close episodes from this step's findings; the lines to print."""
+        c, out = self.config, []
+        seen = {f.rule: f for f in findings}
+        for f in findings:
+            ep = self.open.get(f.rule)
+            if ep is None:
+                line = f"[{f.rule}] step {step}: {f.detail} -> {f.action}"
+                self.open[f.rule] = Episode(
+                    f.rule,
+                    step,
+                    step,
+                    line,
+                    [],
+                    f.short,
+                    printed_at=step,
+                    value=f.value,
+                    kind=f.kind,
+                )
+                out.append(line)
+                continue
+            ep.last, ep.absent = step, 0
+            if step - ep.printed_at >= c.gap and self._material(ep, f):
+                line = (
+                    f"[{f.rule}] step {step}: still on since step {ep.start}, now {f.short} "
+                    f"(was {ep.said} at step {ep.printed_at})"
+                )
+                ep.updates.append(line)
+                ep.printed_at, ep.value, ep.kind, ep.said = step, f.value, f.kind, f.short
+                out.append(line)
+        for rule, ep in list(self.open.items()):
+            if rule in seen or not any(metrics.get(k) is not None for k in _RULE_KEYS[rule]):
+                continue  # a step without the rule's metric neither holds nor clears it
+            ep.absent += 1
+            if ep.absent >= c.gap:
+                ep.open = False
+                self.closed.append(self.open.pop(rule))
+                out.append(f"[{rule}] step {step}: cleared; it held over {ep.span}")
         return out
+
+    def _material(self, ep: Episode, f: Finding) -> bool:
+        if f.kind != ep.kind:
+            return True
+        if f.log_scale:
+            if ep.value <= 0 or f.value <= 0:
+                return (ep.value <= 0) != (f.value <= 0)
+            return max(f.value / ep.value, ep.value / f.value) >= self.config.change_factor
+        return abs(f.value - ep.value) >= self.config.change_abs
 
     def _track_acr(self, rate: float) -> None:
         self.steps += 1
@@ -165,145 +296,174 @@ class RunHealth:
         self.window.append(rate)
         self.stall_run = self.stall_run + 1 if rate > self.config.stall_acr else 0
 
-    def _fire(self, rule: str, step: int, text: str) -> list[str]:
-        last = self.last_fired.get(rule)
-        if last is not None and step - last < self.config.cooldown:
-            return []
-        self.last_fired[rule] = step
-        self.fired_total[rule] = self.fired_total.get(rule, 0) + 1
-        return [f"[{rule}] step {step}: {text}"]
-
-    def _acr_rules(self, step: int, m: dict[str, float]) -> list[str]:
+    def _acr_rules(self, m: dict[str, float]) -> list[Finding]:
         c = self.config
-        out: list[str] = []
-        if self.stall_run >= c.stall_steps:
-            wrong, right = m.get("acr/all_wrong", 0.0), m.get("acr/all_correct", 0.0)
-            rate = m.get("acr/sampled_rate", m.get("acr/rate", 0.0))
-            if rate > m.get("acr/rate", 0.0) + 1e-9:  # a filter dropped the collapsed groups
-                why = (
-                    f"dynamic sampling discards {rate:.0%} of the generated groups, "
-                    "and their rollouts"
-                )
-                fix = STALL_ADVICE["filtered"]
-            elif wrong >= right:
-                why = f"mostly all-wrong groups ({wrong:.0%}): prompts too hard for the model"
-                fix = STALL_ADVICE["all_wrong"]
-            else:
-                why = f"mostly all-correct groups ({right:.0%}): prompts already solved"
-                fix = STALL_ADVICE["all_correct"]
-            out += self._fire(
-                "acr_stall",
-                step,
-                f"ACR > {c.stall_acr:g} for {self.stall_run} consecutive steps (now "
-                f"{rate:.2f}; {why}) -> {fix}",
-            )
+        out: list[Finding] = []
+        rate = m.get("acr/sampled_rate", m.get("acr/rate", 0.0))
+        # a stall starts after stall_steps steps above the threshold and, once on, holds on
+        # every step above it (it clears after ``gap`` steps at or below)
+        if self.stall_run >= c.stall_steps or ("acr_stall" in self.open and self.stall_run):
+            out.append(self._stall(m, rate))
         if len(self.window) >= c.window and self.acr_window_std > c.window_std:
-            out += self._fire(
-                "acr_unstable",
-                step,
-                f"ACR std over the last {c.window} steps is {self.acr_window_std:.3f} > "
-                f"{c.window_std:g}: divergence risk -> lower the learning rate, tighten the "
-                "clip range, or raise the KL coefficient beta",
+            std = self.acr_window_std
+            out.append(
+                Finding(
+                    "acr_unstable",
+                    std,
+                    f"ACR std over the last {c.window} steps is {std:.3f} > {c.window_std:g}: "
+                    "divergence risk",
+                    "lower the learning rate, tighten the clip range, or raise the KL "
+                    "coefficient beta",
+                    f"ACR std {std:.3f}",
+                )
             )
         return out
 
-    def _scale_rule(self, step: int, m: dict[str, float]) -> list[str]:
+    def _stall(self, m: dict[str, float], rate: float) -> Finding:
+        c = self.config
+        wrong, right = m.get("acr/all_wrong", 0.0), m.get("acr/all_correct", 0.0)
+        if rate > m.get("acr/rate", 0.0) + 1e-9:  # a filter dropped the collapsed groups
+            kind, why = (
+                "filtered",
+                (
+                    f"dynamic sampling discards {rate:.0%} of the generated groups, and their rollouts"
+                ),
+            )
+        elif wrong >= right:
+            kind = "all_wrong"
+            why = f"mostly all-wrong groups ({wrong:.0%}): prompts too hard for the model"
+        else:
+            kind = "all_correct"
+            why = f"mostly all-correct groups ({right:.0%}): prompts already solved"
+        mean = self.acr_window_mean
+        return Finding(
+            "acr_stall",
+            mean,
+            f"ACR > {c.stall_acr:g} for {self.stall_run} consecutive steps (now {rate:.2f}; {why})",
+            STALL_ADVICE[kind],
+            f"ACR {mean:.2f} (last {len(self.window)} steps), {kind.replace('_', '-')}",
+            kind=kind,
+        )
+
+    def _scale_rule(self, m: dict[str, float]) -> list[Finding]:
         p99 = m.get("scale/inv_p99")
         if p99 is None or not p99 > self.config.inv_scale_p99:
             return []
-        return self._fire(
-            "inv_scale_tail",
-            step,
-            f"P99 of 1/scale is {p99:.3g} > {self.config.inv_scale_p99:g}: near-constant groups "
-            "are amplified into full-size updates -> use estimator maxnorm_rloo (bounded), or "
-            "delta_res=1e-2 (resolution protocol) to skip sub-resolution jitter",
-        )
+        return [
+            Finding(
+                "inv_scale_tail",
+                p99,
+                f"P99 of 1/scale is {p99:.3g} > {self.config.inv_scale_p99:g}: near-constant "
+                "groups are amplified into full-size updates",
+                "use estimator maxnorm_rloo (bounded), or delta_res=1e-2 (resolution protocol) "
+                "to skip sub-resolution jitter",
+                f"P99 of 1/scale {p99:.3g}",
+                log_scale=True,
+            )
+        ]
 
-    def _nan_rule(self, step: int, m: dict[str, float]) -> list[str]:
+    def _nan_rule(self, m: dict[str, float]) -> list[Finding]:
         frac = m.get("reward/nan_frac")
         if frac is None or not frac > self.config.nan_frac:
             return []
-        return self._fire(
-            "nan_rewards",
-            step,
-            f"{frac:.1%} of rewards are unscorable (NaN) -> check the verifier: timeouts, "
-            "answer extraction, sandbox errors (NaN rewards are excluded, not scored 0)",
-        )
+        return [
+            Finding(
+                "nan_rewards",
+                frac,
+                f"{frac:.1%} of rewards are unscorable (NaN)",
+                "check the verifier: timeouts, answer extraction, sandbox errors (NaN rewards "
+                "are excluded, not scored 0)",
+                f"{frac:.1%} unscorable",
+            )
+        ]
 
-    def _balance_rule(self, step: int, m: dict[str, float]) -> list[str]:
-        ratio = m.get("balance/r_over_kl")
+    def _balance_rule(self, m: dict[str, float]) -> list[Finding]:
+        ratio = m.get("balance/low_sigma/r_over_kl")  # Table 3's subset: its thresholds
         if ratio is None or not math.isfinite(ratio):
             return []
         c = self.config
         if ratio < c.r_over_kl_low:
-            return self._fire(
-                "kl_dominated",
-                step,
-                f"R/KL = {ratio:.3g} < {c.r_over_kl_low:g}: the KL branch outweighs the reward "
-                "signal -> lower beta, or use maxnorm_rloo to recover small credible gaps",
-            )
+            return [
+                Finding(
+                    "kl_dominated",
+                    ratio,
+                    f"R/KL = {ratio:.3g} < {c.r_over_kl_low:g}: the KL branch outweighs the "
+                    "reward signal",
+                    "lower beta, or use maxnorm_rloo to recover small credible gaps",
+                    f"R/KL {ratio:.3g}",
+                    log_scale=True,
+                )
+            ]
         if ratio > c.r_over_kl_high:
-            return self._fire(
-                "kl_overwhelmed",
-                step,
-                f"R/KL = {ratio:.3g} > {c.r_over_kl_high:g}: std-normalised advantages overwhelm "
-                "the KL anchor -> use maxnorm_rloo or grpo_beta_comp, or raise beta",
-            )
+            return [
+                Finding(
+                    "kl_overwhelmed",
+                    ratio,
+                    f"R/KL = {ratio:.3g} > {c.r_over_kl_high:g}: std-normalised advantages "
+                    "overwhelm the KL anchor",
+                    "use maxnorm_rloo or grpo_beta_comp, or raise beta",
+                    f"R/KL {ratio:.3g}",
+                    log_scale=True,
+                )
+            ]
         return []
 
-    def _loss_rule(self, step: int, m: dict[str, float]) -> list[str]:
+    def _loss_rule(self, m: dict[str, float]) -> list[Finding]:
         loss = m.get("loss", m.get("loss/total"))
         if loss is None or math.isfinite(loss):
             return []
-        return self._fire(
-            "nonfinite_loss",
-            step,
-            f"loss is {loss}: -> lower the learning rate, check for inf rewards or log-probs, "
-            "and resume from the last checkpoint",
-        )
+        return [
+            Finding(
+                "nonfinite_loss",
+                1.0,
+                f"loss is {loss}",
+                "lower the learning rate, check for inf rewards or log-probs, and resume from "
+                "the last checkpoint",
+                f"loss {loss}",
+            )
+        ]
 
-    def _policy_rules(self, step: int, m: dict[str, float]) -> list[str]:
-        out: list[str] = []
+    def _policy_rules(self, m: dict[str, float]) -> list[Finding]:
+        out: list[Finding] = []
         ent = m.get("policy/entropy_mean")
         if ent is not None and math.isfinite(ent):
             if self.entropy_ref is None:
                 self.entropy_ref = float(ent)
             elif self.entropy_ref > 0 and ent < self.config.entropy_frac * self.entropy_ref:
-                out += self._fire(
-                    "entropy_collapse",
-                    step,
-                    f"policy entropy {ent:.3g} fell below {self.config.entropy_frac:g}x its "
-                    f"first value {self.entropy_ref:.3g}: exploration is gone -> clip-higher "
-                    "(eps_high 0.28, preset dapo), a focal weight, a higher temperature or a "
-                    "lower learning rate",
+                out.append(
+                    Finding(
+                        "entropy_collapse",
+                        float(ent),
+                        f"policy entropy {ent:.3g} fell below {self.config.entropy_frac:g}x its "
+                        f"first value {self.entropy_ref:.3g}: exploration is gone",
+                        "clip-higher (eps_high 0.28, preset dapo), a focal weight, a higher "
+                        "temperature or a lower learning rate",
+                        f"entropy {ent:.3g}",
+                        log_scale=True,
+                    )
                 )
         trunc = m.get("length/truncated_frac")
         if trunc is not None and trunc > self.config.truncated_frac:
-            out += self._fire(
-                "truncation",
-                step,
-                f"{trunc:.0%} of completions hit the token limit -> raise max_new_tokens, or "
-                "use overlong shaping (mask / soft penalty) so cut-off answers are not scored "
-                "as wrong",
+            out.append(
+                Finding(
+                    "truncation",
+                    trunc,
+                    f"{trunc:.0%} of completions hit the token limit",
+                    "raise max_new_tokens, or use overlong shaping (mask / soft penalty) so "
+                    "cut-off answers are not scored as wrong",
+                    f"{trunc:.0%} truncated",
+                )
             )
         return out
 
-    def _mismatch_rule(self, step: int, m: dict[str, float]) -> list[str]:
+    def _mismatch_rule(self, m: dict[str, float]) -> list[Finding]:
         kl = m.get("mismatch/kl_k3")
         limit = self.config.mismatch_kl
         if kl is None or not math.isfinite(kl):
             return []
-        said = self.mismatch_said
-        if kl < limit / 2:
-            self.mismatch_said = None  # gone: a later rise is news again
+        if not (kl > limit or ("rollout_mismatch" in self.open and kl >= limit / 2)):
             return []
-        if kl <= limit or (said is not None and kl < 2 * said):
-            return []
-        self.mismatch_said = kl
         p99 = m.get("mismatch/ratio_p99", float("nan"))
-        seen = f"KL(rollout||train) {kl:.2g} > {limit:g}, token ratio p99 {p99:.3g}"
-        if said is not None:
-            seen = f"grew to {seen} (was {said:.2g})"
         if "corr/weight_mean" in m:
             lost = m.get("corr/zeroed_frac", 0.0) + m.get("corr/rejected_frac", 0.0)
             fix = (
@@ -316,9 +476,16 @@ class RunHealth:
                 "seq_tis; TRL: vllm_importance_sampling_correction), or sample in the "
                 "training precision"
             )
-        self.last_fired["rollout_mismatch"] = step
-        self.fired_total["rollout_mismatch"] = self.fired_total.get("rollout_mismatch", 0) + 1
-        return [f"[rollout_mismatch] step {step}: {seen} -> {fix}"]
+        return [
+            Finding(
+                "rollout_mismatch",
+                kl,
+                f"KL(rollout||train) {kl:.2g} > {limit:g}, token ratio p99 {p99:.3g}",
+                fix,
+                f"KL(rollout||train) {kl:.2g}",
+                log_scale=True,
+            )
+        ]
 
     # -- checkpointing ---------------------------------------------------------------------
 
@@ -332,24 +499,46 @@ class RunHealth:
             "first_count": self.first_count,
             "stall_run": self.stall_run,
             "window": list(self.window),
-            "last_fired": dict(self.last_fired),
-            "fired_total": dict(self.fired_total),
             "entropy_ref": self.entropy_ref,
-            "mismatch_said": self.mismatch_said,
+            "open": [asdict(e) for e in self.open.values()],
+            "closed": [asdict(e) for e in self.closed],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the state saved by :meth:`state_dict` (the config comes with it)."""
-        self.config = HealthConfig(**state["config"])
+        """Restore the state saved by :meth:`state_dict` (the config comes with it).
+
+        A state written before episodes existed (with ``last_fired``) loads with none open.
+        """
+        known = {f.name for f in fields(HealthConfig)}
+        self.config = HealthConfig(**{k: v for k, v in state["config"].items() if k in known})
         self.steps = int(state["steps"])
         self.acr_sum = float(state["acr_sum"])
         self.first_sum = float(state["first_sum"])
         self.first_count = int(state["first_count"])
         self.stall_run = int(state["stall_run"])
         self.window = deque((float(x) for x in state["window"]), maxlen=self.config.window)
-        self.last_fired = {str(k): int(v) for k, v in state["last_fired"].items()}
-        self.fired_total = {str(k): int(v) for k, v in state["fired_total"].items()}
         ref = state.get("entropy_ref")
         self.entropy_ref = None if ref is None else float(ref)
-        said = state.get("mismatch_said")
-        self.mismatch_said = None if said is None else float(said)
+        self.open = {e["rule"]: _episode(e) for e in state.get("open", [])}
+        self.closed = [_episode(e) for e in state.get("closed", [])]
+
+
+_ACR_KEYS = ("acr/sampled_rate", "acr/rate")
+_RULE_KEYS: dict[str, tuple[str, ...]] = {
+    "acr_stall": _ACR_KEYS,
+    "acr_unstable": _ACR_KEYS,
+    "inv_scale_tail": ("scale/inv_p99",),
+    "nan_rewards": ("reward/nan_frac",),
+    "kl_dominated": ("balance/low_sigma/r_over_kl",),
+    "kl_overwhelmed": ("balance/low_sigma/r_over_kl",),
+    "nonfinite_loss": ("loss", "loss/total"),
+    "entropy_collapse": ("policy/entropy_mean",),
+    "truncation": ("length/truncated_frac",),
+    "rollout_mismatch": ("mismatch/kl_k3",),
+}
+"""Rule -> the metrics it reads. Only a step that logs one of them can clear the rule's
+episode: an evaluation-only row, or a step between two R/KL measurements, leaves it as it is."""
+
+
+def _episode(d: dict[str, Any]) -> Episode:
+    return Episode(**{**d, "updates": list(d["updates"])})

@@ -61,6 +61,7 @@ __all__ = [
     "gmpo",
     "gspo",
     "kl_cov",
+    "on_policy_note",
     "on_policy_warning",
     "ppo_clip",
     "reinforce",
@@ -290,6 +291,23 @@ def on_policy_warning(name: str, minibatches: int, ppo_epochs: int) -> str | Non
         "never acts and the update is REINFORCE with these advantages. Set optim.minibatches or "
         "optim.ppo_epochs above 1 for the clip to act (DAPO and CISPO take 16 minibatches, GSPO "
         "4, AGPO 4 epochs)."
+    )
+
+
+def on_policy_note(name: str, preset: str, minibatches: int, ppo_epochs: int) -> str | None:
+    """One line for a clip-based surrogate run at its preset's own one-step schedule.
+
+    The same fact as :func:`on_policy_warning` (ρ ≡ 1, the clip never acts), but nothing to
+    fix: the preset's sources take one update per generation batch (DeepSeekMath §4.2 for
+    ``grpo``; ALGORITHMS.md §3 "Update schedule"), so it is said once, as a note [OURS: issue
+    25, where the default run opened on a warning that read as "the default is broken"].
+    None when the warning's condition does not hold.
+    """
+    if on_policy_warning(name, minibatches, ppo_epochs) is None:
+        return None
+    return (
+        f"{preset} takes one optimizer step per generation batch, as its sources do: every "
+        f"step is on-policy (ratio 1), so the {name} clip does not act"
     )
 
 

@@ -25,6 +25,7 @@ th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}
 .sub{color:#666}.warn{background:#fff4e0;border-left:4px solid #e69500;padding:.4em .8em;
 margin:.3em 0}.ok{color:#1a7f37}.bad{color:#c0392b}img{max-width:100%}
 code,pre{background:#f6f8fa;padding:.1em .3em;border-radius:3px}
+.lead{font-size:1.1em}.warn p{margin:.2em 0}.warn ul{margin:.2em 0}
 """
 
 

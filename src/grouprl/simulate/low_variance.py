@@ -31,7 +31,9 @@ KL with β and the method's ``kl_weight``, groups with ``keep = False`` out of b
 the KL is the one training produces, held by β.
 
 **Measured** over the second half of training (the *window* [OURS]), on every step's updated
-groups with σ_q < 1e-2 (σ of the raw rewards, ddof 1; *updated* = :func:`updated_groups`):
+groups with σ_q < 1e-2 (σ of the raw rewards, ddof 1; *updated* = :func:`updated_groups`;
+:func:`grouprl.diagnostics.low_sigma_groups`, the subset the trainer's
+``balance/low_sigma/r_over_kl`` is measured on too):
 1/scale_q (pooled, P95/P99); k3 at the sampled answers (mean and P95 over samples); every
 ``measure_every`` steps, with both branches restricted to those groups: R/KL =
 ‖g_R‖/(β‖g_KL‖) with g_KL the **unweighted** KL branch (:func:`reward_kl_balance`,
@@ -56,7 +58,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from grouprl.diagnostics.balance import reward_kl_balance
+from grouprl.diagnostics.balance import low_sigma_groups, reward_kl_balance
 from grouprl.diagnostics.scale import updated_groups
 from grouprl.losses.kl import k3
 from grouprl.losses.objective import objective
@@ -425,9 +427,8 @@ def train(
             kl_weight=adv.kl_weight.repeat_interleave(g),
         )
         if t >= start:
-            sigma = rewards.std(1)  # [P] raw rewards, ddof 1
-            low = sigma < cfg.low_sigma
-            sel = updated_groups(adv) & low  # [P]
+            sigma = rewards.std(1)  # [P] raw rewards, ddof 1 (the jitter log below)
+            sel = low_sigma_groups(rewards, adv, cfg.low_sigma)  # [P] Table 3's subset
             constant = base.amax(1) == base.amin(1)  # [P] reward constant before jitter
             n_groups += p
             n_low += int(sel.sum())

@@ -56,7 +56,7 @@ from typing import Any
 
 import torch
 
-from grouprl.tasks.verify import BatchScores, UnscorableError, run_calls
+from grouprl.tasks.verify import BatchScores, UnscorableError, failure_advice, run_calls
 
 __all__ = [
     "Outcome",
@@ -482,8 +482,14 @@ class Rewards:
             raise UnscorableError(
                 f"{unscorable} of {n} completions ({scores.unscorable_frac:.0%}) could not be "
                 f"scored, above max_unscorable_frac={max_unscorable_frac}; first errors: "
-                f"{errors}. Fix the reward function(s) (or raise the timeout, now "
-                f"{timeout_s:g} s per call on the whole batch: sampling.verify_timeout_s)."
+                f"{errors}. "
+                + failure_advice(
+                    "the reward function(s)",
+                    out.reasons.values(),
+                    timeout_s,
+                    "sampling.verify_timeout_s",
+                )
+                + "."
             )
         return scores
 

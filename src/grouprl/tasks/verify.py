@@ -31,7 +31,7 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
@@ -39,6 +39,7 @@ from typing import Any
 __all__ = [
     "BatchScores",
     "UnscorableError",
+    "failure_advice",
     "run_calls",
     "safe_verify",
     "score_batch",
@@ -256,9 +257,32 @@ def score_batch(
         raise UnscorableError(
             f"{unscorable} of {n} completions ({scores.unscorable_frac:.0%}) could not be "
             f"scored, above max_unscorable_frac={max_unscorable_frac}; first errors: "
-            f"{errors}. Fix the verifier (or raise its timeout_s={timeout_s}) before training."
+            f"{errors}. {failure_advice('the verifier', reasons.values(), timeout_s, 'timeout_s')} "
+            "before training."
         )
     return scores
+
+
+def failure_advice(what: str, reasons: Iterable[str], timeout_s: float, setting: str) -> str:
+    """What to do about completions that could not be scored, from why they failed.
+
+    A call that timed out (``run_calls``' "timed out after" reason) asks for a faster
+    function or a longer ``setting`` (naming its value); any other failure (an exception, a
+    bad return value, a dead worker) asks to fix ``what``. A timeout is never suggested for a
+    function that raised, nor when ``timeout_s`` is 0 (in-process: there is none) [OURS:
+    issue 25, "raise the timeout, now 0 s per call" for a reward function that raised].
+    """
+    reasons = list(reasons)
+    timed_out = sum("timed out after" in r for r in reasons)
+    parts = []
+    if len(reasons) > timed_out or not reasons:
+        parts.append(f"Fix {what}: see the first errors")
+    if timed_out:
+        parts.append(
+            f"{timed_out} call(s) ran past the timeout: make {what} faster or raise {setting} "
+            f"(now {timeout_s:g} s per call)"
+        )
+    return "; ".join(parts)
 
 
 def run_calls(

@@ -69,6 +69,12 @@ class Batch:
     baseline: torch.Tensor | None = None  # [P] reward of each prompt's greedy completion (ReMax)
     reward_parts: torch.Tensor | None = None  # [P, G, K] per reward function (GDPO), NaN = None
     reward_weights: tuple[float, ...] | None = None  # [K] the functions' weights
+    verifier_rewards: torch.Tensor | None = None
+    """``[P, G]`` the verifier's rewards before any shaping (DAPO's soft overlong penalty); the
+    focal weight's μ̂ reads these (F-GRPO eq. 11). None: ``rewards`` are unshaped."""
+    draw_weights: torch.Tensor | None = None
+    """``[P]`` the importance weight 1/(|pool|·p_x) of each group's prompt draw (a prompt
+    sampler over a pool); None: a fresh stream."""
 
     @property
     def size(self) -> int:
@@ -92,6 +98,8 @@ class Round:
     baseline: torch.Tensor | None = None  # [n] greedy completions' rewards (ReMax)
     reward_parts: torch.Tensor | None = None  # [n, G, K] per reward function (GDPO)
     reward_weights: tuple[float, ...] | None = None  # [K]
+    verifier_rewards: torch.Tensor | None = None  # [n, G] before shaping; None = rewards
+    draw_weights: torch.Tensor | None = None  # [n] 1/(|pool|·p_x); None = a fresh stream
 
 
 def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -253,7 +261,7 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
     wp = max(r.rollouts.prompt_ids.shape[1] for r in rounds)
     wc = max(r.rollouts.completion_ids.shape[1] for r in rounds)
     parts: dict[str, list[torch.Tensor]] = {k: [] for k in ("pi", "pm", "ci", "cm", "lp", "tr")}
-    rewards, ids, base, split = [], [], [], []
+    rewards, ids, base, split, raw, weights = [], [], [], [], [], []
     for r in rounds:
         roll = r.rollouts
         rows = group_rows(r.kept, g).to(roll.prompt_ids.device)  # [k·G]
@@ -265,12 +273,16 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         parts["tr"].append(roll.truncated[rows])
         kept = r.kept.to(r.rewards.device)
         rewards.append(r.rewards[kept])
+        raw.append((r.rewards if r.verifier_rewards is None else r.verifier_rewards)[kept])
+        if r.draw_weights is not None:
+            weights.append(r.draw_weights[r.kept.to(r.draw_weights.device)])
         ids += [r.examples[i].id for i in r.kept.tolist()]
         if r.baseline is not None:
             base.append(r.baseline[kept])
         if r.reward_parts is not None:
             split.append(r.reward_parts[kept])
     c = {k: torch.cat(v) for k, v in parts.items()}
+    shaped = any(r.verifier_rewards is not None for r in rounds)
     return Batch(
         prompt_ids=c["pi"],
         prompt_mask=c["pm"],
@@ -285,6 +297,8 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         baseline=torch.cat(base) if len(base) == len(rounds) else None,
         reward_parts=torch.cat(split) if len(split) == len(rounds) else None,
         reward_weights=rounds[0].reward_weights,
+        verifier_rewards=torch.cat(raw) if shaped else None,
+        draw_weights=torch.cat(weights) if len(weights) == len(rounds) else None,
     )
 
 

@@ -123,9 +123,11 @@ class SamplingConfig:
     pool_size: int = 0
     """Prompts come from a finite pool of this many train examples, drawn once from the seed,
     and the preset's prompt sampler (``grouprl.sampling``) picks each step's P from it. 0 =
-    a fresh stream of prompts every step for the ``uniform`` sampler, and a pool of
-    ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs one (``sigma``,
-    IS-GRPO) [OURS]. A dataset task with fewer rows gives a pool of its distinct rows."""
+    the preset's ``pool_size`` (1024 for ``is_grpo``, ``is_grpo_baseline`` and
+    ``is_grpo_exact``, so they draw the same pool; 0 for the others: a fresh stream of prompts
+    every step), and ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs a pool when
+    the preset sets none [OURS]. A dataset task with fewer rows gives a pool of its distinct
+    rows."""
     max_resample_tries: int = 3
     """Dynamic sampling (DAPO): rounds of extra prompts before training on a short batch;
     DAPO's code uses ``max_num_gen_batches`` (0 = unlimited) [OURS default 3]."""
@@ -150,12 +152,13 @@ class OptimConfig:
     """Optimisation: AdamW, PPO epochs and minibatches, exact gradient accumulation."""
 
     steps: int = 300
+    """RL steps (the maze miniature takes 150, :data:`MAZE_MINIATURE`)."""
     lr: float = 5e-5
-    """AdamW learning rate. [OURS] measured on the maze miniature (300 GRPO steps, 32 x 8):
-    5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 -> 0.334/0.385; 0.192,
-    0.335/0.390 with fused AdamW at two threads, docs/training.md);
-    2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate (0.10-0.16)
-    and pass@16 fall to 0.28; 1e-4 was in between."""
+    """AdamW learning rate. [OURS] measured on the former maze default (5×5, 300 GRPO steps,
+    32 x 8): 5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 ->
+    0.334/0.385); 2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate
+    (0.10-0.16) and pass@16 fall to 0.28; 1e-4 was in between. Kept for the 4×4 miniature
+    (docs/training.md, "The default run")."""
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
@@ -222,18 +225,26 @@ class RunSectionConfig:
     """Checkpoint every this many steps (and at the end and on SIGINT/SIGTERM); 0 = only those."""
     keep_last: int = 2
     progress: bool = True
-    tensorboard: bool = True
+    """A progress bar on a terminal; plain lines (every tenth of the run or 30 s) when stdout
+    is not one, or with ``progress: false`` (``--no-progress``)."""
+    tensorboard: bool | None = None
+    """TensorBoard events in ``<out>/tb/``: None = when tensorboard is installed; true = asked
+    for (a config error before the run when it is not installed); false = never."""
     wandb: bool = False
+    """W&B offline logging in ``<out>/wandb/``; true without wandb installed is a config error
+    before the run, naming the install command."""
     report: bool = True
     """Write ``report.html`` from the run folder's files after a finished run: done by the
     entry points, ``grouprl train`` and ``grouprl.train.run`` (``train.api.write_report``);
     ``loop.train`` itself writes no report (call ``write_report(cfg, result)``, or
     ``grouprl.report.write_run_report(run_dir)`` at any time)."""
     threads: int = 0
-    """torch threads; 0 = torch's own default (its intra-op pool: one thread per physical
-    core), a positive number sets ``torch.set_num_threads``. [OURS] issue 14: the former
-    default of 1 was faster on a loaded 2-core machine, but trains on one core of a
-    workstation; ``benchmarks/train_step.py`` measures both."""
+    """torch threads; 0 = auto (``grouprl._threads.choose_threads``): the cores the 1-minute
+    load average leaves free, at least 1 and at most torch's own count, or
+    ``OMP_NUM_THREADS`` when set; a positive number is taken as it is. [OURS] issue 25: on 2
+    cores, 20 maze steps took 11 s idle at torch's two threads and 12 s at one, but beside four
+    busy processes 105 s at two and 37 s at one (2.8x); ``benchmarks/train_step.py``
+    measures a given count."""
     save_final: bool = True
     """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
     of a finished run (``grouprl.train.export``), loadable by transformers, TRL and vLLM."""
@@ -382,13 +393,31 @@ def _check_ranges(cfg: RunConfig) -> None:
     if o.lr <= 0:
         raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
     if cfg.run.threads < 0:
-        raise ConfigError(f"run.threads must be >= 0 (0 = torch's default), got {cfg.run.threads}")
+        raise ConfigError(f"run.threads must be >= 0 (0 = auto), got {cfg.run.threads}")
+    _check_loggers(cfg.run)
     _check_model_runtime(cfg.model)
     if e.every and (e.samples < max(e.ks) or e.prompts < 1):
         raise ConfigError(
             f"eval.samples ({e.samples}) must be >= max(eval.ks) ({max(e.ks)}): pass@k needs "
             "n >= k samples per prompt; raise eval.samples or drop the large k"
         )
+
+
+LOGGERS: dict[str, tuple[str, str]] = {
+    "tensorboard": ("tensorboard", "pip install tensorboard  (or: pip install 'grouprl[logging]')"),
+    "wandb": ("wandb", "pip install wandb"),
+}
+"""``run.<field>`` -> (the module it needs, the command that installs it)."""
+
+
+def _check_loggers(run: RunSectionConfig) -> None:
+    """A logger asked for (true) but not installed is an error before the run [OURS: issue
+    25, ``run.wandb=true`` without wandb ran to the end without a word]."""
+    for name, (module, command) in LOGGERS.items():
+        if getattr(run, name) is True and importlib.util.find_spec(module) is None:
+            raise ConfigError(
+                f"run.{name}=true but {module} is not installed: {command}, or set run.{name}=false"
+            )
 
 
 def _check_model_runtime(m: ModelConfig) -> None:
@@ -621,6 +650,27 @@ PROFILES: dict[str, dict[str, dict[str, Any]]] = {
 """Defaults that depend on the model: ``tiny`` for models built from scratch, ``pretrained``
 for everything else. Applied under the YAML file and the overrides."""
 
+MAZE_MINIATURE: dict[str, dict[str, Any]] = {
+    "model": {"sft_steps": 700},
+    "task": {"params": {"size": 4, "min_path": 1, "max_path": 5}},
+    "sampling": {"prompts_per_step": 16, "group_size": 16, "max_new_tokens": 10},
+    "optim": {"steps": 150},
+}
+"""What ``grouprl train`` runs with no arguments: 4×4 mazes with 1–5-move answers (the maze
+reproduction's regime, reproductions/maze), a 700-step warm start, 150 GRPO steps of 16 mazes
+× 16 completions, at most 10 new tokens (an answer is ≤ 5 moves and EOS). [OURS] chosen by
+pilots (issue 25; docs/training.md, "The default run"): the former default (5×5, any path,
+1,400 SFT steps, 300 steps of 32 × 8) collapsed 72–81 % of its groups, mostly all-wrong, and
+printed a stall warning; here 16 completions a maze keep the collapse rate near 0.2–0.3, and
+the run fits in a few minutes on 2 cores."""
+
+TASK_PROFILES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
+    ("tiny", "maze"): MAZE_MINIATURE,
+}
+"""Defaults for a (model profile, task) pair, applied over :data:`PROFILES` and under the YAML
+file and the overrides, and only when they give no ``task.params``: a maze of your own
+(``--set task.params.size=5``) starts from the plain defaults, not from a mix."""
+
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
@@ -642,9 +692,12 @@ def load_config(
     validate: bool = True,
     profile: str | None = "auto",
 ) -> RunConfig:
-    """Defaults <- model profile <- YAML file <- ``section.field=value`` overrides, validated.
+    """Defaults <- model profile (+ task profile) <- YAML file <- ``section.field=value``
+    overrides, validated.
 
-    ``profile="auto"`` picks :data:`PROFILES` by the final model name; None applies none.
+    ``profile="auto"`` picks :data:`PROFILES` by the final model name, and
+    :data:`TASK_PROFILES` by (profile, task) when the task's params are not given; None
+    applies neither.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -660,6 +713,10 @@ def load_config(
             profile = profile_for(str((data.get("model") or {}).get("name", ModelConfig.name)))
         if profile not in PROFILES:
             raise ConfigError(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
-        data = _merge(PROFILES[profile], data)
+        task = str((data.get("task") or {}).get("name", TaskConfig.name))
+        extra = TASK_PROFILES.get((profile, task))
+        if extra is not None and "params" in (data.get("task") or {}):
+            extra = None  # the user's own task: plain defaults
+        data = _merge(_merge(PROFILES[profile], extra or {}), data)
     cfg = from_dict(data)
     return cfg.validate() if validate else cfg

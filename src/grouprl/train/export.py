@@ -27,10 +27,12 @@ that is then renamed, so a reader never sees half a model. [OURS]
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,11 +55,29 @@ def _replace(tmp: Path, target: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """transformers' progress bars off for the block, as they were after it."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - a model with save_pretrained implies transformers
+        yield
+        return
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _write(model: Any, tokenizer: Any, target: Path, meta: dict[str, Any]) -> Path:
     tmp = target.with_name(f".tmp-{target.name}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        with _no_progress_bar():  # transformers' "Writing model shards" bar, noise in a log
+            model.save_pretrained(tmp, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / "grouprl_final.json").write_text(json.dumps(meta, indent=1, default=str))

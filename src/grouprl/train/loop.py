@@ -53,7 +53,7 @@ from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
 from grouprl.train.targets import Targets
 from grouprl.types import Rollouts
 
-__all__ = ["RunResult", "TrainingError", "train", "train_step"]
+__all__ = ["RunResult", "TrainingError", "schedule_lines", "train", "train_step"]
 
 
 class TrainingError(RuntimeError):
@@ -101,13 +101,8 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
         progress=cfg.run.progress,
         note=run.resume_note,  # --resume-anyway's change, in the first row
     )
-    schedule = cfg.schedule(run.preset)  # the preset's update schedule unless optim sets it
-    for note in (
-        schedule.note,
-        losses.on_policy_warning(run.preset.surrogate, schedule.minibatches, schedule.ppo_epochs),
-    ):
-        if note:
-            run.print(f"schedule: {note}")
+    for line in schedule_lines(cfg, run.preset):
+        run.print(line)
     metrics: dict[str, float] = {}
     every, ckpt_every = cfg.eval.every, cfg.run.every
     try:
@@ -135,6 +130,26 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
     finally:
         run.sinks.close()
     return RunResult(run.run_dir, run.step, metrics, run.evals, stop.signum)
+
+
+def schedule_lines(cfg: RunConfig, preset: Any) -> list[str]:
+    """What the run says about its update schedule before the first step.
+
+    A clip-based surrogate at one optimizer step per batch is a one-line note when that is
+    the preset's own schedule (its sources': ``losses.on_policy_note``) and a warning with
+    what to set when ``optim.minibatches`` / ``optim.ppo_epochs`` chose another one
+    (``losses.on_policy_warning``) [OURS: issue 25, the default run opened on a warning].
+    """
+    schedule = cfg.schedule(preset)  # the preset's update schedule unless optim sets it
+    n, epochs = schedule.minibatches, schedule.ppo_epochs
+    out = [f"schedule: {schedule.note}"] if schedule.note else []
+    if (n, epochs) == (preset.minibatches, preset.ppo_epochs):
+        note = losses.on_policy_note(preset.surrogate, preset.name, n, epochs)
+        out += [f"note: {note}"] if note else []
+    else:
+        warning = losses.on_policy_warning(preset.surrogate, n, epochs)
+        out += [f"warning: {warning}"] if warning else []
+    return out
 
 
 def _evaluate(run: Run) -> dict[str, float]:
@@ -176,7 +191,8 @@ def train_step(run: Run) -> dict[str, float]:
     targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip)
 
     # -- 5. update: epochs × minibatches of whole groups, one AdamW step each ----------------
-    log = update_policy(run, batch, targets, timer)
+    low = diagnostics.low_sigma_groups(rewards, adv).repeat_interleave(g)  # [N] Table 3's rows
+    log = update_policy(run, batch, targets, timer, low_sigma=low)
     after_metrics = run.controller.after_update(run.policy, batch)
 
     # -- 6. metrics, built explicitly -------------------------------------------------------
@@ -253,20 +269,24 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if not rounds:
             temperature, controller_metrics = run.controller.temperature(examples, probe)
             metrics.update(controller_metrics)
+        weights = run.prompts.importance_weights(indices)  # [n] of this draw, before observe
         settings, per_prompt = sampling_at(s, temperature, logprob_t)
-        roll, rewards, scores = sample_groups(
+        roll, verified, scores = sample_groups(
             run.policy, scorer, examples, g, settings, run.gen, temperatures=per_prompt,
             timer=timer,
         )  # fmt: skip
-        rewards = overlong.rewards(rewards, roll.completion_mask)  # DAPO §3.4 ("soft")
+        rewards = overlong.rewards(verified, roll.completion_mask)  # DAPO §3.4 ("soft")
         extras = reward_side(run, examples, scores, settings, overlong, timer)
-        run.prompts.observe(indices, rewards)  # IS-GRPO's sampler: σ of every generated group
+        if rewards is not verified:  # the verifier's own rewards, for the focal weight's μ̂
+            extras["verifier_rewards"] = verified
+        # IS-GRPO's sampler: σ of every generated group, of the verifier's rewards (issue 23)
+        run.prompts.observe(indices, verified)
         unscorable += scores.unscorable_frac
         metrics.update(scores.extra)  # the reward functions' own numbers (dataset tasks)
         collapsed += diagnostics.acr(rewards) * n
         drawn += n
         kept = torch.arange(n, device=rewards.device) if sampler is None else sampler.add(rewards)
-        rounds.append(Round(examples, roll, rewards, kept, **extras))
+        rounds.append(Round(examples, roll, rewards, kept, draw_weights=weights, **extras))
     pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
     batch = join_rounds(rounds, pad_id, temperature if logprob_t is None else logprob_t)
     batch = replace(batch, mask=overlong.mask(batch.mask, batch.truncated))  # ("mask")
@@ -353,6 +373,11 @@ def step_advantages(
     if not token_only:  # the transforms' inputs, for compute()
         kwargs["trigger"] = run.trigger if preset.virtual else None
         kwargs["reward_range"] = tuple(run.task.reward_range)
+        # F-GRPO eq. 11: the focal weight's μ̂ is the share of correct rollouts, from the
+        # verifier's rewards, not the overlong-shaped ones (issue 23)
+        kwargs["verifier_rewards"] = batch.verifier_rewards
+        # is_grpo_exact: each group times the importance weight of its prompt's draw
+        kwargs["group_weight"] = batch.draw_weights if preset.sampler_weight else None
     if not preset.token_level:
         lengths = batch.mask.sum(-1).view(p, g)  # [P, G] completion tokens (opo, token weights)
         adv = advantages.compute(preset.estimator, rewards_in, lengths=lengths, **kwargs)
@@ -443,13 +468,21 @@ class StepStats:
                 self.policy[key] = self.policy.get(key, 0.0) + weight * value
 
 
-def update_policy(run: Run, batch: Batch, targets: Targets, timer: Timer) -> UpdateLog:
+def update_policy(
+    run: Run,
+    batch: Batch,
+    targets: Targets,
+    timer: Timer,
+    *,
+    low_sigma: torch.Tensor | None = None,
+) -> UpdateLog:
     """``ppo_epochs`` × ``minibatches`` AdamW steps over whole groups (``cfg.schedule``: the
     preset's sources' schedule unless ``optim.ppo_epochs`` / ``optim.minibatches`` are set).
 
     Groups are shuffled each epoch with a generator seeded by (seed, step). The R/KL balance
-    is measured on the first micro-batch of the step every ``eval.balance_every`` steps when
-    β > 0.
+    is measured at the first optimizer step every ``eval.balance_every`` steps when β > 0
+    (:func:`_balance`); ``low_sigma`` ``[N]`` marks the rows of MaxNorm Table 3's subset
+    (``diagnostics.low_sigma_groups``).
     """
     cfg, g = run.cfg, batch.group_size
     schedule = cfg.schedule(run.preset)
@@ -461,7 +494,10 @@ def update_policy(run: Run, batch: Batch, targets: Targets, timer: Timer) -> Upd
         order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")  # [P]
         for groups in order.chunk(schedule.minibatches):
             rows = group_rows(groups.sort().values.to(run.device), g)  # [n] sorted rows
-            optimizer_step(run, batch, targets, rows, timer=timer, log=log, balance=balance)
+            optimizer_step(
+                run, batch, targets, rows, timer=timer, log=log,
+                balance=low_sigma if balance else None,
+            )  # fmt: skip
             balance = False
     return log
 
@@ -474,12 +510,14 @@ def optimizer_step(
     *,
     timer: Timer,
     log: UpdateLog,
-    balance: bool,
+    balance: torch.Tensor | bool | None = None,
 ) -> None:
     """One AdamW step over sequences ``rows`` ``[n]``: micro-batches share one StepTotals.
 
     Micro-batch losses sum to the minibatch loss (exact accumulation whatever the split). A
     non-finite loss or gradient skips the step (counted; K in a row is a TrainingError).
+    ``balance``: measure R/KL at this step (:func:`_balance`): the ``[N]`` low-σ row mask, or
+    True (no low-σ subset); None / False: not this step.
     """
     cfg, preset = run.cfg, run.preset
     totals = losses.step_totals(  # counts over the whole minibatch, whatever the split
@@ -505,9 +543,10 @@ def optimizer_step(
                 break
             if grad:
                 with timer("backward"):
-                    if balance:
-                        log.balance = _balance(run, obj)
-                        balance = False
+                    if balance is not None and balance is not False:
+                        low = balance if isinstance(balance, torch.Tensor) else None
+                        log.balance = _balance(run, batch, targets, obj, rows, totals, low)
+                        balance = None
                     obj.loss.backward()  # micro-batch losses sum to the minibatch loss
                 backward = True
         stats.add(obj.stats, len(m) / len(rows))
@@ -631,19 +670,56 @@ _LOSS_STATS = {"pg_loss": "pg", "kl_loss": "kl"}
 other statistic of ``losses.objective`` is a mean (weighted by sequences)."""
 
 
-def _balance(run: Run, obj: losses.Objective) -> dict[str, float]:
-    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine of one micro-batch.
+def _balance(
+    run: Run,
+    batch: Batch,
+    targets: Targets,
+    obj: losses.Objective,
+    rows: torch.Tensor,
+    totals: losses.StepTotals,
+    low_sigma: torch.Tensor | None,
+) -> dict[str, float]:
+    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine, on two sets of rows.
 
     As the MaxNorm paper's Table 3 caption defines it (``diagnostics.reward_kl_balance``): the
     base β and the gradient of the *unweighted* KL branch (no β, no per-group ``kl_weight``,
-    so ``grpo_beta_comp``'s 1/σ weights are not folded in). Two extra backward passes with
-    ``retain_graph``; the ``.grad`` buffers are not touched. Measured on the whole
-    micro-batch [OURS] (the paper restricts it to low-σ groups).
+    so ``grpo_beta_comp``'s 1/σ weights are not folded in). ``balance/low_sigma/*``: on the
+    minibatch's rows of Table 3's subset, the updated groups with σ_q < 1e-2
+    (``low_sigma`` ``[N]``, ``diagnostics.low_sigma_groups``, the definition
+    ``simulate.low_variance`` uses), both branches aggregated over those rows alone, with
+    ``balance/low_sigma/rows`` their count (no ratio when there are none): the number to hold
+    against Table 3, and the one the health rule reads. ``balance/batch/*``: on the first
+    micro-batch ``obj`` as trained, every kept row [OURS] (what was logged as
+    ``balance/r_over_kl`` before issue 23). Extra backward passes with ``retain_graph`` (and a
+    forward of the subset); the ``.grad`` buffers are not touched.
     """
+    p = run.preset
     params = [q for q in run.model.parameters() if q.requires_grad]
-    return diagnostics.reward_kl_balance(
-        obj.pg_loss, obj.kl_unweighted, params, beta=run.preset.beta
+    out = diagnostics.subset_keys(
+        diagnostics.reward_kl_balance(obj.pg_loss, obj.kl_unweighted, params, beta=p.beta),
+        "batch",
     )
+    sub = rows[low_sigma[rows]] if low_sigma is not None else rows[:0]  # [k] subset rows
+    out["balance/low_sigma/rows"] = float(len(sub))
+    if not len(sub) or not batch.mask[sub].any():
+        return out
+    sub_totals = losses.step_totals(
+        batch.mask[sub], keep=targets.keep[sub], max_len=int(totals.max_len)
+    )
+    lp = run.policy.logprobs(batch, sub, entropy=False)
+    t = targets.rows(sub)
+    low = losses.objective(
+        lp.logp, batch.old_logp[sub], t.adv, batch.mask[sub], surrogate=p.surrogate,
+        surrogate_params=dict(t.clip), aggregation=p.aggregation, totals=sub_totals,
+        keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
+    )  # fmt: skip
+    out.update(
+        diagnostics.subset_keys(
+            diagnostics.reward_kl_balance(low.pg_loss, low.kl_unweighted, params, beta=p.beta),
+            "low_sigma",
+        )
+    )
+    return out
 
 
 def _count_nonfinite(run: Run) -> None:

@@ -3,8 +3,8 @@
 Two modes, chosen once at set-up from ``sampling.pool_size`` and the preset's ``sampler``
 (:mod:`grouprl.sampling`):
 
-- **stream** (``uniform`` sampler, ``pool_size: 0``, the default of every preset but
-  ``is_grpo``): each (seed, step, round) draws P new examples from the task's ``train``
+- **stream** (``uniform`` sampler, pool size 0, the default of every preset but the
+  ``is_grpo`` family): each (seed, step, round) draws P new examples from the task's ``train``
   stream, as before the sampler axis existed;
 - **pool**: ``pool_size`` train examples are drawn once from the run's seed (for a dataset
   task with fewer rows, its distinct rows), and each round the sampler picks P indices into
@@ -71,6 +71,16 @@ class Prompts:
         gen = torch.Generator(device="cpu").manual_seed(seed)
         idx = self.sampler.sample(n, gen)  # [n]
         return [self.pool[i] for i in idx.tolist()], idx
+
+    def importance_weights(self, indices: torch.Tensor | None) -> torch.Tensor | None:
+        """``[n]`` 1/(|pool|·p_x) of the prompts ``indices`` just drew (None: the stream).
+
+        Call it before :meth:`observe`, which moves p: these are the probabilities the draw
+        was made with (``sampling.PromptSampler.importance_weights``; ``is_grpo_exact``).
+        """
+        if self.sampler is None or indices is None:
+            return None
+        return self.sampler.importance_weights(indices)
 
     def observe(self, indices: torch.Tensor | None, rewards: torch.Tensor) -> None:
         """Tell the sampler the within-group reward std of the groups ``indices`` drew."""

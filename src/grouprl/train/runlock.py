@@ -11,8 +11,15 @@ would let two processes lock two different files of the same name); ``release`` 
 
 Forked children (the verifier workers of ``tasks.verify``) close their copy of the
 descriptor at fork (``os.register_at_fork``), so a child that outlives a killed run does
-not keep the folder locked. Readers take no lock: ``grouprl diagnose RUN_DIR`` works on
-a live run. The lock is per open file, so two runs in one process also exclude each other.
+not keep the folder locked. A child closes it when it first runs, though, not at the
+fork itself: a run SIGKILLed just after a fork leaves the lock held until the child is
+scheduled (measured 10-45 ms on a loaded two-core machine, one kill in five;
+``tests/train/test_runlock.py``). So when the lock is busy but its recorded holder is a
+process of this host that no longer exists, :class:`RunLock` waits up to
+``stale_wait_s`` for the lock before refusing [OURS]; a resume right after a kill then
+succeeds, and a process that keeps the file open longer is named as what it is. Readers
+take no lock: ``grouprl diagnose RUN_DIR`` works on a live run. The lock is per open file,
+so two runs in one process also exclude each other.
 """
 
 from __future__ import annotations
@@ -37,6 +44,10 @@ LOCK_NAME = ".grouprl.lock"
 _UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS)
 """flock errors of file systems without locks (some network and FUSE mounts)."""
 
+STALE_WAIT_S = 5.0
+"""[OURS] how long a new lock waits when the recorded holder has exited but the lock is still
+held (a forked child of the dead run that has not run yet, module docstring)."""
+
 _HELD: set[int] = set()
 """Lock descriptors held by this process; closed in forked children."""
 
@@ -54,9 +65,17 @@ os.register_at_fork(after_in_child=_close_in_child)
 class RunFolderBusy(RuntimeError):
     """Another process is training in this run folder; ``holder`` says which one."""
 
-    def __init__(self, run_dir: Path, holder: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, holder: dict[str, Any], *, holder_exited: bool = False):
         self.run_dir, self.holder = run_dir, holder
         pid, host = holder.get("pid"), holder.get("host")
+        if holder_exited:
+            lock = run_dir / LOCK_NAME
+            super().__init__(
+                f"run folder {run_dir} is locked, but the run that took the lock (pid {pid}) "
+                f"has exited: a process it started still has {lock} open. Find it with "
+                f"`fuser -v {lock}` (or `lsof {lock}`), stop it, and run again."
+            )
+            return
         if pid is None:
             who = "another process (it has not written its details yet)"
             stop = "stop that run"
@@ -78,18 +97,20 @@ class RunFolderBusy(RuntimeError):
 class RunLock:
     """An exclusive lock on a run folder, taken at construction (context manager)."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, *, stale_wait_s: float = STALE_WAIT_S) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / LOCK_NAME
         self._pid = os.getpid()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            _lock(self._fd, self.path, stale_wait_s)
+        except _Busy as busy:
             os.close(self._fd)
             self._fd = -1
-            raise RunFolderBusy(self.run_dir, _read_holder(self.path)) from None
+            raise RunFolderBusy(
+                self.run_dir, busy.holder, holder_exited=busy.holder_exited
+            ) from None
         except OSError as err:
             if err.errno not in _UNSUPPORTED:
                 os.close(self._fd)
@@ -118,6 +139,50 @@ class RunLock:
 
     def __exit__(self, *exc: Any) -> None:
         self.release()
+
+
+class _Busy(Exception):
+    """The lock is held by someone else (``holder``: the details in the file)."""
+
+    def __init__(self, holder: dict[str, Any], holder_exited: bool) -> None:
+        self.holder, self.holder_exited = holder, holder_exited
+
+
+def _lock(fd: int, path: Path, stale_wait_s: float) -> None:
+    """``flock(fd)`` exclusive, or raise :class:`_Busy`; while the recorded holder is a
+    process of this host that has exited, retry for up to ``stale_wait_s`` (module docstring)."""
+    deadline = None
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _read_holder(path)
+            exited = _exited(holder)
+            if not exited:
+                raise _Busy(holder, False) from None
+            deadline = deadline or time.monotonic() + stale_wait_s
+            if time.monotonic() >= deadline:
+                raise _Busy(holder, True) from None
+            time.sleep(0.01)
+
+
+def _exited(holder: dict[str, Any]) -> bool:
+    """True when the holder is a process of this host that no longer runs (gone, or a
+    zombie that its parent has not reaped yet: it holds no descriptor)."""
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or holder.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    try:  # Linux: the state is the field after the parenthesised command name
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _write_holder(fd: int) -> None:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from grouprl._progress import ProgressLines, use_bar
+
 __all__ = ["SFT_VERSION", "cache_key", "sft_batch", "warm_start"]
 
 SFT_VERSION = 1
@@ -113,8 +115,10 @@ def _train(model: Any, tokenizer: Any, task: Any, plan: dict[str, Any], progress
     total = plan["steps"] or 10**9
     warmup = min(plan["warmup"], max(1, total // 10)) if plan["steps"] else plan["warmup"]
     start, losses, step = time.perf_counter(), [], 0
-    bar = _progress(progress)
+    bar = _progress(use_bar(progress))
     job = bar.add_task("SFT warm start", total=plan["steps"] or plan["seconds"]) if bar else None
+    # without a terminal: a plain line every tenth or 30 s (issue 25: minutes of silence)
+    lines = None if bar or not plan["steps"] else ProgressLines("SFT warm start", total)
     model.train()
     while step < total:
         stream = 1_000_003 * (plan["seed"] + 1) + step  # [OURS] a stream the RL loop never asks for
@@ -137,6 +141,9 @@ def _train(model: Any, tokenizer: Any, task: Any, plan: dict[str, Any], progress
         elapsed = time.perf_counter() - start
         if plan["seconds"] and step == 20:  # fix the schedule's length from the measured speed
             total = max(step + 1, int(plan["seconds"] / (elapsed / step)))
+            lines = None if bar else ProgressLines("SFT warm start", total)
+        if lines is not None:
+            lines.update(step, f"loss {sum(losses[-20:]) / len(losses[-20:]):.3f}")
         if bar:
             bar.update(
                 job,
@@ -145,6 +152,7 @@ def _train(model: Any, tokenizer: Any, task: Any, plan: dict[str, Any], progress
             )
     if bar:
         bar.stop()
+    opt.zero_grad(set_to_none=True)  # the last step's gradient must not reach the RL's first
     model.eval()
     tail = losses[-50:]
     return {
@@ -180,6 +188,7 @@ def warm_start(
     seed: int = 0,
     cache_dir: str | Path | None = None,
     progress: bool = True,
+    say: Any = print,
 ) -> Any:
     """Supervise ``model`` on ``task.demonstration`` for ``steps`` (or ``seconds``); cached; returns the model.
 
@@ -195,6 +204,9 @@ def warm_start(
         seed: picks the stream of training examples (and is part of the cache key).
         cache_dir: where the weights go (default ``models.cache_dir() / "sft"``); None
             and ``GROUPRL_NO_SFT_CACHE=1`` disables reading and writing the cache.
+        progress: a bar on a terminal; plain progress lines otherwise either way.
+        say: prints one line when the warm start starts (or loads its cache) and ends
+            (None: silent).
 
     The weights are stored as ``<cache_dir>/<task>-<key[:16]>/model.safetensors`` with a
     ``meta.json`` (steps run, seconds, final loss); the write is atomic (temp folder + rename).
@@ -230,10 +242,18 @@ def warm_start(
     folder = (
         root / f"{getattr(task, 'name', 'task')}-{cache_key(model, tokenizer, task, **plan)[:16]}"
     )
+    say = say or (lambda _: None)
     if use_cache and (folder / "model.safetensors").is_file():
         load_model(model, str(folder / "model.safetensors"))
+        say(f"SFT warm start: cached weights loaded ({folder})")
         return model.eval()
+    length = f"{steps} steps" if steps else f"{seconds:g} s"
+    where = f"once: cached in {root}" if use_cache else "not cached"
+    say(
+        f"SFT warm start: {length} of supervised training on {getattr(task, 'name', 'the task')} ({where})"
+    )
     meta = _train(model, tokenizer, task, plan, progress)
+    say(f"SFT warm start: done in {meta['seconds']:.0f} s, final loss {meta['final_loss']:.3f}")
     if use_cache:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp", dir=root))

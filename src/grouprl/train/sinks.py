@@ -1,4 +1,8 @@
-"""Where a run's numbers go: metrics.jsonl (always), TensorBoard, W&B offline, a progress bar.
+"""Where a run's numbers go: metrics.jsonl (always), TensorBoard, W&B offline, progress.
+
+Progress is a rich bar on a terminal; when stdout is not one (a file, a pipe, CI) or
+``progress`` is off, a plain line every tenth of the run or every 30 s instead
+(``grouprl._progress.ProgressLines``), so a piped run shows it is alive.
 
 ``RUN_DIR`` after a run::
 
@@ -32,6 +36,7 @@ from typing import Any
 import yaml
 
 from grouprl._json import json_safe, read_jsonl
+from grouprl._progress import ProgressLines, use_bar
 from grouprl.train.diskfull import DiskFullError, is_disk_full
 
 __all__ = ["JsonlAppender", "Sinks", "read_jsonl", "truncate_jsonl"]
@@ -114,7 +119,7 @@ class Sinks:
         *,
         total_steps: int,
         resume_step: int = 0,
-        tensorboard: bool = True,
+        tensorboard: bool | None = None,
         wandb: bool = False,
         progress: bool = True,
         note: dict[str, Any] | None = None,
@@ -139,9 +144,13 @@ class Sinks:
                 path.unlink()
         self._metrics = JsonlAppender(self.metrics_path)
         self._rewards = JsonlAppender(self.rewards_path)
-        self._tb = self._open_tensorboard(resume_step) if tensorboard else None
+        # None: when installed; True was checked with the config (config._check_loggers)
+        self._tb = self._open_tensorboard(resume_step) if tensorboard is not False else None
         self._wandb = self._open_wandb(config, resume_step) if wandb else None
-        self._bar = self._open_bar(total_steps, resume_step) if progress else None
+        self._bar = self._open_bar(total_steps, resume_step) if use_bar(progress) else None
+        self._lines = (
+            None if self._bar is not None else ProgressLines("step", total_steps, start=resume_step)
+        )
 
     # ---- optional backends ----------------------------------------------------------------
     def _open_tensorboard(self, resume_step: int) -> Any:
@@ -198,13 +207,15 @@ class Sinks:
                 self._tensorboard_full(err, step)
         if self._wandb is not None:
             self._wandb.log(dict(metrics), step=step)
+        live = "  ".join(  # KL only where there is one (β > 0)
+            f"{label} {metrics[key]:.3f}"
+            for label, key in _BAR_FIELDS.items()
+            if key in metrics and (label != "KL" or metrics[key] != 0)
+        )
         if self._bar is not None:
-            live = "  ".join(
-                f"{label} {metrics[key]:.3f}"
-                for label, key in _BAR_FIELDS.items()
-                if key in metrics
-            )
             self._bar.update(self._task, completed=step, live=live)
+        elif self._lines is not None and step > 0:  # step 0 holds the first evaluation only
+            self._lines.update(step, live)
 
     def log_groups(self, step: int, prompt_ids: list[Any], rewards: Any) -> None:
         """One rewards.jsonl line per group: ``{"step", "prompt_id", "rewards"}``."""

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from grouprl import advantages, presets
+from grouprl._threads import choose_threads
 from grouprl.diagnostics.health import RunHealth
 from grouprl.tasks.base import Task
 from grouprl.train import checkpoint as ckpt
@@ -148,6 +149,10 @@ class Run:
 
 # ---- setup ---------------------------------------------------------------------------------
 
+TORCH_THREADS = torch.get_num_threads()
+"""torch's own thread count when this module was imported (one per physical core, or
+``OMP_NUM_THREADS``): the most ``run.threads = 0`` (auto) takes."""
+
 
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -221,8 +226,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     """Build the run (or restore it from the latest good checkpoint when ``run.resume``)."""
     cfg.validate(check_names=task is None or model is None)
     device = resolve_device(cfg.model.device)
-    if cfg.run.threads > 0:  # 0: torch's own default
-        torch.set_num_threads(cfg.run.threads)
+    torch.set_num_threads(choose_threads(cfg.run.threads, cap=TORCH_THREADS)[0])
     _seed_everything(cfg.run.seed)
     preset = cfg.algorithm.resolve()
     if task is None:
@@ -263,7 +267,12 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         policy,
         reference,
         make_controller(preset.controller, cfg),
-        Prompts(task, sampler=preset.sampler, pool_size=cfg.sampling.pool_size, seed=cfg.run.seed),
+        Prompts(
+            task,
+            sampler=preset.sampler,
+            pool_size=cfg.sampling.pool_size or preset.pool_size,
+            seed=cfg.run.seed,
+        ),
         optimizer,
         gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
         trigger=advantages.VirtualTrigger() if preset.virtual else None,

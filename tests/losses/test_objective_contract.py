@@ -1,0 +1,153 @@
+"""The parts of ``losses.objective``'s result a caller reads besides the loss: the zero result
+of a fully dropped micro-batch, every statistic by hand, the unweighted KL branch under the
+step's totals, the entropy bonus, the per-sequence input checks, and tensors that follow the
+inputs' device and dtype rather than torch's defaults. Written against the survivors of the
+mutation run (docs/mutation.md)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grouprl import losses
+
+N, T = 4, 3
+
+
+def _inputs(dtype=torch.float64):
+    """Rows of 3, 2, 3, 1 tokens; on-policy (ratio 1) so the surrogate is −A per token."""
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=dtype)
+    logp = torch.tensor(
+        [[-0.5, -1.0, -0.2], [-0.3, -0.7, 0.0], [-1.2, -0.4, -0.9], [-0.6, 0.0, 0.0]],
+        dtype=dtype,
+        requires_grad=True,
+    )
+    ref = logp.detach() - torch.tensor(
+        [[0.1, -0.2, 0.3], [0.0, 0.2, 0.0], [-0.1, 0.1, 0.2], [0.3, 0.0, 0.0]], dtype=dtype
+    )
+    adv = torch.tensor([1.0, -0.5, 0.25, 2.0], dtype=dtype)
+    ent = torch.tensor(
+        [[0.9, 0.8, 0.7], [0.6, 0.5, 9.0], [0.4, 0.3, 0.2], [0.1, 9.0, 9.0]], dtype=dtype
+    )  # 9.0 at padding: must never count
+    return logp, ref, adv, mask, ent
+
+
+def test_a_fully_dropped_micro_batch_returns_exact_zeros_and_every_statistic():
+    logp, ref, adv, mask, ent = _inputs()
+    out = losses.objective(
+        logp, logp.detach(), adv, mask, keep=torch.zeros(N, dtype=torch.bool), ref_logp=ref,
+        beta=0.1, entropy=ent, entropy_coeff=0.01,
+    )  # fmt: skip
+    for part in (out.loss, out.pg_loss, out.kl_loss, out.entropy_bonus, out.kl_unweighted):
+        assert isinstance(part, torch.Tensor) and part.shape == () and part.item() == 0.0
+    assert out.per_token.shape == (N, T) and (out.per_token == 0).all()
+    assert {"pg_loss", "kl_loss", "kl_mean", "entropy_mean", "kept_frac", "ratio_mean"} <= set(
+        out.stats
+    )
+    assert all(value == 0.0 for value in out.stats.values()), out.stats
+    out.loss.backward()  # connected to logp, adds nothing
+    assert (logp.grad == 0).all()
+
+
+def test_statistics_are_the_losses_and_token_means_of_the_kept_tokens():
+    logp, ref, adv, mask, ent = _inputs()
+    keep = torch.tensor([True, True, False, True])
+    out = losses.objective(
+        logp, logp.detach(), adv, mask, keep=keep, ref_logp=ref, kl="k1", beta=0.5,
+        entropy=ent,
+    )  # fmt: skip
+    # kept rows 0, 1, 3: 3 + 2 + 1 = 6 tokens; on-policy ppo_clip per token = −A
+    tokens = {0: 3, 1: 2, 3: 1}
+    pg = sum(-adv[i].item() * k for i, k in tokens.items()) / 6
+    d = logp.detach() - ref  # k1 per token
+    kl_sum = sum(d[i, :k].sum().item() for i, k in tokens.items())
+    ent_sum = sum(ent[i, :k].sum().item() for i, k in tokens.items())
+    s = out.stats
+    assert s["pg_loss"] == pytest.approx(pg, abs=1e-12)
+    assert s["kl_loss"] == pytest.approx(0.5 * kl_sum / 6, abs=1e-12)
+    assert s["kl_mean"] == pytest.approx(kl_sum / 6, abs=1e-12)
+    assert s["entropy_mean"] == pytest.approx(ent_sum / 6, abs=1e-12)
+    assert s["kept_frac"] == pytest.approx(3 / 4)
+    assert out.loss.item() == pytest.approx(pg + 0.5 * kl_sum / 6, abs=1e-12)
+    assert float(out.entropy_bonus) == 0.0  # entropy_coeff defaults to 0: logged, not trained
+    plain = losses.objective(logp, logp.detach(), adv, mask, keep=keep)
+    assert plain.stats["kl_mean"] == 0.0 and plain.stats["entropy_mean"] == 0.0  # β = 0
+
+
+def test_the_entropy_bonus_is_subtracted_with_its_coefficient():
+    logp, _, adv, mask, ent = _inputs()
+    out = losses.objective(logp, logp.detach(), adv, mask, entropy=ent, entropy_coeff=0.1)
+    ent_mean = sum(ent[i, : int(mask[i].sum())].sum().item() for i in range(N)) / 9
+    pg = sum(-adv[i].item() * int(mask[i].sum()) for i in range(N)) / 9
+    assert float(out.entropy_bonus) == pytest.approx(0.1 * ent_mean, abs=1e-12)
+    assert out.loss.item() == pytest.approx(pg - 0.1 * ent_mean, abs=1e-12)
+
+
+def test_the_unweighted_kl_branch_is_normalised_by_the_steps_totals():
+    # a micro-batch of a 20-token step: every branch divides by the step's 20 tokens
+    logp, ref, adv, mask, _ = _inputs()
+    totals = losses.StepTotals(num_tokens=20.0, num_seqs=8.0, max_len=3.0)
+    weight = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    out = losses.objective(
+        logp, logp.detach(), adv, mask, totals=totals, ref_logp=ref, kl="k1", beta=0.5,
+        kl_weight=weight,
+    )  # fmt: skip
+    d = (logp.detach() - ref) * mask
+    assert float(out.kl_unweighted) == pytest.approx(float(d.sum()) / 20, abs=1e-12)
+    assert float(out.kl_loss) == pytest.approx(0.5 * float((d.sum(1) * weight).sum()) / 20)
+
+
+def test_per_sequence_inputs_are_checked_and_the_error_says_what_came():
+    logp, ref, adv, mask, _ = _inputs()
+    old = logp.detach()
+    for name, kw in (
+        ("keep", {}),
+        ("kl_weight", {"beta": 0.1, "ref_logp": ref}),
+    ):
+        with pytest.raises(ValueError, match=rf"{name} must be \[N\]=4 .*, got \(3,\);"):
+            losses.objective(logp, old, adv, mask, **{name: torch.ones(3)}, **kw)
+        with pytest.raises(ValueError, match=rf"{name} must be \[N\]=4 .*, got list;"):
+            losses.objective(logp, old, adv, mask, **{name: [1.0] * N}, **kw)
+    with pytest.raises(ValueError, match=r"correction_weight must be .* got \(3,\)"):
+        losses.objective(logp, old, adv, mask, correction_weight=torch.ones(3))
+    with pytest.raises(ValueError, match=r"correction_weight must be .* got list"):
+        losses.objective(logp, old, adv, mask, correction_weight=[1.0] * N)
+    with pytest.raises(ValueError, match=r"logp must be a \[N, T\] tensor"):
+        losses.objective(logp[0], old[0], adv[:1], mask[0])
+    with pytest.raises(ValueError, match="mask must have the shape of logp"):
+        losses.objective(logp, old, adv, mask[:, :2])
+
+
+def test_a_per_sequence_correction_weight_scales_each_rows_surrogate():
+    # [N] weights with N = 4 rows of T = 3 tokens: row i's per-token surrogate times w_i
+    logp, _, adv, mask, _ = _inputs()
+    w = torch.tensor([0.5, 2.0, 1.0, 0.0], dtype=torch.float64)
+    out = losses.objective(logp, logp.detach(), adv, mask, correction_weight=w)
+    expect = (-adv * w)[:, None] * mask
+    torch.testing.assert_close(out.per_token, expect, rtol=0, atol=1e-12)
+
+
+def test_tensors_follow_the_inputs_device_and_dtype_not_torchs_defaults():
+    # float32 CPU inputs under a default device of "meta" and a default dtype of float64: a
+    # tensor made without an explicit device or dtype would land on meta (and fail) or
+    # turn the float32 results into float64
+    logp, ref, adv, mask, ent = (t.detach().float() for t in _inputs())
+    logp.requires_grad_()
+    wide = torch.tensor([1.0, 2.0, 0.5, 1.0], dtype=torch.float64)
+    none_kept = torch.zeros(N, dtype=torch.bool)
+    old_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.device("meta"):
+            out = losses.objective(
+                logp, None, adv, mask, ref_logp=ref, beta=0.1, kl_weight=wide, entropy=ent,
+                entropy_coeff=0.01, correction_weight=wide,
+            )  # fmt: skip
+            empty = losses.objective(logp, None, adv, mask, keep=none_kept)
+    finally:
+        torch.set_default_dtype(old_dtype)
+    for t in (out.loss, out.per_token, out.kl_loss, out.entropy_bonus, out.kl_unweighted):
+        assert t.device.type == "cpu" and t.dtype == torch.float32, (t.device, t.dtype)
+    assert empty.loss.device.type == "cpu" and math.isfinite(float(out.loss))
