@@ -25,7 +25,7 @@ from grouprl.losses.kl import (
     kl_corrected,
     kl_value_slope,
 )
-from grouprl.losses.ratio import float_mask, linearized
+from grouprl.losses.ratio import float_mask, float_mask_count, linearized
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 from grouprl.types import to_floats
 
@@ -246,10 +246,9 @@ def objective(
         raise ValueError(f"beta and entropy_coeff must be >= 0, got {beta} and {entropy_coeff}")
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
         raise ValueError("logp must be a [N, T] tensor")
-    keep_t, mask_f, eff = _masks(logp, mask, keep, correction_keep)
+    keep_t, mask_f, eff, n_tok = _masks(logp, mask, keep, correction_keep)
     corr_w = _correction_weight(correction_weight, logp)
-    n_tok = eff.sum()
-    any_kept = bool(n_tok > 0)
+    any_kept = n_tok > 0
     sur_mask = eff if any_kept else mask_f  # validate the raw inputs when nothing is kept
     per_token, sur_stats = surrogate_fn(
         surrogate, logp, old_logp, adv, sur_mask, stats=stats, **dict(surrogate_params or {})
@@ -306,15 +305,18 @@ def _masks(
     mask: torch.Tensor,
     keep: torch.Tensor | None,
     correction_keep: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(keep [N] bool, mask [N, T] 0/1 float, eff [N, T] 0/1 float)``: ``eff`` is the tokens
-    that take part in the loss (valid, in a kept row, not rejected by the correction)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """``(keep [N] bool, mask [N, T] 0/1 float, eff [N, T] 0/1 float, valid tokens of eff)``:
+    ``eff`` is the tokens that take part in the loss (valid, in a kept row, not rejected by
+    the correction)."""
     n = logp.shape[0]
     keep_t = _per_sample("keep", keep, n, logp).bool()
     if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
         raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}")
     dtype = torch.promote_types(logp.dtype, torch.float32)
-    mask_f = float_mask(mask, dtype)
+    mask_f, count = float_mask_count(mask, dtype)
+    if keep is None and correction_keep is None:
+        return keep_t, mask_f, mask_f, count
     eff = mask_f if keep is None else mask_f * keep_t.to(dtype)[:, None]  # [N, T] 0/1
     if correction_keep is not None:
         if not isinstance(correction_keep, torch.Tensor) or correction_keep.shape != logp.shape:
@@ -322,7 +324,7 @@ def _masks(
                 f"correction_keep must be [N, T]={tuple(logp.shape)} bool (Correction.keep)"
             )
         eff = eff * float_mask(correction_keep, dtype)
-    return keep_t, mask_f, eff
+    return keep_t, mask_f, eff, float(eff.sum())
 
 
 def _entropy_tokens(entropy: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:

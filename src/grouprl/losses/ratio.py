@@ -38,6 +38,7 @@ __all__ = [
     "clamp_log_ratio",
     "eps_column",
     "float_mask",
+    "float_mask_count",
     "linearized",
     "masked_log_ratio",
     "masked_mean",
@@ -63,11 +64,7 @@ def float_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     dtype or with other values) becomes ``(mask != 0)`` in ``dtype``, the reading every loss
     function gives a mask.
     """
-    if mask.dtype == dtype and (mask.numel() == 0 or _binary(_mask_checks(mask).tolist())):
-        return mask
-    if mask.dtype == torch.bool:
-        return mask.to(dtype)
-    return (mask != 0).to(dtype)
+    return float_mask_count(mask, dtype)[0]
 
 
 def _mask_checks(mask: torch.Tensor) -> torch.Tensor:
@@ -167,20 +164,24 @@ def _mask_and_sums(
     mask: torch.Tensor, dtype: torch.dtype, tensors: tuple[torch.Tensor, ...]
 ) -> tuple[torch.Tensor, list[float]]:
     """``(mask as 0/1 float, [valid tokens, Σ tensor for each tensor])`` with one host transfer:
-    a float mask's 0/1 check (:func:`_binary`) rides on the same one."""
-    parts = [t.sum() for t in tensors]
-    m = mask
+    a float mask's 0/1 check (:func:`_binary`, whose Σm is the valid-token count) rides on the
+    same one."""
+    sums = [t.sum() for t in tensors]
     if mask.dtype == dtype and mask.numel():
-        parts = [*_mask_checks(mask), *parts]
-    elif mask.dtype == torch.bool:
-        m = mask.to(dtype)
-    else:
-        m = (mask != 0).to(dtype)
-    values = torch.stack([*parts, m.sum()]).tolist()
-    if len(values) == len(tensors) + 5 and not _binary(values):  # other values than 0 and 1
-        m = (mask != 0).to(dtype)
-        values[-1] = float(m.sum())
-    return m, [values[-1], *values[-1 - len(tensors) : -1]]
+        values = torch.stack([*_mask_checks(mask), *sums]).tolist()
+        if _binary(values):
+            return mask, [values[3], *values[4:]]
+        m = (mask != 0).to(dtype)  # other values than 0 and 1: nonzero is valid
+        return m, [float(m.sum()), *values[4:]]
+    m = mask.to(dtype) if mask.dtype == torch.bool else (mask != 0).to(dtype)
+    values = torch.stack([m.sum(), *sums]).tolist()
+    return m, values
+
+
+def float_mask_count(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
+    """``(float_mask(mask, dtype), its number of valid tokens)`` with one host transfer."""
+    m, (count,) = _mask_and_sums(mask, dtype, ())
+    return m, count
 
 
 def masked_log_ratio(lp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
