@@ -1,17 +1,27 @@
 """Time grouprl's losses against the peers' own implementations on the same tensors; prints JSON.
 
-    .venv/bin/python benchmarks/losses.py [--n 256] [--t 1024] [--repeats 7]
+    .venv/bin/python benchmarks/losses.py [--n 256] [--t 1024] [--repeats 21] [--rows SUBSTR ...]
 
-Every row is one loss computed by grouprl (``losses.objective``: surrogate + aggregation +
-stats, or the KL term alone) and by each installed peer that ships it: verl 0.9.1's
+Every row is one loss computed by grouprl (``losses.objective``: surrogate + aggregation, or
+the KL term alone) and by each installed peer that ships it: verl 0.9.1's
 ``compute_policy_loss_*`` / ``kl_penalty`` + ``agg_loss``, TRL 1.16's own
 ``GRPOTrainer._compute_loss`` (and the experimental ``GMPOTrainer``'s) on a stand-in trainer
 (its metric logging included, as it runs in TRL), OpenRLHF 0.11.2's ``PolicyLoss`` and
 ``compute_approx_kl`` (executed from its installed source). The peers are called through
-``tests/losses/peer_calls.py``, the same calls the parity tests make. Timed: forward +
-backward, a fresh leaf each call, median of ``--repeats`` after one warm-up, float32, one torch
-thread, all in one process. ``equal`` says the two losses agree (relative 1e-4) on these
-inputs. The load average before and after the run is in the output.
+``tests/losses/peer_calls.py``, the same calls the parity tests make. grouprl runs twice:
+``grouprl`` with its statistics (``stats=True``, the default, what the trainer logs: ratio
+mean/min/max, clip fractions, approx. KL, the branch values) and ``grouprl_loss_only``
+(``stats=False``); ``peer_stats`` says whether the peer's own call computes statistics too.
+
+Timed: forward + backward, a fresh leaf each call, float32, one torch thread, all in one
+process. Each row runs its implementations interleaved (one call of each, ``--repeats``
+rounds, after one warm-up call of each), so that they meet the same allocator state: on a
+CPU a fresh ``[N, T]`` buffer costs more in page faults than the arithmetic on it, and
+glibc's heap trimming makes that depend on what ran just before. Reported: the median
+thread CPU time (``*_cpu_ms``: the work done, unaffected by waiting for a core on a loaded
+machine) and the median wall time (``*_ms``); ``*_over_grouprl`` ratios are peer / grouprl
+CPU time (> 1: grouprl is faster). ``equal`` says the two losses agree (relative 1e-4) on
+these inputs. The load average before and after the run is in the output.
 """
 
 from __future__ import annotations
@@ -36,22 +46,34 @@ import peer_calls
 SMTM, TM = "seq_mean_token_mean", "token_mean"
 
 
-def _median_ms(fn: Callable[[torch.Tensor], torch.Tensor], base: torch.Tensor, repeats: int):
-    """(median ms of forward + backward, the loss value)."""
+def _time_row(
+    impls: dict[str, Callable[[torch.Tensor], torch.Tensor]], base: torch.Tensor, repeats: int
+) -> dict[str, float]:
+    """Median wall and thread-CPU ms of forward + backward per implementation, interleaved,
+    and each loss value."""
 
-    def once():
+    def once(fn):
         lp = base.clone().requires_grad_()
+        torch.manual_seed(0)  # Clip-Cov's random draw: the same on every side
         loss = fn(lp)
         loss.backward()
         return float(loss.detach())
 
-    value = once()  # warm-up
-    times = []
+    row: dict[str, float] = {}
+    wall: dict[str, list[float]] = {name: [] for name in impls}
+    cpu: dict[str, list[float]] = {name: [] for name in impls}
+    for name, fn in impls.items():
+        row[f"{name}_loss"] = once(fn)  # warm-up
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        once()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times), value
+        for name, fn in impls.items():
+            t0, c0 = time.perf_counter(), time.thread_time()
+            once(fn)
+            cpu[name].append((time.thread_time() - c0) * 1e3)
+            wall[name].append((time.perf_counter() - t0) * 1e3)
+    for name in impls:
+        row[f"{name}_ms"] = statistics.median(wall[name])
+        row[f"{name}_cpu_ms"] = statistics.median(cpu[name])
+    return row
 
 
 def _peers():
@@ -83,18 +105,13 @@ def _rows(x: dict, peers: dict) -> dict[str, dict[str, Callable]]:
     adv_tok = adv[:, None] * mask
 
     def ours(surrogate, params, agg, **kw):
-        return lambda lp: (
-            losses.objective(
-                lp,
-                old,
-                adv,
-                mask,
-                surrogate=surrogate,
-                surrogate_params=params,
-                aggregation=agg,
-                **kw,
-            ).loss
-        )
+        def fn(stats):
+            return lambda lp: losses.objective(
+                lp, old, adv, mask, surrogate=surrogate, surrogate_params=params,
+                aggregation=agg, stats=stats, **kw,
+            ).loss  # fmt: skip
+
+        return fn
 
     def verl(name, agg="token-mean", **cfg):
         if "verl" not in peers:
@@ -218,14 +235,29 @@ def _rows(x: dict, peers: dict) -> dict[str, dict[str, Callable]]:
             / mask.sum()
         ),
     }
-    return {name: {k: v for k, v in row.items() if v is not None} for name, row in rows.items()}
+    out = {}
+    for name, row in rows.items():
+        impls = {k: v for k, v in row.items() if v is not None}
+        ours_fn = impls.pop("grouprl")
+        if name.startswith("KL "):  # the KL term alone: no statistics on either side
+            out[name] = {"grouprl": ours_fn, **impls}
+        else:
+            out[name] = {"grouprl": ours_fn(True), "grouprl_loss_only": ours_fn(False), **impls}
+    return out
+
+
+PEERS_WITHOUT_STATS = {("reinforce (verl gpg), token_mean", "verl")}
+"""(row, peer) pairs whose peer call computes no statistics (verl's gpg returns ``{}``); every
+other policy-loss call of verl, TRL and OpenRLHF computes clip fractions or the approximate KL
+(TRL also the entropy mean), and the KL rows compute none on either side."""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--t", type=int, default=1024)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=21)
+    ap.add_argument("--rows", nargs="*", default=[], help="only the rows whose name holds one")
     args = ap.parse_args()
     torch.set_num_threads(1)
     load_before = os.getloadavg()
@@ -245,15 +277,21 @@ def main() -> None:
     peers = _peers()
     results: dict[str, dict] = {}
     for name, impls in _rows(x, peers).items():
-        row: dict = {}
-        for impl, fn in impls.items():
-            torch.manual_seed(0)  # Clip-Cov's random draw: the same on every side
-            row[f"{impl}_ms"], row[f"{impl}_loss"] = _median_ms(fn, base, args.repeats)
+        if args.rows and not any(sel in name for sel in args.rows):
+            continue
+        row = _time_row(impls, base, args.repeats)
         for impl in impls:
-            if impl != "grouprl":
-                ours, theirs = row["grouprl_loss"], row[f"{impl}_loss"]
-                row[f"{impl}_over_grouprl"] = row[f"{impl}_ms"] / row["grouprl_ms"]
-                row[f"{impl}_equal"] = abs(ours - theirs) <= 1e-4 * max(1.0, abs(theirs))
+            if impl.startswith("grouprl"):
+                continue
+            ours, theirs = row["grouprl_loss"], row[f"{impl}_loss"]
+            with_stats = not name.startswith("KL ") and (name, impl) not in PEERS_WITHOUT_STATS
+            row[f"{impl}_stats"] = with_stats
+            row[f"{impl}_over_grouprl"] = row[f"{impl}_cpu_ms"] / row["grouprl_cpu_ms"]
+            if "grouprl_loss_only_cpu_ms" in row:
+                row[f"{impl}_over_grouprl_loss_only"] = (
+                    row[f"{impl}_cpu_ms"] / row["grouprl_loss_only_cpu_ms"]
+                )
+            row[f"{impl}_equal"] = abs(ours - theirs) <= 1e-4 * max(1.0, abs(theirs))
         results[name] = row
     out = {
         "benchmark": "losses",

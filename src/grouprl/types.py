@@ -106,8 +106,14 @@ def to_floats(values: Mapping[str, torch.Tensor]) -> dict[str, float]:
     """
     if not values:
         return {}
-    device = next(iter(values.values())).device
-    stacked = torch.stack(
-        [v.detach().to(device, torch.float64).reshape(()) for v in values.values()]
-    )
+    tensors = list(values.values())
+    first = tensors[0]
+    if first.is_floating_point() and all(
+        v.dim() == 0 and v.dtype == first.dtype and v.device == first.device for v in tensors
+    ):  # the common case: one stack of 0-dim floats, no conversion per value
+        stacked = torch.stack([v.detach() for v in tensors])
+    else:
+        stacked = torch.stack(
+            [v.detach().to(first.device, torch.float64).reshape(()) for v in tensors]
+        )
     return dict(zip(values, stacked.tolist()))

@@ -278,9 +278,14 @@ def gradient(
     ref_theta: Sequence[float] | None = None,
     temperature: float = 1.0,
     max_len: int = 0,
+    kl_correction: str | None = None,
 ) -> list[float]:
     """∇θ of one minibatch's loss, from (1) and (2); ``rows`` are its kept rows; ``max_len``
-    is L_max of ``seq_mean_token_sum_norm``."""
+    is L_max of ``seq_mean_token_sum_norm``.
+
+    ``kl_correction`` (``algorithm.kl_correction``): ``ratio`` makes the KL term ρ·KL, whose
+    ∂/∂ log π is ρ·(KL + ∂KL/∂ log π); ``straight_through`` keeps the KL's value with the
+    gradient of min(ρ, 10)·k2, i.e. min(ρ, 10)·(log π − log π_ref)."""
     p = softmax(theta, temperature)
     tokens = sum(len(r.tokens) for r in rows)
     seqs = sum(1 for r in rows if r.tokens)
@@ -299,16 +304,28 @@ def gradient(
             clipped = (r.adv > 0 and rho > 1 + r.eps_high) or (r.adv < 0 and rho < 1 - r.eps_low)
             coeff = 0.0 if clipped else -r.adv * rho  # ∂ℓ/∂ log π(y), (2)
             if beta > 0:
-                if kl == "k1":
-                    coeff += beta * r.kl_weight
-                else:  # k3: ∂/∂ log π of π_ref/π − log(π_ref/π) − 1
-                    ratio = math.exp(
-                        log_prob(ref_theta, y, temperature) - log_prob(theta, y, temperature)
-                    )
-                    coeff += beta * r.kl_weight * (1 - ratio)
+                coeff += beta * r.kl_weight * _kl_slope(
+                    log_prob(theta, y, temperature), log_prob(ref_theta, y, temperature),
+                    kl, kl_correction, rho,
+                )  # fmt: skip
             for k in range(LEARNED):
                 g[k] += weight * coeff * ((k == y) - p[k]) / temperature
     return g
+
+
+def _kl_slope(lp: float, ref: float, kl: str, correction: str | None, rho: float) -> float:
+    """∂/∂ log π of one token's KL term (k1 = log π − log π_ref; k3 = u − log u − 1 with
+    u = π_ref/π, whose derivative is 1 − u), under the correction."""
+    value, slope = (
+        (lp - ref, 1.0)
+        if kl == "k1"
+        else (math.exp(ref - lp) - (ref - lp) - 1, 1 - math.exp(ref - lp))
+    )
+    if correction == "ratio":
+        return rho * (value + slope)
+    if correction == "straight_through":
+        return min(rho, 10.0) * (lp - ref)
+    return slope
 
 
 def clip_norm(g: Sequence[float], max_norm: float) -> tuple[list[float], float]:

@@ -46,9 +46,9 @@ def _record(monkeypatch):
         seen["keep"].append(k.get("correction_keep"))
         return real_obj(*a, **k)
 
-    def mbl(run, batch, targets, m, totals, *, timer):
+    def mbl(run, batch, targets, m, totals, *, timer, selected=None):
         seen["rows"].append(m.clone())
-        return real_mbl(run, batch, targets, m, totals, timer=timer)
+        return real_mbl(run, batch, targets, m, totals, timer=timer, selected=selected)
 
     monkeypatch.setattr(loop, "rollout_correction", rc)
     monkeypatch.setattr(loop.losses, "objective", obj)

@@ -25,7 +25,19 @@ from collections.abc import Sequence
 
 import torch
 
-from grouprl.losses.ratio import check_eps, check_inputs, masked_mean, ratio_stats
+from grouprl.losses.ratio import (
+    apply_gate,
+    check_eps,
+    check_inputs,
+    clamp_log_ratio,
+    float_mask,
+    linearized,
+    masked_log_ratio,
+    masked_mean,
+    pessimistic_bounds,
+    ratio_stats,
+    valid_sum,
+)
 from grouprl.types import to_floats
 
 __all__ = ["clip_cov", "clip_cov_select", "kl_cov", "kl_cov_select", "token_covariance"]
@@ -129,6 +141,7 @@ def clip_cov(
     selected: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     log_ratio_clamp: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov: PPO's clipped surrogate, with a few high-covariance tokens' loss set to 0.
 
@@ -140,15 +153,11 @@ def clip_cov(
     and PPO's clip fractions.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    if log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)  # [N, T]
-    if selected is None:
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    if selected is None:  # the selection reads the valid positions only: padding can stay
         selected = clip_cov_select(
-            logp,
-            old_logp,
+            lp,
+            old,
             adv,
             mask,
             eps_low=eps_low,
@@ -158,15 +167,27 @@ def clip_cov(
             clip_cov_ub=clip_cov_ub,
             generator=generator,
         )
-    elif selected.shape != logp.shape:
-        raise ValueError(
-            f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
-        )
-    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
-    per_token = torch.where(selected.bool(), torch.zeros_like(loss), loss)
-    stats = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
-    stats["cov_frac"] = masked_mean(selected.to(mask.dtype), mask)
-    return per_token * mask, to_floats(stats)
+    elif selected.shape != lp.shape:
+        raise ValueError(f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}")
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    with torch.no_grad():
+        log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        lower, upper = pessimistic_bounds(adv, lo, hi)
+        value = ratio.clamp(lower, upper)  # PPO's max(−Aρ, −A·clip(ρ)), value for value
+        inside = value == ratio
+        chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
+        keep = torch.rsub(chosen, 1.0).mul_(mask)  # 0 at the selected tokens and at padding
+        value.mul_(-adv).mul_(keep)
+        values = None
+        if stats:
+            values = ratio_stats(
+                ratio, adv, mask, lo, hi, log_ratio, padding=1.0, scratch=log_ratio
+            )
+            values["cov_frac"] = valid_sum(chosen, mask) / mask.sum()
+        slope = ratio.mul_(-adv).mul_(keep).mul_(inside)  # −A·ρ where the clip is inactive
+        slope = apply_gate(slope, gate)
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
 def kl_cov_select(
@@ -205,6 +226,7 @@ def kl_cov(
     ppo_kl_coef: float = 0.1,
     selected: torch.Tensor | None = None,
     log_ratio_clamp: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov: the unclipped ``−Aρ``, plus ``ppo_kl_coef·|log ρ|`` on the top-covariance tokens.
 
@@ -216,20 +238,25 @@ def kl_cov(
     """
     if not ppo_kl_coef >= 0:
         raise ValueError(f"ppo_kl_coef must be >= 0, got {ppo_kl_coef}")
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    if log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    ratio = torch.exp(log_ratio)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     if selected is None:
-        selected = kl_cov_select(logp, adv, mask, kl_cov_ratio=kl_cov_ratio)
-    elif selected.shape != logp.shape:
-        raise ValueError(
-            f"selected must be [N, T]={tuple(logp.shape)}, got {tuple(selected.shape)}"
-        )
-    penalty = ppo_kl_coef * log_ratio.abs()
-    per_token = -adv * ratio + torch.where(selected.bool(), penalty, torch.zeros_like(penalty))
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    stats["cov_frac"] = masked_mean(selected.to(mask.dtype), mask)
-    stats["abs_log_ratio_mean"] = masked_mean(log_ratio.detach().abs(), mask)
-    return per_token * mask, to_floats(stats)
+        selected = kl_cov_select(lp, adv, mask, kl_cov_ratio=kl_cov_ratio)
+    elif selected.shape != lp.shape:
+        raise ValueError(f"selected must be [N, T]={tuple(lp.shape)}, got {tuple(selected.shape)}")
+    with torch.no_grad():
+        log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        chosen = float_mask(selected, mask.dtype)  # [N, T] 0/1
+        unclipped = -adv * ratio  # −Aρ, also its slope in log ρ
+        penalty = log_ratio.abs()
+        values = None
+        if stats:
+            n = mask.sum()
+            values = ratio_stats(ratio, adv, mask, None, None, log_ratio, padding=1.0)
+            values["cov_frac"] = valid_sum(chosen, mask) / n
+            values["abs_log_ratio_mean"] = valid_sum(penalty, mask) / n
+        weight = chosen * ppo_kl_coef  # the penalty's coefficient at each token
+        value = (unclipped + penalty.mul_(weight)).mul_(mask)
+        slope = unclipped.add_(log_ratio.sign_().mul_(weight)).mul_(mask)  # d|x|/dx = sign x
+        slope = apply_gate(slope, gate)
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))

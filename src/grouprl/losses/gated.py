@@ -14,11 +14,13 @@ import torch
 
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
+    apply_gate,
     check_inputs,
-    masked_mean,
+    clamp_log_ratio,
+    linearized,
+    masked_log_ratio,
     ratio_stats,
-    sequence_log_ratio,
-    sequence_ratio_tokens,
+    valid_sum,
 )
 from grouprl.types import to_floats
 
@@ -54,6 +56,7 @@ def sapo(
     tau_neg: float = 1.05,
     level: str = "token",
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """SAPO: ``ℓ = −f_τ(ρ)·A``, a soft sigmoid gate on the ratio in place of PPO's clip.
 
@@ -81,20 +84,41 @@ def sapo(
             raise ValueError(f"SAPO's {name} must be a positive temperature, got {tau}")
     if level not in IS_LEVELS:
         raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(IS_LEVELS)}")
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    raw = logp - old_logp  # [N, T]
-    if level == "token":
-        log_ratio = raw.clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    tau = _by_sign(adv > 0, tau_pos, tau_neg, adv)  # [N, 1] or [N, T]
+    with torch.no_grad():
+        log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
+        if level == "token":
+            log_ratio, clamp_gate = clamp_log_ratio(log_ratio, log_ratio_clamp)
+        else:  # the clamp acts on the value only: the GSPO-token gradient runs through logp
+            log_seq = log_ratio.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1.0)
+            log_ratio, clamp_gate = log_seq.clamp(-log_ratio_clamp, log_ratio_clamp), None
+        ratio = torch.exp(log_ratio)  # [N, T] ρ or [N, 1] s_i
+        sig = _times(torch.sub(ratio, 1.0), tau).sigmoid_()  # σ(τ(ρ − 1)), as sapo_gate
+        gate = sig * (4.0 / tau)  # f(ρ) = σ·4/τ
+        values = None
+        if stats:
+            scratch = log_ratio if log_ratio.shape == mask.shape else None
+            padding = 1.0 if level == "token" else None  # exp(0) at every padded token
+            values = ratio_stats(
+                ratio, adv, mask, None, None, log_ratio, padding=padding, scratch=scratch
+            )
+            values["gate_mean"] = valid_sum(gate, mask) / mask.sum()
+        value = _times(_times(gate, -adv), mask)  # −f(ρ)·A, 0 at padding
+        # ∂ℓ/∂logp = −A·f'(ρ)·ρ, f'(ρ) = 4σ(1 − σ) = 4(σ − σ²)
+        slope = sig.addcmul_(sig, sig, value=-1.0).mul_(ratio).mul_(-4.0 * adv)
+        slope = apply_gate(slope, clamp_gate)
+    if slope.shape[-1] == 1 and mask.shape[-1] != 1:  # one slope per sequence
+        per_token = linearized(logp, value, slope, mask)
     else:
-        log_seq = sequence_log_ratio(raw, mask).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N]
-        log_ratio = sequence_ratio_tokens(log_seq, logp)  # [N, T]
-    ratio = torch.exp(log_ratio)  # [N, T]
-    tau = _by_sign(adv > 0, tau_pos, tau_neg, ratio)  # [N, 1] or [N, T]
-    gate = sapo_gate(ratio, tau)  # [N, T]
-    per_token = -gate * adv
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    stats["gate_mean"] = masked_mean(gate.detach(), mask)
-    return per_token * mask, to_floats(stats)
+        per_token = linearized(logp, value, _times(slope, mask))
+    return per_token, ({} if values is None else to_floats(values))
+
+
+def _times(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``x · y``, in place in ``x`` when the product has ``x``'s shape (``x`` is a buffer of
+    the caller's)."""
+    return x.mul_(y) if torch.broadcast_shapes(x.shape, y.shape) == x.shape else x * y
 
 
 VESPO_LOG_W_MIN = math.log(1e-8)
@@ -142,6 +166,7 @@ def vespo(
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
     log_w_min: float = VESPO_LOG_W_MIN,
     log_w_max: float = VESPO_LOG_W_MAX,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """VESPO: ``ℓ = −sg(φ(w_i))·A·logp`` with the gamma weight of the sequence ratio w_i.
 
@@ -162,12 +187,12 @@ def vespo(
         raise ValueError(
             f"VESPO's lambda_neg must be >= 0 and lambda_min > 0, got {lambda_neg}, {lambda_min}"
         )
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    log_w = (log_ratio * mask).sum(dim=-1, keepdim=True).clamp(log_w_min, log_w_max)  # [N, 1]
-    with torch.no_grad():
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    with torch.no_grad():  # the weight carries no gradient: only logp does
+        log_ratio = masked_log_ratio(lp, old, mask).clamp_(-log_ratio_clamp, log_ratio_clamp)
+        log_w = log_ratio.sum(dim=-1, keepdim=True).clamp(log_w_min, log_w_max)  # [N, 1]
         phi = vespo_weight(
-            log_w.detach(),
+            log_w,
             adv,
             k_pos=k_pos,
             lambda_pos=lambda_pos,
@@ -175,7 +200,16 @@ def vespo(
             lambda_neg=lambda_neg,
             lambda_min=lambda_min,
         )  # [N, 1] or [N, T]
-    per_token = -phi * adv * logp
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    stats["phi_mean"] = masked_mean(phi.expand_as(mask), mask)
-    return per_token * mask, to_floats(stats)
+        coef = -phi * adv  # [N, 1] or [N, T]: the slope of −sg(φ)·A·logp
+        value = torch.mul(lp, coef).mul_(mask)  # 0 at padding
+        values = None
+        if stats:
+            values = ratio_stats(  # the ratio goes into log_ratio's buffer
+                None, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+            )
+            values["phi_mean"] = valid_sum(phi, mask) / mask.sum()
+    if coef.shape[-1] == 1 and mask.shape[-1] != 1:
+        per_token = linearized(logp, value, coef, mask)
+    else:
+        per_token = linearized(logp, value, coef * mask)
+    return per_token, ({} if values is None else to_floats(values))

@@ -8,12 +8,15 @@ from __future__ import annotations
 import torch
 
 from grouprl.losses.ratio import (
+    apply_gate,
+    beyond_count,
     check_eps,
     check_inputs,
-    masked_mean,
+    clamp_log_ratio,
+    linearized,
+    masked_log_ratio,
     ratio_stats,
     sequence_log_ratio,
-    sequence_ratio_tokens,
 )
 from grouprl.types import to_floats
 
@@ -45,6 +48,7 @@ def gmpo(
     eps_low: float = 0.4,
     eps_high: float = 0.4,
     log_ratio_clamp: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO: ``ℓ_i = −A_i·exp(mean_t c_it)``, the geometric mean of the clipped token ratios.
 
@@ -67,22 +71,49 @@ def gmpo(
     ``clip_frac_high`` = log ρ > ε_high with A > 0.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    if log_ratio_clamp is not None:
-        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
-    clipped = gmpo_log_ratio(log_ratio, adv, eps_low, eps_high)  # [N, T]
-    log_seq = sequence_log_ratio(clipped, mask)  # [N]
-    ratio = torch.exp(sequence_ratio_tokens(log_seq, clipped))  # [N, T], value s_i
-    seq_adv = adv if adv.shape[-1] == 1 else sequence_log_ratio(adv, mask)[:, None]  # [N, 1]
-    per_token = -seq_adv * ratio
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     with torch.no_grad():
-        a = adv.expand_as(mask)
-        low = ((log_ratio < -eps_low) & (a < 0)).to(mask.dtype)
-        high = ((log_ratio > eps_high) & (a > 0)).to(mask.dtype)
-        stats["clip_frac_low"] = masked_mean(low, mask)
-        stats["clip_frac_high"] = masked_mean(high, mask)
-        stats["clip_frac_region"] = masked_mean(torch.maximum(low, high), mask)
-        stats["seq_ratio_mean"] = torch.exp(log_seq).mean()
-    return per_token * mask, to_floats(stats)
+        log_ratio, clamp_gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        if adv.shape[-1] == 1:  # one clamp with each row's bounds, the values of gmpo_log_ratio
+            kw = {"dtype": adv.dtype, "device": adv.device}
+            inf, pos = torch.tensor(torch.inf, **kw), adv > 0
+            lower = torch.where(pos, -inf, torch.tensor(-eps_low, **kw))
+            upper = torch.where(pos, torch.tensor(eps_high, **kw), inf)
+            clipped = log_ratio.clamp(lower, upper)  # [N, T], 0 at padding
+            seq_adv = adv
+        else:
+            clipped = gmpo_log_ratio(log_ratio, adv, eps_low, eps_high)  # [N, T]
+            seq_adv = sequence_log_ratio(adv, mask)[:, None]  # [N, 1]
+        log_seq = clipped.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp_min(1.0)
+        row = -seq_adv * torch.exp(log_seq)  # [N, 1] −A_i·s_i: the value, its slope in log s_i
+        value = row * mask
+        values = _stats(log_ratio, adv, mask, eps_low, eps_high, log_seq) if stats else None
+        # the GSPO-token gradient runs through each token's clipped log-ratio: 0 where clipped
+        slope = clipped.eq_(log_ratio).mul_(row).mul_(mask)
+        slope = apply_gate(slope, clamp_gate)
+    per_token = linearized(logp, value, slope)
+    return per_token, ({} if values is None else to_floats(values))
+
+
+def _stats(
+    log_ratio: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    log_seq: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The token ratio statistics, the clip fractions counted in log space (TRL's GMPO trainer
+    counts there), and ``seq_ratio_mean`` (the mean s_i over all sequences)."""
+    ratio = torch.exp(log_ratio)
+    values = ratio_stats(ratio, adv, mask, None, None, log_ratio, padding=1.0)
+    n, scratch = mask.sum(), ratio  # the ratio is done with: its buffer counts
+    neg, pos = (adv < 0).to(mask.dtype), (adv > 0).to(mask.dtype)
+    # the log-ratio is 0 at padding, within [−ε_low, ε_high]: no mask needed
+    low = beyond_count(log_ratio, -eps_low, neg, below=True, scratch=scratch, mask=None)
+    high = beyond_count(log_ratio, eps_high, pos, below=False, scratch=scratch, mask=None)
+    values["clip_frac_low"] = low / n
+    values["clip_frac_high"] = high / n
+    values["clip_frac_region"] = (low + high) / n  # A < 0 against A > 0: never both
+    values["seq_ratio_mean"] = torch.exp(log_seq).mean()
+    return values

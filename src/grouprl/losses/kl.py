@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+from grouprl.losses.ratio import apply_gate, clamp_log_ratio, linearized
+
 __all__ = [
     "KL_ALIASES",
     "KL_CORRECTIONS",
@@ -20,6 +22,7 @@ __all__ = [
     "KL_IS_WEIGHT_CLIP",
     "KL_VARIANTS",
     "STRAIGHT_THROUGH",
+    "corrected_value_slope",
     "k1",
     "k2",
     "k3",
@@ -27,6 +30,7 @@ __all__ = [
     "kl_abs",
     "kl_corrected",
     "kl_names",
+    "kl_value_slope",
     "resolve_kl",
     "straight_through_k2",
     "token_entropy",
@@ -142,16 +146,73 @@ def straight_through_k2(
     return value.detach() + surrogate - surrogate.detach()
 
 
+@torch.no_grad()
+def kl_value_slope(
+    name: str, logp: torch.Tensor, ref_logp: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, slope)`` of the KL estimator ``name`` (any name :func:`kl` takes): the
+    per-token estimate ``[N, T]`` and its derivative ``∂KL_t/∂logp_t``, without a graph.
+
+    k1: ``logp − ref``, slope 1; k2: ``½(logp − ref)²``, slope ``logp − ref``; k3 (clamped as
+    verl, :func:`k3`): ``e^d − d − 1`` with ``d = ref − logp``, slope ``1 − e^d`` where neither
+    clamp acts, else 0; abs: ``|logp − ref|``, slope ``sign(logp − ref)``; a ``+`` name: the
+    estimator's value with k2's slope (verl's straight-through). The same values as
+    :data:`KL_ESTIMATORS`, bit for bit; the slopes are autograd's derivatives of them.
+    """
+    base, straight = resolve_kl(name)
+    diff = logp - ref_logp  # [N, T]
+    if base == "k1":
+        value, slope = diff, torch.ones((), dtype=diff.dtype, device=diff.device)
+    elif base == "k2":
+        value, slope = 0.5 * diff.square(), diff
+    elif base == "abs":
+        value, slope = diff.abs(), diff.sign()
+    else:  # k3, clamped as k3() does; a clamp that acts zeroes the slope (gate)
+        d, gate = clamp_log_ratio(ref_logp - logp, K3_LOG_RATIO_CLAMP)
+        e = torch.exp(d)
+        value, value_gate = clamp_log_ratio(e - d - 1.0, K3_CLAMP)
+        slope = apply_gate(e.sub_(1.0).neg_(), gate, value_gate)  # ∂(e^d − d − 1)/∂logp
+    if straight:
+        slope = diff
+    return value, slope
+
+
 def kl(name: str, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token KL estimate ``[N, T]`` of ``name``: k1, k2, k3, abs, verl's aliases (kl, mse,
-    low_var_kl), and any of them with ``+`` (value of the estimator, gradient of k2)."""
-    base, straight = resolve_kl(name)
+    low_var_kl), and any of them with ``+`` (value of the estimator, gradient of k2).
+
+    Computed by :func:`kl_value_slope` and attached to ``logp``'s graph by
+    :func:`grouprl.losses.ratio.linearized` (first-order gradient)."""
+    resolve_kl(name)
     if not isinstance(ref_logp, torch.Tensor) or ref_logp.shape != logp.shape:
         got = tuple(ref_logp.shape) if isinstance(ref_logp, torch.Tensor) else type(ref_logp)
         raise ValueError(f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {got}")
-    ref = ref_logp.detach()
-    value = KL_ESTIMATORS[base](logp, ref)
-    return straight_through_k2(value, logp, ref) if straight else value
+    value, slope = kl_value_slope(name, logp.detach(), ref_logp.detach())
+    return linearized(logp, value, slope)
+
+
+@torch.no_grad()
+def corrected_value_slope(
+    name: str,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    *,
+    correction: str,
+    weight_clip: float = KL_IS_WEIGHT_CLIP,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, slope)`` of :func:`kl_corrected` for the element-wise corrections
+    (``"ratio"``: ``ρ·KL``, slope ``ρ·(KL + KL')``; ``"straight_through"``: the value of KL,
+    slope ``min(ρ, weight_clip)·(logp − ref)``), without a graph. ``"sequence_ratio"`` couples
+    the tokens of a sequence through s_i and has no per-token slope: :func:`kl_corrected`
+    keeps autograd for it."""
+    value, slope = kl_value_slope(name, logp, ref_logp)
+    ratio = torch.exp(logp - old_logp)  # [N, T]
+    if correction == "ratio":
+        return ratio * value, (value + slope).mul_(ratio)  # d(ρ·KL) = ρ·KL + ρ·KL'
+    if correction == "straight_through":
+        return value, ratio.clamp_(max=weight_clip).mul_(logp - ref_logp)
+    raise ValueError(f"correction {correction!r} has no per-token slope; use kl_corrected")
 
 
 def kl_corrected(
@@ -183,26 +244,31 @@ def kl_corrected(
       :data:`KL_IS_WEIGHT_CLIP`): every estimator then has the same, unbiased gradient. With
       ``old_logp=None``, w = 1: verl's ``k*+`` gradient.
 
-    ``old_logp=None`` means on-policy (``logp.detach()``).
+    ``old_logp=None`` means on-policy (``logp.detach()``). The ratio and straight-through forms
+    are element-wise (:func:`corrected_value_slope`, attached by ``linearized``); the sequence
+    ratio runs through autograd.
     """
     if correction not in KL_CORRECTIONS:
         raise ValueError(
             f"unknown KL correction {correction!r}; valid corrections: {', '.join(KL_CORRECTIONS)}"
         )
-    value = kl(name, logp, ref_logp)
+    if correction == "straight_through" and not weight_clip > 0:
+        raise ValueError(f"kl_weight_clip must be > 0, got {weight_clip}")
     old = logp.detach() if old_logp is None else old_logp.detach()
-    log_ratio = logp - old  # [N, T]
-    if correction == "ratio":
-        return torch.exp(log_ratio) * value
     if correction == "sequence_ratio":
+        value = kl(name, logp, ref_logp)
         m = mask.to(logp.dtype)
+        log_ratio = logp - old  # [N, T]
         log_seq = (log_ratio * m).sum(dim=-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
         return torch.exp(log_seq) * value
-    if not weight_clip > 0:
-        raise ValueError(f"kl_weight_clip must be > 0, got {weight_clip}")
-    weight = torch.exp(log_ratio.detach()).clamp(max=weight_clip)
-    surrogate = weight * k2(logp, ref_logp.detach())
-    return value.detach() + surrogate - surrogate.detach()
+    resolve_kl(name)
+    if not isinstance(ref_logp, torch.Tensor) or ref_logp.shape != logp.shape:
+        got = tuple(ref_logp.shape) if isinstance(ref_logp, torch.Tensor) else type(ref_logp)
+        raise ValueError(f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {got}")
+    value, slope = corrected_value_slope(
+        name, logp.detach(), ref_logp.detach(), old, correction=correction, weight_clip=weight_clip
+    )
+    return linearized(logp, value, slope)
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

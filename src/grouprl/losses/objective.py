@@ -11,14 +11,21 @@ method such as ``grpo_beta_comp`` says otherwise) is the only per-group knob on 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
-from grouprl.losses.aggregation import StepTotals, aggregate, entropy_threshold
-from grouprl.losses.kl import KL_IS_WEIGHT_CLIP, kl_corrected
-from grouprl.losses.kl import kl as kl_fn
+from grouprl.losses.aggregation import StepTotals, entropy_threshold, reduce_masked
+from grouprl.losses.kl import (
+    KL_CORRECTIONS,
+    KL_IS_WEIGHT_CLIP,
+    corrected_value_slope,
+    kl_corrected,
+    kl_value_slope,
+)
+from grouprl.losses.ratio import float_mask, float_mask_count, linearized
 from grouprl.losses.surrogates import surrogate as surrogate_fn
 from grouprl.types import to_floats
 
@@ -73,7 +80,8 @@ def _top_entropy(
     totals: StepTotals | None,
     shape: torch.Size,
 ) -> torch.Tensor | None:
-    """``[N, T]`` bool: the kept tokens whose entropy reaches the top-ρ threshold (None: ρ = 1)."""
+    """``[N, T]`` 0/1 float: the kept tokens whose entropy reaches the top-ρ threshold (None:
+    ρ = 1)."""
     if not 0.0 <= quantile <= 1.0:
         raise ValueError(f"top_entropy_quantile must be in [0, 1], got {quantile}")
     if quantile >= 1.0:
@@ -86,7 +94,7 @@ def _top_entropy(
     thr = totals.entropy_threshold if totals is not None else None
     if thr is None:
         thr = entropy_threshold(entropy, eff, quantile)
-    return eff & (entropy.detach() >= thr)
+    return eff * (entropy.detach() >= thr).to(eff.dtype)
 
 
 def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
@@ -100,9 +108,21 @@ def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tens
             f"correction_weight must be [N, T]={(n, t)} or [N]={n} (Correction.weight), got {got}"
         )
     w = w.detach()
-    if not bool((torch.isfinite(w) & (w >= 0)).all()):
+    total, low = torch.stack([w.sum(), w.amin()]).double().tolist()  # one host transfer
+    # a finite sum of values >= 0: all fine; else the element-wise check decides
+    fine = math.isfinite(total) and low >= 0
+    if not fine and not bool((torch.isfinite(w) & (w >= 0)).all()):
         raise ValueError("correction_weight must be finite and >= 0 (an importance weight)")
     return w if w.dim() == 2 else w[:, None]
+
+
+def _zero_fill(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``t`` where ``keep`` (0/1 float) is 1, exactly 0 elsewhere: a product when ``t`` is finite
+    everywhere (one sum tells), else ``torch.where`` (``NaN · 0`` is NaN; padding may hold
+    ``-inf``). The product is ~20x cheaper than ``torch.where`` on a CPU."""
+    if math.isfinite(float(t.detach().sum())):
+        return t * keep
+    return torch.where(keep.bool(), t, torch.zeros((), dtype=t.dtype, device=t.device))
 
 
 def _kl_tokens(
@@ -111,29 +131,45 @@ def _kl_tokens(
     ref_logp: torch.Tensor,
     old_logp: torch.Tensor | None,
     eff: torch.Tensor,
-    dtype: torch.dtype,
     correction: str | None,
     weight_clip: float,
 ) -> torch.Tensor:
     """``[N, T]`` per-token KL (importance-corrected when ``correction`` is set), 0 outside
-    ``eff``; padding is zero-filled first so that -inf / NaN there never reaches the graph."""
-    zero = torch.zeros((), dtype=dtype, device=logp.device)  # float32 at least (check_inputs)
-    safe_logp = torch.where(eff, logp.to(dtype), zero)
-    safe_ref = torch.where(eff, ref_logp.to(dtype), zero)
+    ``eff`` (0/1 float), with its gradient. Computed from copies whose padding is zero-filled
+    (:func:`_zero_fill`), so that -inf / NaN there never reaches the value or the gradient;
+    element-wise forms as value and slope (:func:`grouprl.losses.kl.kl_value_slope`), the
+    sequence-ratio correction through autograd."""
+    if ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
+    if not isinstance(ref_logp, torch.Tensor) or ref_logp.shape != logp.shape:
+        got = tuple(ref_logp.shape) if isinstance(ref_logp, torch.Tensor) else type(ref_logp)
+        raise ValueError(f"ref_logp must have the shape of logp {tuple(logp.shape)}, got {got}")
+    dtype = eff.dtype  # float32 at least (check_inputs)
+    if correction == "sequence_ratio":
+        safe = [_zero_fill(t.to(dtype), eff) for t in (logp, ref_logp.detach())]
+        old = None if old_logp is None else _zero_fill(old_logp.detach().to(dtype), eff)
+        value = kl_corrected(name, safe[0], safe[1], old, eff, correction=correction)
+        return value * eff
+    lp = _zero_fill(logp.detach().to(dtype), eff)
+    ref = _zero_fill(ref_logp.detach().to(dtype), eff)
     if correction is None:
-        value = kl_fn(name, safe_logp, safe_ref)
+        value, slope = kl_value_slope(name, lp, ref)
     else:
-        safe_old = None if old_logp is None else torch.where(eff, old_logp.to(dtype), zero)
-        value = kl_corrected(
-            name,
-            safe_logp,
-            safe_ref,
-            safe_old,
-            eff.to(dtype),
-            correction=correction,
-            weight_clip=weight_clip,
+        if correction not in KL_CORRECTIONS:
+            raise ValueError(
+                f"unknown KL correction {correction!r}; valid corrections: "
+                f"{', '.join(KL_CORRECTIONS)}"
+            )
+        if correction == "straight_through" and not weight_clip > 0:
+            raise ValueError(f"kl_weight_clip must be > 0, got {weight_clip}")
+        old = lp if old_logp is None else _zero_fill(old_logp.detach().to(dtype), eff)
+        value, slope = corrected_value_slope(
+            name, lp, ref, old, correction=correction, weight_clip=weight_clip
         )
-    return value * eff.to(dtype)
+    with torch.no_grad():
+        value = value * eff
+        slope = slope * eff
+    return linearized(logp, value, slope)
 
 
 def objective(
@@ -158,6 +194,7 @@ def objective(
     top_entropy_quantile: float = 1.0,
     correction_weight: torch.Tensor | None = None,
     correction_keep: torch.Tensor | None = None,
+    stats: bool = True,
 ) -> Objective:
     """Surrogate + β·kl_weight·KL − entropy_coeff·H per token, aggregated, in one call.
 
@@ -197,6 +234,10 @@ def objective(
             every branch and, without ``totals``, from the normaliser (verl's rejection
             sampling rewrites ``response_mask``); with ``totals``, build them from
             ``Correction.loss_mask(mask)`` so that the step's counts leave it out too.
+        stats: compute :attr:`Objective.stats` (the surrogate's ratio and clip statistics and
+            the branch values; no gradient, one host transfer). ``False`` returns an empty
+            dict and skips that work: for a caller that wants only the loss (the trainer
+            asks once per micro-batch).
 
     A micro-batch in which every row has ``keep = False`` returns a zero loss that is still
     connected to ``logp`` (``backward()`` works and adds nothing).
@@ -205,66 +246,101 @@ def objective(
         raise ValueError(f"beta and entropy_coeff must be >= 0, got {beta} and {entropy_coeff}")
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
         raise ValueError("logp must be a [N, T] tensor")
+    keep_t, mask_f, eff, n_tok = _masks(logp, mask, keep, correction_keep)
+    corr_w = _correction_weight(correction_weight, logp)
+    any_kept = n_tok > 0
+    sur_mask = eff if any_kept else mask_f  # validate the raw inputs when nothing is kept
+    per_token, sur_stats = surrogate_fn(
+        surrogate, logp, old_logp, adv, sur_mask, stats=stats, **dict(surrogate_params or {})
+    )  # [N, T], 0 outside eff
+    if not any_kept:
+        zero = (per_token * 0.0).sum()  # 0 with the graph: backward() works and adds nothing
+        if stats:
+            sur_stats = {key: 0.0 for key in sur_stats}
+            sur_stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
+        return Objective(zero, zero, zero, zero, per_token * 0.0, sur_stats, zero)
+    extra: dict[str, torch.Tensor] = {}
+    token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
+    if token_keep is not None:
+        per_token = _zero_fill(per_token, token_keep)
+        extra["entropy_mask_frac"] = token_keep.sum() / n_tok
+    if corr_w is not None:
+        per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
+    pg_loss = reduce_masked(aggregation, per_token, eff, totals)
+    # an unused branch: 0 with the graph (per_token is finite everywhere, also where logp
+    # holds -inf padding, which logp.sum() * 0 would turn into NaN)
+    zero = pg_loss * 0.0
+    loss, total = pg_loss, per_token  # only the branches that act: a zero branch would add
+    kl_loss = kl_unweighted = ent_bonus = zero  # a backward pass
+    if beta > 0:
+        kl_tok = _kl_tokens(
+            kl, logp, ref_logp, old_logp, eff, kl_correction, kl_weight_clip
+        )  # [N, T], 0 outside eff
+        w = _per_sample("kl_weight", kl_weight, logp.shape[0], logp).detach().to(eff.dtype)
+        kl_term = beta * w[:, None] * kl_tok
+        kl_loss = reduce_masked(aggregation, kl_term, eff, totals)
+        kl_unweighted = reduce_masked(aggregation, kl_tok, eff, totals)
+        loss, total = loss + kl_loss, total + kl_term
+        if stats:
+            extra["kl_mean"] = kl_tok.detach().sum() / n_tok
+    if entropy is not None and (stats or entropy_coeff > 0):
+        ent = _entropy_tokens(entropy, eff)  # [N, T], 0 outside eff
+        if stats:
+            extra["entropy_mean"] = ent.detach().sum() / n_tok
+        if token_keep is not None:  # the bonus acts where the surrogate does
+            ent = ent * token_keep
+        if entropy_coeff > 0:
+            ent_bonus = entropy_coeff * reduce_masked(aggregation, ent, eff, totals)
+            loss, total = loss - ent_bonus, total - entropy_coeff * ent
+    if stats:
+        extra.update(pg_loss=pg_loss, kl_loss=kl_loss)
+        if keep is not None:
+            extra["kept_frac"] = keep_t.to(eff.dtype).mean()
+        sur_stats.update(_branch_stats(to_floats(extra)))  # one device sync for all of them
+    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, sur_stats, kl_unweighted)
+
+
+def _masks(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    keep: torch.Tensor | None,
+    correction_keep: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """``(keep [N] bool, mask [N, T] 0/1 float, eff [N, T] 0/1 float, valid tokens of eff)``:
+    ``eff`` is the tokens that take part in the loss (valid, in a kept row, not rejected by
+    the correction)."""
     n = logp.shape[0]
     keep_t = _per_sample("keep", keep, n, logp).bool()
     if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
         raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}")
-    eff = mask.bool() & keep_t[:, None]  # [N, T]
+    dtype = torch.promote_types(logp.dtype, torch.float32)
+    mask_f, count = float_mask_count(mask, dtype)
+    if keep is None and correction_keep is None:
+        return keep_t, mask_f, mask_f, count
+    eff = mask_f if keep is None else mask_f * keep_t.to(dtype)[:, None]  # [N, T] 0/1
     if correction_keep is not None:
         if not isinstance(correction_keep, torch.Tensor) or correction_keep.shape != logp.shape:
             raise ValueError(
                 f"correction_keep must be [N, T]={tuple(logp.shape)} bool (Correction.keep)"
             )
-        eff = eff & correction_keep.bool()
-    corr_w = _correction_weight(correction_weight, logp)
-    any_kept = bool(eff.sum() > 0)  # a sum: faster than any() on a bool tensor on CPU
-    sur_mask = eff if any_kept else mask  # validate the raw inputs when nothing is kept
-    per_token, stats = surrogate_fn(
-        surrogate, logp, old_logp, adv, sur_mask, **dict(surrogate_params or {})
-    )
-    eff_f = eff.to(per_token.dtype)
-    zero = logp.sum() * 0.0  # keeps the graph when nothing contributes
-    if not any_kept:
-        stats = {key: 0.0 for key in stats}
-        stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
-        return Objective(zero, zero, zero, zero, per_token * 0.0, stats, zero)
-    extra: dict[str, torch.Tensor | float] = {}
-    token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
-    if token_keep is not None:
-        per_token = torch.where(token_keep, per_token, torch.zeros_like(per_token))
-        extra["entropy_mask_frac"] = token_keep.sum() / eff.sum()
-    if corr_w is not None:
-        per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
-    total = per_token  # already 0 outside eff (the surrogate's mask)
-    pg_loss = aggregate(aggregation, total, eff_f, totals)
-    kl_loss = kl_unweighted = zero
-    n_tok = eff_f.sum()
-    extra.update(kl_mean=zero.detach(), entropy_mean=zero.detach())
-    if beta > 0:
-        if ref_logp is None:
-            raise ValueError("beta > 0 needs ref_logp (the reference policy's log-probs)")
-        w = _per_sample("kl_weight", kl_weight, n, logp).detach().to(per_token.dtype)
-        kl_tok = _kl_tokens(
-            kl, logp, ref_logp, old_logp, eff, per_token.dtype, kl_correction, kl_weight_clip
-        )  # [N, T], 0 outside eff
-        kl_term = beta * w[:, None] * kl_tok
-        kl_loss = aggregate(aggregation, kl_term, eff_f, totals)
-        kl_unweighted = aggregate(aggregation, kl_tok, eff_f, totals)
-        total = total + kl_term
-        extra["kl_mean"] = kl_tok.detach().sum() / n_tok
-    ent_bonus = zero
-    if entropy is not None:
-        if entropy.shape != logp.shape:
-            raise ValueError(f"entropy must be [N, T]={tuple(logp.shape)}")
-        zero_f = torch.zeros((), dtype=eff_f.dtype, device=eff_f.device)
-        ent = torch.where(eff, entropy.to(eff_f.dtype), zero_f)
-        extra["entropy_mean"] = ent.detach().sum() / n_tok
-        if token_keep is not None:  # the bonus acts where the surrogate does
-            ent = torch.where(token_keep, ent, zero_f)
-        if entropy_coeff > 0:
-            ent_bonus = entropy_coeff * aggregate(aggregation, ent, eff_f, totals)
-            total = total - entropy_coeff * ent
-    extra.update(pg_loss=pg_loss, kl_loss=kl_loss, kept_frac=keep_t.to(n_tok.dtype).mean())
-    stats.update(to_floats(extra))  # one device sync for all of them
-    loss = pg_loss + kl_loss - ent_bonus
-    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, stats, kl_unweighted)
+        eff = eff * float_mask(correction_keep, dtype)
+    return keep_t, mask_f, eff, float(eff.sum())
+
+
+def _entropy_tokens(entropy: torch.Tensor, eff: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` token entropies, 0 outside ``eff`` (zero-filled: NaN padding never leaks)."""
+    if entropy.shape != eff.shape:
+        raise ValueError(f"entropy must be [N, T]={tuple(eff.shape)}")
+    return _zero_fill(entropy.to(eff.dtype), eff)
+
+
+def _branch_stats(floats: dict[str, float]) -> dict[str, float]:
+    """The objective's own statistics in their fixed order; an absent branch reads 0 and
+    ``kept_frac`` 1 when no row was dropped."""
+    out = {}
+    if "entropy_mask_frac" in floats:
+        out["entropy_mask_frac"] = floats["entropy_mask_frac"]
+    for key in ("kl_mean", "entropy_mean", "pg_loss", "kl_loss"):
+        out[key] = floats.get(key, 0.0)
+    out["kept_frac"] = floats.get("kept_frac", 1.0)
+    return out

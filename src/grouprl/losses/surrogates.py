@@ -35,13 +35,15 @@ from grouprl.losses.geometric import gmpo
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
     Eps,
+    apply_gate,
     check_eps,
     check_inputs,
+    clamp_log_ratio,
     eps_column,
-    masked_mean,
+    linearized,
+    masked_log_ratio,
+    pessimistic_bounds,
     ratio_stats,
-    sequence_log_ratio,
-    sequence_ratio_tokens,
 )
 from grouprl.losses.trust_region import dppo_kl, dppo_tv, dro
 from grouprl.types import to_floats
@@ -79,6 +81,7 @@ def ppo_clip(
     eps_high: Eps = 0.2,
     clip_ratio_c: float | None = None,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO clipped surrogate with asymmetric bounds (clip-higher) and optional dual clip.
 
@@ -90,28 +93,38 @@ def ppo_clip(
     ``eps_low`` / ``eps_high`` may be ``[N]`` tensors (one bound per sequence: AGPO's
     per-prompt adaptive ε, :class:`grouprl.control.agpo.AdaptiveClip`).
     ``log_ratio_clamp`` = 20 as in verl (TRL does not clamp; identical for |log ρ| < 20).
-    Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``).
+    Extra stat: ``clip_frac_dual`` (verl ``pg_clipfrac_lower``). ``stats=False``: no
+    statistics (an empty dict), the loss alone.
+
+    The pessimistic min is one clamp of ρ with each row's bounds
+    (:func:`~grouprl.losses.ratio.pessimistic_bounds`), the same values bit for bit; the
+    gradient ``−A·ρ`` where the clip is inactive, 0 elsewhere, is attached by
+    :func:`~grouprl.losses.ratio.linearized`.
     """
     check_eps(eps_low, eps_high)
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ValueError(
             f"clip_ratio_c (dual clip) must be > 1 (verl uses 3.0), got {clip_ratio_c}"
         )
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    lo = 1.0 - eps_column(eps_low, logp.shape[0], logp)  # float or [N, 1]
-    hi = 1.0 + eps_column(eps_high, logp.shape[0], logp)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    ratio = torch.exp(log_ratio)  # [N, T]
-    loss1 = -adv * ratio
-    loss2 = -adv * torch.clamp(ratio, lo, hi)
-    per_token = torch.maximum(loss1, loss2)  # [N, T]
-    stats = ratio_stats(ratio, adv, mask, lo, hi, log_ratio)
-    if clip_ratio_c is not None:
-        loss3 = -adv * clip_ratio_c
-        dual = (adv < 0) & (per_token > loss3)
-        per_token = torch.where(adv < 0, torch.minimum(per_token, loss3), per_token)
-        stats["clip_frac_dual"] = masked_mean(dual.to(mask.dtype).expand_as(mask), mask)
-    return per_token * mask, to_floats(stats)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lo = 1.0 - eps_column(eps_low, lp.shape[0], lp)  # float or [N, 1]
+    hi = 1.0 + eps_column(eps_high, lp.shape[0], lp)
+    with torch.no_grad():
+        log_ratio, gate = clamp_log_ratio(masked_log_ratio(lp, old, mask), log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        lower, upper = pessimistic_bounds(adv, lo, hi, clip_ratio_c)  # [N, 1] (or [N, T])
+        value = ratio.clamp(lower, upper)
+        inside = value == ratio  # where the clip is inactive and the gradient runs
+        value.mul_(-adv).mul_(mask)  # [N, T] −A·clip(ρ), 0 at padding
+        values = None
+        if stats:  # before the ratio's buffer becomes the slope
+            values = ratio_stats(
+                ratio, adv, mask, lo, hi, log_ratio, cap=clip_ratio_c, padding=1.0,
+                scratch=log_ratio,
+            )  # fmt: skip
+        slope = ratio.mul_(-adv).mul_(mask).mul_(inside)  # ∂ℓ/∂logp: −A·ρ inside, else 0
+        slope = apply_gate(slope, gate)
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
 def cispo(
@@ -123,6 +136,7 @@ def cispo(
     eps_low: float = 1.0,
     eps_high: float = 5.0,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """CISPO: clipped, stop-gradient importance weight on every token; no token is dropped.
 
@@ -135,19 +149,20 @@ def cispo(
     weight is clipped (low: ρ < 1 − ε_low, high: ρ > 1 + ε_high), for either sign of A.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    ratio = torch.exp(log_ratio).detach()  # [N, T]
-    weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)  # [N, T], no gradient
-    per_token = -weight * adv * logp
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    with torch.no_grad():
-        low = (ratio < 1.0 - eps_low).to(mask.dtype)
-        high = (ratio > 1.0 + eps_high).to(mask.dtype)
-        stats["clip_frac_low"] = masked_mean(low, mask)
-        stats["clip_frac_high"] = masked_mean(high, mask)
-        stats["clip_frac_region"] = masked_mean(torch.maximum(low, high), mask)
-    return per_token * mask, to_floats(stats)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    with torch.no_grad():  # the weight carries no gradient: only logp does
+        log_ratio = masked_log_ratio(lp, old, mask).clamp_(-log_ratio_clamp, log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T]
+        coef = ratio.clamp(1.0 - eps_low, 1.0 + eps_high).neg_().mul_(adv)  # −sg(w)·A
+        slope = coef.mul_(mask)  # the gradient of −sg(w)·A·logp, 0 at padding
+        value = slope * lp
+        values = None
+        if stats:
+            values = ratio_stats(
+                ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio, any_sign=True,
+                padding=1.0, scratch=log_ratio,
+            )  # fmt: skip
+    return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
 def gspo(
@@ -159,6 +174,7 @@ def gspo(
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
     log_ratio_max: float = 10.0,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO: PPO clip on the length-normalised sequence ratio s_i.
 
@@ -170,18 +186,28 @@ def gspo(
     of ``−min(s_i A, clip(s_i, 1 − ε_low, 1 + ε_high)A)``. ``log s`` is clamped from above at
     ``log_ratio_max`` = 10 (verl). Defaults ε = 3e-4 / 4e-4 (GSPO paper). Use it with
     ``seq_mean_token_mean`` to match the paper's sequence-level objective.
+
+    Here the value ``−A·clip(s_i)`` and the GSPO-token gradient ``−A·s_i·∇logp_t`` (0 where
+    the clip or the cap acts) are computed from the ``[N]`` values s_i and attached by
+    :func:`~grouprl.losses.ratio.linearized`: no ``[N, T]`` exponential or clip.
     """
     check_eps(eps_low, eps_high)
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_seq = sequence_log_ratio(logp - old_logp, mask)  # [N]
-    log_ratio = sequence_ratio_tokens(log_seq, logp)  # [N, T]
-    ratio = torch.exp(log_ratio.clamp(max=log_ratio_max))  # [N, T]
-    loss1 = -adv * ratio
-    loss2 = -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
-    per_token = torch.maximum(loss1, loss2)
-    stats = ratio_stats(ratio, adv, mask, 1.0 - eps_low, 1.0 + eps_high, log_ratio)
-    stats["approx_kl"] = masked_mean((old_logp - logp).detach(), mask)
-    return per_token * mask, to_floats(stats)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    lo, hi = 1.0 - eps_low, 1.0 + eps_high
+    with torch.no_grad():
+        log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
+        log_seq = (log_ratio.sum(-1) / mask.sum(-1).clamp_min(1.0))[:, None]  # [N, 1] log s_i
+        ratio = torch.exp(log_seq.clamp(max=log_ratio_max))  # [N, 1] s_i
+        lower, upper = pessimistic_bounds(adv, lo, hi)  # [N, 1] (or [N, T])
+        value = (-adv * ratio.clamp(lower, upper)) * mask  # −A·clip(s_i): PPO's min
+        inside = (log_seq <= log_ratio_max) & (ratio >= lower) & (ratio <= upper)
+        slope = -adv * ratio * inside  # ∂ℓ/∂logp_t = −A·s_i where nothing clips
+        values = ratio_stats(ratio, adv, mask, lo, hi, log_ratio) if stats else None
+    if slope.shape[-1] == 1:
+        per_token = linearized(logp, value, slope, mask)
+    else:
+        per_token = linearized(logp, value, slope * mask)
+    return per_token, ({} if values is None else to_floats(values))
 
 
 def reinforce(
@@ -189,6 +215,8 @@ def reinforce(
     old_logp: torch.Tensor | None,
     adv: torch.Tensor,
     mask: torch.Tensor,
+    *,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """REINFORCE: ``ℓ = −A·logp`` (on-policy policy gradient, Williams 1992).
 
@@ -196,10 +224,18 @@ def reinforce(
     that sampled the tokens (one update per batch). Ratio stats are still reported from
     ``old_logp`` so that off-policy drift is visible; clip fractions are 0.
     """
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).detach()
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return -adv * logp * mask, to_floats(stats)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    with torch.no_grad():
+        value = torch.mul(lp, -adv).mul_(mask)  # −A·logp, 0 at padding
+        slope = -adv if adv.shape[-1] == 1 else -adv * mask
+        values = None
+        if stats:
+            log_ratio = masked_log_ratio(lp, old, mask)  # the ratio goes into its buffer
+            values = ratio_stats(
+                None, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+            )
+    per_token = linearized(logp, value, slope, mask if slope.shape[-1] == 1 else None)
+    return per_token, ({} if values is None else to_floats(values))
 
 
 SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -218,7 +254,8 @@ SURROGATES: dict[str, SurrogateFn] = {
     "dppo_kl": dppo_kl,
     "dro": dro,
 }
-"""Surrogate name -> function ``(logp, old_logp, adv, mask, **params) -> (per_token, stats)``."""
+"""Surrogate name -> function ``(logp, old_logp, adv, mask, *, stats=True, **params) ->
+(per_token, stats)``."""
 
 
 CLIPPED: frozenset[str] = frozenset(
@@ -280,9 +317,14 @@ def surrogate(
     old_logp: torch.Tensor | None,
     adv: torch.Tensor,
     mask: torch.Tensor,
+    *,
+    stats: bool = True,
     **params: float,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token loss ``[N, T]`` and stats of the surrogate called ``name`` (see SURROGATES)."""
+    """Per-token loss ``[N, T]`` and stats of the surrogate called ``name`` (see SURROGATES).
+
+    ``stats=False`` skips the statistics (an empty dict): the loss alone, as fast as it goes.
+    """
     try:
         fn = SURROGATES[name]
     except KeyError:
@@ -290,7 +332,7 @@ def surrogate(
             f"unknown surrogate {name!r}; valid surrogates: {', '.join(SURROGATES)}"
         ) from None
     try:
-        return fn(logp, old_logp, adv, mask, **params)
+        return fn(logp, old_logp, adv, mask, stats=stats, **params)
     except TypeError as err:
         if "unexpected keyword" in str(err):
             raise ValueError(f"surrogate {name!r}: {err}") from None

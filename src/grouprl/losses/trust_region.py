@@ -14,7 +14,15 @@ import math
 
 import torch
 
-from grouprl.losses.ratio import LOG_RATIO_CLAMP, check_inputs, masked_mean, ratio_stats
+from grouprl.losses.ratio import (
+    LOG_RATIO_CLAMP,
+    beyond_count,
+    check_inputs,
+    linearized,
+    masked_log_ratio,
+    ratio_stats,
+    valid_sum,
+)
 from grouprl.types import to_floats
 
 __all__ = ["binary_kl", "dppo_kl", "dppo_tv", "dro"]
@@ -53,6 +61,7 @@ def _dppo(
     clip_ratio_c: float,
     log_ratio_clamp: float,
     binary_kl_eps: float,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The shared body of DPPO-TV and DPPO-KL: ``ℓ = −A·sg(min(ρ, C))·log π·valid``."""
     for name, value in (("delta_low", delta_low), ("delta_high", delta_high)):
@@ -60,25 +69,34 @@ def _dppo(
             raise ValueError(f"DPPO's {name} (a divergence threshold) must be >= 0, got {value}")
     if not clip_ratio_c > 0:
         raise ValueError(f"clip_ratio_c (the IS-weight truncation) must be > 0, got {clip_ratio_c}")
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = (logp - old_logp).clamp(-log_ratio_clamp, log_ratio_clamp)  # [N, T]
-    ratio = torch.exp(log_ratio)
-    weight = ratio.clamp(max=clip_ratio_c).detach()
-    with torch.no_grad():
-        p, p_old = torch.exp(logp), torch.exp(old_logp)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    with torch.no_grad():  # the weight and the region carry no gradient: only logp does
+        log_ratio = masked_log_ratio(lp, old, mask).clamp_(-log_ratio_clamp, log_ratio_clamp)
+        ratio = torch.exp(log_ratio)  # [N, T], 1 at padding
+        # probabilities of the sampled token; at padding whatever they are, masked below
+        p, p_old = torch.exp(lp), torch.exp(old)
         if divergence == "tv":
             ok_pos = (p - p_old) <= delta_high
             ok_neg = (p - p_old) >= -delta_low
         else:
-            kl = binary_kl(old_logp, logp.detach(), binary_kl_eps)
+            kl = binary_kl(old, lp, binary_kl_eps)
             ok_pos = (kl <= delta_high) | (p <= p_old)
             ok_neg = (kl <= delta_low) | (p >= p_old)
-        valid = torch.where(adv > 0, ok_pos, ok_neg).to(logp.dtype)  # [N, T]
-    per_token = -adv * weight * logp * valid
-    stats = ratio_stats(ratio, adv, mask, None, None, log_ratio)
-    stats["clip_frac_region"] = masked_mean(1.0 - valid, mask)
-    stats["clip_frac_truncated"] = masked_mean((ratio.detach() > clip_ratio_c) * valid, mask)
-    return per_token * mask, to_floats(stats)
+        pos = adv > 0
+        valid = ((ok_pos & pos) | (ok_neg & ~pos)).to(mask.dtype)  # [N, T] 0/1
+        slope = (-adv * ratio.clamp(max=clip_ratio_c)).mul_(valid).mul_(mask)  # −A·sg(min(ρ, C))
+        value = slope * lp  # the loss −A·sg(min(ρ, C))·valid·logp, 0 at padding
+        values = None
+        if stats:
+            n = mask.sum()
+            values = ratio_stats(
+                ratio, adv, mask, None, None, log_ratio, padding=1.0, scratch=log_ratio
+            )
+            values["clip_frac_region"] = (n - valid_sum(valid, mask)) / n
+            truncated = beyond_count(ratio, clip_ratio_c, valid, below=False, scratch=p, mask=mask)
+            values["clip_frac_truncated"] = truncated / n
+    per_token = linearized(logp, value, slope)
+    return per_token, ({} if values is None else to_floats(values))
 
 
 def dppo_tv(
@@ -91,6 +109,7 @@ def dppo_tv(
     delta_high: float = 0.2,
     clip_ratio_c: float = DPPO_TRUNCATION,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-TV: a token keeps its gradient while ``π − π_old`` stays within the band.
 
@@ -114,6 +133,7 @@ def dppo_tv(
         clip_ratio_c=clip_ratio_c,
         log_ratio_clamp=log_ratio_clamp,
         binary_kl_eps=BINARY_KL_EPS,
+        stats=stats,
     )
 
 
@@ -128,6 +148,7 @@ def dppo_kl(
     clip_ratio_c: float = DPPO_TRUNCATION,
     log_ratio_clamp: float = LOG_RATIO_CLAMP,
     binary_kl_eps: float = BINARY_KL_EPS,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DPPO-Binary-KL: DPPO-TV's loss, the trust region measured by the binary KL instead.
 
@@ -148,6 +169,7 @@ def dppo_kl(
         clip_ratio_c=clip_ratio_c,
         log_ratio_clamp=log_ratio_clamp,
         binary_kl_eps=binary_kl_eps,
+        stats=stats,
     )
 
 
@@ -158,6 +180,7 @@ def dro(
     mask: torch.Tensor,
     *,
     beta: float | None = None,
+    stats: bool = True,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """DRO: ``ℓ = −(A·log π − ½β·(log π − log π_old)²)``: REINFORCE with a quadratic
     log-ratio penalty instead of a clip.
@@ -172,8 +195,15 @@ def dro(
             f"DRO needs beta > 0 (the quadratic penalty weight; verl policy_loss.dro_beta has "
             f"no default), got {beta}"
         )
-    logp, old_logp, adv, mask = check_inputs(logp, old_logp, adv, mask)
-    log_ratio = logp - old_logp  # [N, T]
-    per_token = -(adv * logp - 0.5 * beta * log_ratio.square())
-    stats = ratio_stats(torch.exp(log_ratio), adv, mask, None, None, log_ratio)
-    return per_token * mask, to_floats(stats)
+    lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
+    with torch.no_grad():
+        log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
+        # −(A·logp − ½β·(log ρ)²), written as ½β·(log ρ)² − A·logp: the same value (IEEE
+        # rounding is symmetric)
+        value = log_ratio.square().mul_(0.5 * beta).addcmul_(lp, adv, value=-1.0).mul_(mask)
+        values = None
+        if stats:
+            values = ratio_stats(None, adv, mask, None, None, log_ratio, padding=1.0)
+        slope = log_ratio.mul_(beta).sub_(adv).mul_(mask)  # ∂ℓ/∂logp = β·log ρ − A
+    per_token = linearized(logp, value, slope)
+    return per_token, ({} if values is None else to_floats(values))

@@ -142,10 +142,29 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class AlgorithmConfig:
-    """A preset name plus overrides of any of its fields (``beta``, ``surrogate_params``...)."""
+    """A preset name plus overrides of any of its fields (``beta``, ``surrogate_params``...),
+    and the loss options no preset fixes, each passed to ``losses.objective`` by the trainer."""
 
     preset: str = "grpo"
     overrides: MappingProxyType = field(default_factory=frozen)
+    kl_correction: str | None = None
+    """None (the plain KL term), or an importance correction of the loss-side KL term for the
+    tokens of an update taken after the first optimizer step on a batch (``losses.
+    KL_CORRECTIONS``; ``losses.kl_corrected``): ``ratio`` (ρ·KL, TRL's
+    ``use_bias_correction_kl``), ``sequence_ratio`` (TRL's at the sequence level),
+    ``straight_through`` (the KL's value with the gradient of min(ρ, 10)·k2, OpenRLHF's
+    ``kl.unbiased_gradient``). Needs a KL term in the loss (``algorithm.beta > 0``)."""
+    top_entropy_quantile: float = 1.0
+    """ρ in (0, 1]: the surrogate acts only on the valid tokens whose entropy is in the top ρ
+    share ("Beyond the 80/20 Rule", arXiv 2506.01939, keeps ρ = 0.2; TRL's
+    ``top_entropy_quantile``); 1 = every token. The threshold's batch: ``selection``."""
+    selection: str = "step"
+    """Which batch the token selections span: the top-entropy threshold and Clip-Cov's /
+    KL-Cov's covariance selection. ``step`` [OURS, the default]: the optimizer step's
+    minibatch, computed once before its first backward (one extra no-grad forward of each
+    micro-batch when the step has several), so the update does not depend on
+    ``optim.micro_batch_size``; ``micro_batch``: each micro-batch on its own, as TRL (the
+    entropy quantile) and verl (the covariance selection) take them per micro-batch."""
 
     def resolve(self) -> Any:
         """The ``grouprl.presets.Preset`` with the overrides applied."""
@@ -341,6 +360,7 @@ class RunConfig:
     def validate(self, *, check_names: bool = True) -> RunConfig:
         """Raise ``ConfigError`` on a configuration that cannot work; returns ``self``."""
         _check_ranges(self)
+        _check_algorithm(self)
         _check_batch(self)
         if self.model.lora_rank > 0 and importlib.util.find_spec("peft") is None:
             raise ConfigError(
@@ -425,6 +445,39 @@ def _check_loggers(run: RunSectionConfig) -> None:
             raise ConfigError(
                 f"run.{name}=true but {module} is not installed: {command}, or set run.{name}=false"
             )
+
+
+SELECTIONS = ("step", "micro_batch")
+"""Valid ``algorithm.selection`` values."""
+
+
+def _check_algorithm(cfg: RunConfig) -> None:
+    """The loss options of the algorithm section: known values, and a setting that acts."""
+    from grouprl.losses import KL_CORRECTIONS
+
+    a = cfg.algorithm
+    if a.kl_correction is not None and a.kl_correction not in KL_CORRECTIONS:
+        raise ConfigError(
+            f"algorithm.kl_correction={a.kl_correction!r} is not a KL correction; valid: "
+            f"{', '.join(KL_CORRECTIONS)}, or null for the plain KL term"
+        )
+    q = a.top_entropy_quantile
+    if not 0 < q <= 1:
+        raise ConfigError(
+            f"algorithm.top_entropy_quantile must be in (0, 1] (the share of valid tokens, by "
+            f"entropy, the surrogate acts on; 1 = all, 0.2 in the 80/20 paper), got {q}"
+        )
+    if a.selection not in SELECTIONS:
+        raise ConfigError(
+            f"algorithm.selection must be one of {', '.join(SELECTIONS)}, got {a.selection!r}"
+        )
+    preset = _resolved_preset(cfg)
+    if a.kl_correction is not None and preset is not None and not preset.beta > 0:
+        raise ConfigError(
+            f"algorithm.kl_correction={a.kl_correction!r} corrects the loss's KL term, which "
+            f"preset {preset.name!r} does not have (beta = {preset.beta}); set algorithm.beta "
+            "> 0, or leave kl_correction null"
+        )
 
 
 def _check_model_runtime(m: ModelConfig) -> None:

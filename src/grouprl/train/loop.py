@@ -14,8 +14,9 @@ One step, its stages in order, the step's tensors as locals::
     4.   reference     ref_logp [N, T] (β > 0 only); the controller's clip bounds; all of it
                        one frozen Targets (train/targets.py)
     5.   update        epochs × minibatches of whole groups; each minibatch is one AdamW step
-                       whose micro-batches share one StepTotals, so accumulation is exact
-                                                                  (update_policy, below)
+                       whose micro-batches share one StepTotals and the step's token
+                       selections (top-entropy threshold, Clip-Cov / KL-Cov), so
+                       accumulation is exact                      (update_policy, below)
     6.   metrics       one dict built explicitly: rollout counters, update means, the
                        diagnostics' step metrics, run-health warnings, stage times
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import time
 from collections.abc import Iterator
@@ -612,13 +614,14 @@ def optimizer_step(
         rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size,
         every_row=preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
     )  # fmt: skip
+    totals, selected = step_selection(run, batch, targets, micro, totals, timer=timer)
     stats, finite, backward = StepStats(), True, False
-    for m, grad in micro:
+    for (m, grad), chosen in zip(micro, selected):
         if not loss_mask[m].any():  # no loss token (every completion masked): adds exactly 0
             stats.missing += len(m) / len(rows)
             continue
         with torch.set_grad_enabled(grad):
-            obj = micro_batch_loss(run, batch, targets, m, totals, timer=timer)
+            obj = micro_batch_loss(run, batch, targets, m, totals, timer=timer, selected=chosen)
             if obj is None:  # a non-finite log-prob or loss: the step is skipped
                 finite = False
                 break
@@ -674,6 +677,63 @@ def micro_batches(
     ]  # fmt: skip
 
 
+def step_selection(
+    run: Run,
+    batch: Batch,
+    targets: Targets,
+    micro: list[tuple[torch.Tensor, bool]],
+    totals: losses.StepTotals,
+    *,
+    timer: Timer,
+) -> tuple[losses.StepTotals, list[torch.Tensor | None]]:
+    """The step's token selections, one per micro-batch, and ``totals`` with the step's
+    top-entropy threshold (``algorithm.selection="step"``).
+
+    Clip-Cov's and KL-Cov's covariance selection (``losses.clip_cov_select`` /
+    ``kl_cov_select`` over the lists of micro-batches) and the top-entropy threshold
+    (``losses.entropy_threshold``) of the whole minibatch, from one no-grad forward of each
+    micro-batch before the first backward: the update is the one-batch update whatever
+    ``optim.micro_batch_size`` is. Nothing to do (None per micro-batch, ``totals`` as given)
+    for one micro-batch, where the loss call's own selection is the step's, for
+    ``selection="micro_batch"`` and when no selection applies.
+    """
+    algo, surrogate = run.cfg.algorithm, run.preset.surrogate
+    cov = surrogate in ("clip_cov", "kl_cov")
+    top = algo.top_entropy_quantile < 1.0
+    none: list[torch.Tensor | None] = [None] * len(micro)
+    if algo.selection != "step" or len(micro) < 2 or not (cov or top):
+        return totals, none
+    rows = [m for m, _ in micro]
+    with timer("logprobs"), torch.no_grad():
+        parts = [run.policy.logprobs(batch, m, entropy=top) for m in rows]
+    mask = targets.loss_mask(batch.mask)  # [N, T] without rollout-rejected tokens
+    kept = [mask[m] * targets.keep[m][:, None].to(mask.dtype) for m in rows]
+    if top:
+        threshold = losses.entropy_threshold(
+            [p.entropy for p in parts], kept, algo.top_entropy_quantile
+        )
+        totals = replace(totals, entropy_threshold=threshold)
+    if not cov:
+        return totals, none
+    lps, advs = [p.logp for p in parts], [targets.adv[m] for m in rows]
+    clip = {k: v for k, v in targets.clip.items() if not isinstance(v, torch.Tensor)}
+    if surrogate == "clip_cov":
+        params = _params_of(losses.clip_cov_select, clip)
+        selected = losses.clip_cov_select(
+            lps, [batch.old_logp[m] for m in rows], advs, kept, **params
+        )
+    else:
+        selected = losses.kl_cov_select(lps, advs, kept, **_params_of(losses.kl_cov_select, clip))
+    return totals, list(selected)
+
+
+def _params_of(fn: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``params`` that ``fn`` takes as keywords (a surrogate's parameters for
+    its selection function)."""
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in params.items() if k in names}
+
+
 def micro_batch_loss(
     run: Run,
     batch: Batch,
@@ -682,12 +742,16 @@ def micro_batch_loss(
     totals: losses.StepTotals,
     *,
     timer: Timer,
+    selected: torch.Tensor | None = None,
 ) -> losses.Objective | None:
     """The objective of micro-batch ``m`` (``[m]`` rows) under the minibatch's ``totals``, or
-    None when its log-probs or loss are not finite. Gradient as the caller's grad mode."""
-    p = run.preset
+    None when its log-probs or loss are not finite. Gradient as the caller's grad mode.
+    ``selected``: the step's Clip-Cov / KL-Cov selection of these rows (:func:`step_selection`;
+    None: the loss call selects within the micro-batch)."""
+    p, algo = run.preset, run.cfg.algorithm
+    entropy = run.cfg.optim.entropy or algo.top_entropy_quantile < 1.0
     with timer("logprobs"):
-        lp = run.policy.logprobs(batch, m, entropy=run.cfg.optim.entropy)
+        lp = run.policy.logprobs(batch, m, entropy=entropy)
     if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
         return None
     t = targets.rows(m)  # per-sequence bounds [N] (AGPO's per-prompt ε) follow the rows
@@ -697,12 +761,14 @@ def micro_batch_loss(
     now = _current_policy_correction(run, batch, m, lp.logp, t.adv)
     if now is not None:
         weight = now if weight is None else weight * now
+    params = dict(t.clip) if selected is None else {**t.clip, "selected": selected}
     with timer("backward"):
         obj = losses.objective(
             lp.logp, batch.old_logp[m], t.adv, batch.mask[m], surrogate=p.surrogate,
-            surrogate_params=dict(t.clip), aggregation=p.aggregation, totals=totals,
+            surrogate_params=params, aggregation=p.aggregation, totals=totals,
             keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
             entropy=lp.entropy, correction_weight=weight, correction_keep=keep,
+            kl_correction=algo.kl_correction, top_entropy_quantile=algo.top_entropy_quantile,
         )  # fmt: skip
     return obj if torch.isfinite(obj.loss) else None
 
@@ -802,6 +868,7 @@ def _balance(
         keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
         correction_weight=None if c is None else c.weight,
         correction_keep=None if c is None else c.keep,
+        kl_correction=run.cfg.algorithm.kl_correction, stats=False,
     )  # fmt: skip
     out.update(
         diagnostics.subset_keys(

@@ -71,6 +71,9 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     # the algorithm: the preset and every override of its fields
     "algorithm.preset",
     "algorithm.overrides",
+    "algorithm.kl_correction",
+    "algorithm.top_entropy_quantile",
+    "algorithm.selection",
     # the update
     "optim.lr",
     "optim.weight_decay",
