@@ -20,8 +20,8 @@ from grouprl.advantages import baseline, ranking, scale, transforms
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
     check_positive,
-    dense_valid,
     group_moments,
+    shared_moments,
     validate_rewards,
 )
 from grouprl.advantages.transforms import (
@@ -163,13 +163,29 @@ def compute(
     if delta_res is not None and "tau_res" in (fn.__kwdefaults__ or {}):
         params.setdefault("tau_res", delta_res)
     _check_params(fn, name, params)
+    with shared_moments():  # the virtual trigger and the estimator share one pass
+        return _compute(fn, rewards, focal_gamma, delta_res, virtual, trigger, virtual_alpha,
+                        virtual_batch_groups, (r_lo, r_hi), params)  # fmt: skip
+
+
+def _compute(
+    fn: Callable[..., Advantages],
+    rewards: torch.Tensor,
+    focal_gamma: float,
+    delta_res: float | None,
+    virtual: str | None,
+    trigger: VirtualTrigger | None,
+    virtual_alpha: float,
+    virtual_batch_groups: int | None,
+    reward_range: tuple[float, float],
+    params: dict[str, Any],
+) -> Advantages:
+    r_lo, r_hi = reward_range
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
     g = rewards.shape[1]
     nan_frac = 0.0 if valid is None else 1.0 - int(valid.count_nonzero()) / valid.numel()
     stats: dict[str, float] = {"nan_frac": nan_frac}
     keep = None  # [P] bool; None = every group kept
-    if valid is None and delta_res is not None:  # the resolution protocol sorts with a mask
-        valid = dense_valid(rewards, valid)
 
     # -- resolution: merge sub-resolution gaps, skip one-bin groups for both branches
     if delta_res is not None:
