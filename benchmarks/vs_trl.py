@@ -105,6 +105,143 @@ def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+class MemoryProbe:
+    """Resident memory (``/proc/self/statm``) sampled on a thread every ``interval`` seconds,
+    with the peak of each phase the trainer is in (set by :meth:`during`).
+
+    The overall peak is ``ru_maxrss`` (exact); per-phase peaks are the largest samples taken
+    in that phase, so a spike shorter than the interval can be missed. The same probe runs in
+    both children.
+    """
+
+    def __init__(self, interval: float = 0.002) -> None:
+        import threading
+
+        self.phase = "load"
+        self.peak: dict[str, float] = {}
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._stop = threading.Event()
+        self._interval = interval
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def rss_mib(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page / 2**20
+
+    def _sample(self) -> None:
+        rss, phase = self.rss_mib(), self.phase
+        if rss > self.peak.get(phase, 0.0):
+            self.peak[phase] = rss
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self._interval)
+
+    @contextlib.contextmanager
+    def during(self, phase: str):
+        before, self.phase = self.phase, phase
+        self._sample()
+        try:
+            yield
+        finally:
+            self._sample()
+            self.phase = before
+
+    def wrap(self, obj: Any, name: str, phase: str) -> None:
+        """``obj.name`` runs inside ``during(phase)`` when called in the timed run's ``train``
+        phase (the outermost phase wins when calls nest)."""
+        fn = getattr(obj, name)
+
+        def probed(*a: Any, **k: Any) -> Any:
+            if self.phase != "train":  # outside the timed run, or already inside a phase
+                return fn(*a, **k)
+            with self.during(phase):
+                return fn(*a, **k)
+
+        setattr(obj, name, probed)
+
+    def close(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join()
+        return {k: round(v, 1) for k, v in self.peak.items()}
+
+
+MEMORY = MemoryProbe if sys.platform.startswith("linux") else None
+"""The probe where ``/proc/self/statm`` exists."""
+
+
+_MEM: MemoryProbe | None = None
+"""The child's memory probe (None in the parent, in --settings-only, off Linux)."""
+
+
+@contextlib.contextmanager
+def _phase(name: str):
+    if _MEM is None:
+        yield
+        return
+    with _MEM.during(name):
+        yield
+
+
+def _capture_optimizers() -> list:
+    """Every optimizer that takes a step (the trainers build their own): wrap
+    ``Optimizer.step``'s subclasses in use (AdamW), the step also counted as the
+    ``optimizer`` memory phase."""
+    import torch
+
+    seen: list = []
+    step = torch.optim.AdamW.step
+
+    def recorded(self, *a: Any, **k: Any) -> Any:
+        if not any(o is self for o in seen):
+            seen.append(self)
+        with (
+            _phase("optimizer")
+            if _MEM is not None and _MEM.phase == "train"
+            else contextlib.nullcontext()
+        ):
+            return step(self, *a, **k)
+
+    torch.optim.AdamW.step = recorded
+    return seen
+
+
+def _tensor_mib(tensors) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def memory_breakdown(
+    model, optimizers: list, peaks: dict[str, float], rss: dict[str, float]
+) -> dict:
+    """Where the memory goes: the process before the model, the weights, their gradients
+    (one per trainable parameter, fp32 as the parameters), the optimizer's state, and the
+    rest of each phase's peak (activations, logits, caches, temporaries, allocator slack)."""
+    import torch
+
+    params = _tensor_mib(model.parameters())
+    grads = _tensor_mib(p for p in model.parameters() if p.requires_grad)
+    state = 0.0
+    for opt in optimizers:
+        inner = getattr(opt, "optimizer", opt)
+        state += _tensor_mib(
+            v for st in inner.state.values() for v in st.values() if isinstance(v, torch.Tensor)
+        )
+    fixed = rss["after_model_mib"] + grads + state
+    return {
+        "rss_before_model_mib": round(rss["before_model_mib"], 1),
+        "rss_after_model_mib": round(rss["after_model_mib"], 1),
+        "parameters_mib": round(params, 1),
+        "gradients_mib": round(grads, 1),
+        "optimizer_state_mib": round(state, 1),
+        "peak_by_phase_mib": peaks,
+        "above_model_grads_optimizer_by_phase_mib": {
+            k: round(v - fixed, 1) for k, v in peaks.items() if k not in ("load", "setup")
+        },
+    }
+
+
 def machine() -> dict[str, Any]:
     """CPU model, the SIMD flags that decide fp32/bf16 speed, cores, load, versions."""
     model, flags = "?", set()
@@ -462,8 +599,17 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
         return {"settings": settings}
     probe = Probe(model)
     saving = _checkpoint_meter(loop)  # the final checkpoint: TRL runs with save_strategy="no"
+    if _MEM is not None:
+        from grouprl.rollout import hf
+        from grouprl.train import batch
+
+        _MEM.wrap(hf, "generate", "generate")
+        for module in (loop, batch):  # the training forward (and the reference's, if any)
+            if hasattr(module, "completion_logprobs"):
+                _MEM.wrap(module, "completion_logprobs", "forward")
     t0 = time.perf_counter()
-    loop.train(cfg, model=model, tokenizer=tok, task=task)
+    with _phase("train"):
+        loop.train(cfg, model=model, tokenizer=tok, task=task)
     checkpoint = saving["seconds"]
     wall = time.perf_counter() - t0 - checkpoint
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "reward/mean" in r]
@@ -641,9 +787,14 @@ def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, 
     timer.wrap(trainer, "_calculate_rewards", "score")
     timer.wrap(trainer, "compute_loss", "forward")
     timer.wrap(trainer.accelerator, "backward", "backward")
+    if _MEM is not None:
+        _MEM.wrap(trainer, "_generate_single_turn", "generate")
+        _MEM.wrap(trainer, "_calculate_rewards", "score")
+        _MEM.wrap(trainer, "compute_loss", "forward")
     probe = Probe(model)
     t0 = time.perf_counter()
-    trainer.train()
+    with _phase("train"):
+        trainer.train()
     wall = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "reward" in h]
     n = args.prompts * args.group
@@ -672,14 +823,22 @@ def worker(args: argparse.Namespace) -> None:
     """Child process: build, train with one library, evaluate; JSON on stdout."""
     import torch
 
+    global _MEM
+
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()
+    _MEM = MEMORY() if MEMORY is not None and not args.settings_only else None
+    optimizers = _capture_optimizers()
+    if _MEM is not None:
+        _MEM.wrap(torch.Tensor, "backward", "backward")  # both trainers call loss.backward()
+    rss = {"before_model_mib": _MEM.rss_mib() if _MEM else 0.0}
     model, tok, task = build(args)
+    rss["after_model_mib"] = _MEM.rss_mib() if _MEM else 0.0
     checksum = weights_checksum(model)
     before = evaluate(model, tok, task, args) if args.eval_before else None
     rss0 = _rss_mib()
     fn = run_grouprl if args.worker == "grouprl" else run_trl
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _phase("setup"):
         res = fn(args, model, tok, task, Path(tmp))
     res["settings"]["initial weights (float64 sum)"] = checksum
     res["settings"]["task"] = args.task
@@ -688,6 +847,8 @@ def worker(args: argparse.Namespace) -> None:
         return
     trained = res.pop("model", model)
     peak_all = _rss_mib()
+    if _MEM is not None:
+        res["memory"] = memory_breakdown(trained, optimizers, _MEM.close(), rss)
     peak = res.get("peak_rss_before_checkpoint_mib") or peak_all
     n = args.prompts * args.group
     k = max(1, len(res["train_rewards"]) // 4)
