@@ -5,7 +5,9 @@ verl's ``grpo`` (a Python loop over prompt ids) and ``grpo_vectorized`` and a fl
     python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop]
 
 Targets (issue 2): every estimator >= 100x faster than verl's grpo, >= 2x faster than
-grpo_vectorized, within 10x of the floor. ``adapter_grouprl_grpo`` is our grpo called through
+grpo_vectorized, within 10x of the floor. ``methods`` (issue 22): each method a peer ships,
+ours beside the peer's own function on the same input in this run — sequence level at the
+same P × G (verl's Python loops timed once), token level at ``--token-prompts`` × G × T. ``adapter_grouprl_grpo`` is our grpo called through
 the verl adapter on verl's flat input (its flat -> [P, G] mapping included); it is reported
 beside the direct path and not held to the floor target.
 """
@@ -75,6 +77,161 @@ def verl_paths(rewards: torch.Tensor, repeat: int, loop: bool) -> dict[str, floa
     return out
 
 
+def _flat(rewards: torch.Tensor, t: int, seed: int = 2):
+    """verl's flat view of ``rewards [P, G]`` with ragged completions of up to ``t`` tokens."""
+    p, g = rewards.shape
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, t + 1, (p, g), generator=gen)
+    mask = torch.arange(t)[None, None, :] < lengths[..., None]  # [P, G, T]
+    tok = advantages.tokens.outcome_to_tokens(rewards, mask).reshape(p * g, t)
+    return mask, lengths, tok, mask.reshape(p * g, t).float(), np.repeat(np.arange(p), g)
+
+
+def _once(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def peer_methods(rewards: torch.Tensor, repeat: int, token_prompts: int, t: int) -> dict:
+    """Issue-22 methods, ours beside the peers' own functions: ``{method: {ours, peer...}}``."""
+    p, g = rewards.shape
+    _, lengths, tok, m, index = _flat(rewards, t)
+    base = torch.rand(p, generator=torch.Generator().manual_seed(3))
+    out: dict[str, dict[str, float]] = {}
+
+    def ours(name, **kw):
+        return timeit(lambda: advantages.compute(name, rewards, **kw), repeat)
+
+    verl_kw = dict(lengths=lengths, weighting="token", eps_mode="var", eps=1e-8)
+    out["reinforce_pp_baseline"] = {"ours": ours("reinforce_pp_baseline", **verl_kw)}
+    out["reinforce_pp_global"] = {"ours": ours("reinforce_pp_global", **verl_kw)}
+    out["flash_reinforce"] = {"ours": ours("flash_reinforce")}
+    out["grpo_passk"] = {"ours": ours("grpo_passk")}
+    out["gpg"] = {"ours": ours("gpg", alpha="verl")}
+    out["opo"] = {"ours": ours("opo", lengths=lengths)}
+    out["remax"] = {"ours": ours("remax", baseline=base)}
+    r3 = torch.stack([rewards, rewards.roll(1, 0)], -1)  # two reward functions
+    out["gdpo"] = {"ours": timeit(lambda: advantages.compute("gdpo", r3), repeat)}
+    try:
+        from verl.trainer.ppo import core_algos as c
+    except ImportError:
+        return out
+    cfg = type("Cfg", (), {"get": lambda self, k, d=None: {"gamma": 1.0}.get(k, d), "gamma": 1.0})()
+    out["reinforce_pp_baseline"]["verl"] = _once(
+        lambda: c.compute_reinforce_plus_plus_baseline_outcome_advantage(tok.clone(), m, index)
+    )
+    out["reinforce_pp_global"]["verl"] = timeit(
+        lambda: c.compute_reinforce_plus_plus_outcome_advantage(tok, m, config=cfg), repeat
+    )
+    out["grpo_passk"]["verl"] = _once(
+        lambda: c.compute_grpo_passk_outcome_advantage(tok, m, index, config=cfg)
+    )
+    out["gpg"]["verl"] = _once(lambda: c.compute_gpg_outcome_advantage(tok.clone(), m, index))
+    out["opo"]["verl"] = _once(lambda: c.compute_opo_outcome_advantage(tok.clone(), m, index))
+    per_sample = base.repeat_interleave(g)
+    out["remax"]["verl"] = timeit(
+        lambda: c.compute_remax_outcome_advantage(tok, per_sample, m), repeat
+    )
+    prompts = torch.zeros(p * g, 1)
+    att = torch.cat([torch.ones(p * g, 1), m], 1).long()
+    nt = {"a": r3[..., 0].reshape(-1).numpy(), "b": r3[..., 1].reshape(-1).numpy()}
+    gcfg = type(
+        "Cfg", (), {"get": lambda self, k, d=None: {"gdpo_reward_keys": ["a", "b"]}.get(k, d)}
+    )()
+    out["gdpo"]["verl"] = _once(
+        lambda: c.compute_gdpo_outcome_advantage(
+            tok,
+            m,
+            index,
+            config=gcfg,
+            non_tensor_batch=nt,
+            batch={"prompts": prompts, "attention_mask": att},
+        )
+    )
+    out.update(token_methods(rewards[:token_prompts], repeat, t, c))
+    return out
+
+
+def token_methods(rewards: torch.Tensor, repeat: int, t: int, c) -> dict:
+    """Token-level methods on a smaller batch (verl's OTB loops over groups, TIR over samples)."""
+    p, g = rewards.shape
+    mask, _, tok, m, index = _flat(rewards, t, seed=4)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(p, g, t, 16, generator=gen)
+    logp_all = torch.log_softmax(logits, -1)
+    old = logp_all[..., 0]
+    spi = logp_all.exp().square().sum(-1)
+    dense = -0.01 * torch.rand(p, g, t, generator=gen) * mask
+    n = p * g
+    kw = dict(old_logp=old, sum_pi_squared=spi, zero_collapsed=False)
+    out = {}
+    for name, fn in (
+        ("optimal_token_baseline", c.compute_optimal_token_baseline_advantage),
+        ("tir_optimal_token_baseline", c.compute_multi_turn_optimal_token_baseline_advantage),
+    ):
+        out[f"{name} (tokens)"] = {
+            "ours": timeit(
+                lambda nm=name: advantages.compute_tokens(nm, rewards, mask, **kw), repeat
+            ),
+            "verl": _once(lambda f=fn: f(tok, m, index, old.reshape(n, t), spi.reshape(n, t))),
+        }
+    cfg = type("Cfg", (), {"gamma": 0.99})()
+    flat_tok = tok + dense.reshape(n, t)
+    out["reinforce_pp_global (tokens, KL, gamma 0.99)"] = {
+        "ours": timeit(
+            lambda: advantages.compute_tokens(
+                "reinforce_pp_global", rewards, mask, token_rewards=dense, gamma=0.99
+            ),
+            repeat,
+        ),
+        "verl": timeit(
+            lambda: c.compute_reinforce_plus_plus_outcome_advantage(flat_tok, m, config=cfg), repeat
+        ),
+    }
+    out.update(openrlhf_methods(rewards, mask, dense, repeat))
+    return out
+
+
+def openrlhf_methods(rewards, mask, dense, repeat) -> dict:
+    """OpenRLHF 0.11's own ``compute_advantages_and_returns`` (run from its installed source by
+    tests/advantages/openrlhf_ref.py: it imports DeepSpeed, so it is not imported) on the same
+    token batch, the KL folded into the reward with β = 0.01."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "advantages"))
+    import openrlhf_ref as ref
+
+    if not ref.available():
+        return {}
+    n, t = rewards.numel(), mask.shape[-1]
+    kl = -dense.reshape(n, t) / 0.01  # the KL whose −0.01·KL is ``dense``
+    am = mask.reshape(n, t)
+    clamp = dict(eps_mode="var_clamp", ddof=0, eps=1e-8)
+    pairs = (
+        ("reinforce", "reinforce_pp_global", clamp),
+        (
+            "reinforce_baseline",
+            "reinforce_pp_baseline",
+            dict(token_rewards_as="return", zero_collapsed=False, **clamp),
+        ),
+        ("flash_reinforce", "flash_reinforce", dict(token_rewards_as="return")),
+    )
+    out = {}
+    for theirs, name, kw in pairs:
+        out[f"{name} (tokens, KL; OpenRLHF {theirs})"] = {
+            "ours": timeit(
+                lambda nm=name, k=kw: advantages.compute_tokens(
+                    nm, rewards, mask, token_rewards=dense, **k
+                ),
+                repeat,
+            ),
+            "openrlhf": timeit(lambda th=theirs: ref.advantages(th, rewards, am, kl, 0.01), repeat),
+        }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=131_072)
@@ -82,6 +239,9 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-verl-loop", action="store_true", help="skip verl's slow loop version")
+    ap.add_argument("--no-methods", action="store_true", help="skip the issue-22 methods")
+    ap.add_argument("--token-prompts", type=int, default=16_384, help="token-level batch P")
+    ap.add_argument("--tokens", type=int, default=16, help="completion tokens T")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rewards = make_rewards(args.prompts, args.group)
@@ -92,6 +252,8 @@ def main() -> None:
 
     seconds: dict[str, float] = {"floor_mean": timeit(lambda: rewards.mean(1), args.repeat)}
     for name in advantages.names():
+        if advantages.needs(name):  # opo, remax: timed with their inputs in ``methods``
+            continue
         seconds[name] = timeit(lambda n=name: advantages.compute(n, rewards), args.repeat)
     seconds["grpo+nan"] = timeit(lambda: advantages.compute("grpo", with_nan), args.repeat)
     seconds["grpo+focal"] = timeit(
@@ -105,6 +267,11 @@ def main() -> None:
             lambda m=mode: advantages.compute("grpo", rewards, virtual=m), args.repeat
         )
     seconds.update(verl_paths(rewards, args.repeat, loop=not args.no_verl_loop))
+    methods = (
+        {}
+        if args.no_methods
+        else peer_methods(rewards, args.repeat, args.token_prompts, args.tokens)
+    )
 
     ours = [k for k in seconds if not k.startswith(("floor", "verl"))]
     direct = [k for k in ours if not k.startswith("adapter")]  # the targets are for these
@@ -138,6 +305,19 @@ def main() -> None:
                 "seconds": seconds,
                 "ratios": ratios,
                 "targets_met": targets,
+                "methods": {
+                    k: {
+                        **v,
+                        **{
+                            f"speedup_vs_{peer}": v[peer] / v["ours"]
+                            for peer in ("verl", "openrlhf")
+                            if peer in v
+                        },
+                    }
+                    for k, v in methods.items()
+                },
+                "token_prompts": args.token_prompts,
+                "tokens": args.tokens,
             },
             indent=2,
         )

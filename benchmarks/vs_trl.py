@@ -17,7 +17,7 @@ Equal settings, shown: each child builds its trainer and reads the settings back
 trainer's live objects (TRL: ``trainer.args``, ``trainer.accelerator.autocast()``,
 ``trainer.generation_config``, the optimizer's ``param_groups``, ``model.config``,
 ``torch.get_num_threads()``; grouprl: the ``Run`` that ``grouprl.train.state.setup`` builds
-from the same config: ``run.cfg``, ``run.autocast()``, ``run.optimizer``, ``run.model``). A
+from the same config: ``run.cfg``, ``run.policy.autocast()``, ``run.optimizer``, ``run.model``). A
 forward pre-hook on the decoder records what every forward pass of the timed run actually ran
 with (parameter dtype, autocast, threads, train mode, dropout, gradient checkpointing, prompt
 lengths) and counts the passes. The table goes into the JSON; a row that differs stops the run
@@ -385,7 +385,7 @@ def grouprl_settings(run) -> dict[str, Any]:
     from grouprl.rollout import hf
 
     cfg, model, o, s = run.cfg, run.model, run.cfg.optim, run.cfg.sampling
-    with run.autocast():
+    with run.policy.autocast():
         autocast = _autocast_state()
     per_step = cfg.batch_size // o.minibatches
     return {

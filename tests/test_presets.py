@@ -108,6 +108,9 @@ EXPECTED = {
     "agpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, SMTM, False, None, "agpo", "k1", 0.03),
 }
 
+# (reward_combination, reward_kl_coef, reward_kl, reward_kl_controller): ALGORITHMS.md §3-§4
+REWARD_SIDE = {name: (None, 0.0, "k1", "fixed") for name in EXPECTED}
+
 # The prompt sampler of each preset (ALGORITHMS.md §1): uniform unless named here.
 SAMPLER = {"is_grpo": "sigma"}
 
@@ -135,13 +138,15 @@ def test_every_preset_of_the_table_exists_and_nothing_else():
 def test_preset_parameters_match_algorithms_md(name):
     p = presets.get(name)
     got = tuple(
-        (p.surrogate_params["eps_low"], p.surrogate_params["eps_high"])
+        (p.surrogate_params.get("eps_low"), p.surrogate_params.get("eps_high"))
         if f == "surrogate_params"
         else getattr(p, f)
         for f in FIELDS
     )
     assert got == EXPECTED[name]
     assert dict(p.estimator_params) == {}
+    side = (p.reward_combination, p.reward_kl_coef, p.reward_kl, p.reward_kl_controller)
+    assert side == REWARD_SIDE[name]
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))
@@ -169,15 +174,34 @@ def test_preset_runs_through_every_axis(name):
     kwargs = p.advantage_kwargs()
     if p.virtual:
         kwargs["trigger"] = advantages.VirtualTrigger()
-    adv = advantages.compute(p.estimator, rewards, **kwargs)
     g = torch.Generator().manual_seed(0)
     n, t = 12, 5
+    if "baseline" in advantages.needs(p.estimator):
+        kwargs["baseline"] = torch.tensor([0.5, 0.5, 1.0])  # greedy completions' rewards
+    if p.token_level:  # per-token advantages: mask, KL in the reward, the OTB's inputs
+        mask = torch.ones(3, 4, t, dtype=torch.bool)
+        logits = torch.randn(3, 4, t, 7, generator=g)
+        old_all = torch.log_softmax(logits, -1)
+        old_tok, ref_tok = old_all[..., 0], old_all[..., 1]
+        ctrl = p.kl_controller()
+        if ctrl is not None:
+            kwargs["token_rewards"], _ = advantages.kl_reward(
+                old_tok, ref_tok, mask, ctrl.value, p.reward_kl
+            )
+        if "sum_pi_squared" in advantages.needs(p.estimator):
+            kwargs.update(old_logp=old_tok, sum_pi_squared=old_all.exp().square().sum(-1))
+        adv = advantages.compute_tokens(p.estimator, rewards, mask, **kwargs)
+        per = adv.per_token
+    else:
+        lengths = torch.tensor([[3, 5, 2, 4]] * 3)
+        adv = advantages.compute(p.estimator, rewards, lengths=lengths, **kwargs)
+        per = adv.per_sample
     logp = (-torch.rand(n, t, generator=g)).requires_grad_()
     old = logp.detach() + 0.01 * torch.randn(n, t, generator=g)
     out = losses.objective(
         logp,
         old,
-        adv.per_sample,
+        per,
         torch.ones(n, t),
         surrogate=p.surrogate,
         surrogate_params=p.surrogate_params,
@@ -232,7 +256,9 @@ def test_preset_update_schedule_matches_algorithms_md(name):
     # a schedule that is not the source's own says so ([OURS]); a sourced one cites a place
     for key in ("minibatches", "ppo_epochs"):
         src = p.sources[key]
-        assert "[OURS]" in src or any(m in src for m in (".sh:", ".py:", ".yaml:", "§", "App. "))
+        assert "[OURS]" in src or any(
+            m in src for m in (".sh:", ".py:", ".yaml:", ".md:", "§", "App. ")
+        )
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True])

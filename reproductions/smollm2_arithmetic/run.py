@@ -93,7 +93,7 @@ def job(a, preset: str, seed: int, eval_before: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         run = loop.setup(_config(a, preset, seed, Path(tmp)))
         load_s = time.perf_counter() - t0
-        before = evaluate(run) if eval_before else None
+        before = evaluate(run.policy, run.scorer, run.cfg) if eval_before else None
         curve = []
         t1 = time.perf_counter()
         for _ in range(a.steps):
@@ -110,7 +110,7 @@ def job(a, preset: str, seed: int, eval_before: bool) -> dict[str, Any]:
                 }
             )
         train_s = time.perf_counter() - t1
-        after = evaluate(run)
+        after = evaluate(run.policy, run.scorer, run.cfg)
     return {
         "preset": preset,
         "seed": seed,

@@ -28,6 +28,10 @@ class Preset:
 
     Advantage half: ``estimator`` (+ ``estimator_params``), ``focal_gamma`` (0 = off),
     ``delta_res`` (resolution protocol, None = off), ``virtual`` (AVSPO mode, None = off).
+    Reward side: ``reward_combination`` of several reward functions (None: the estimator's
+    default, ``advantages.DEFAULT_COMBINATION``) and a KL folded into the reward
+    (``reward_kl_coef`` > 0: ``reward_kl`` estimator, ``reward_kl_controller`` "fixed" or
+    "adaptive" with ``reward_kl_target`` / ``reward_kl_horizon``; verl ``use_kl_in_reward``).
     Loss half: ``surrogate`` (+ ``surrogate_params``: clip bounds...), ``aggregation``,
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
@@ -47,6 +51,13 @@ class Preset:
     delta_res: float | None = None
     virtual: str | None = None
     virtual_batch_groups: int | None = None
+    # -- reward side (ALGORITHMS.md §1 "Reward combination", §4 "KL in the reward")
+    reward_combination: str | None = None  # None: the estimator's default (advantages.compute)
+    reward_kl_coef: float = 0.0  # β of a KL folded into the reward (0 = off)
+    reward_kl: str = "k1"
+    reward_kl_controller: str = "fixed"  # grouprl.control.KL_CONTROLLERS
+    reward_kl_target: float = 0.1
+    reward_kl_horizon: int = 10000
     # -- loss half (ALGORITHMS.md §3)
     surrogate: str = "ppo_clip"
     surrogate_params: MappingProxyType = field(
@@ -90,7 +101,32 @@ class Preset:
             kwargs["virtual"] = self.virtual
         if self.virtual_batch_groups is not None:
             kwargs["virtual_batch_groups"] = self.virtual_batch_groups
+        if self.reward_combination is not None:
+            kwargs["combine"] = self.reward_combination
         return kwargs
+
+    @property
+    def token_level(self) -> bool:
+        """True when the advantages are per token (``advantages.compute_tokens``): a
+        token-only estimator, or a KL folded into the reward."""
+        from grouprl.advantages import ESTIMATORS
+
+        return self.estimator not in ESTIMATORS or self.reward_kl_coef > 0
+
+    def kl_controller(self):
+        """A fresh controller of the reward KL's coefficient (None when the KL is off)."""
+        if self.reward_kl_coef <= 0:
+            return None
+        from grouprl.control import make_kl_controller
+
+        if self.reward_kl_controller == "fixed":
+            return make_kl_controller("fixed", coef=self.reward_kl_coef)
+        return make_kl_controller(
+            self.reward_kl_controller,
+            coef=self.reward_kl_coef,
+            target=self.reward_kl_target,
+            horizon=self.reward_kl_horizon,
+        )
 
     def with_(self, **changes: Any) -> Preset:
         """A copy with some fields changed (dict fields are re-frozen)."""
@@ -173,6 +209,13 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "delta_res": "None: no resolution protocol",
     "virtual": "None: no virtual samples",
     "virtual_batch_groups": "None: the code rule, when used, looks at the whole batch",
+    "reward_combination": "None: the estimator's default (a weighted sum, TRL's "
+    "sum_then_normalize; GDPO's own first stage for gdpo)",
+    "reward_kl_coef": "0.0: no KL in the reward (verl use_kl_in_reward default False)",
+    "reward_kl": "k1: verl kl_penalty default 'kl'; OpenRLHF --algo.kl.estimator default k1",
+    "reward_kl_controller": "fixed: verl KLControlConfig.type default",
+    "reward_kl_target": "0.1: verl KLControlConfig.target_kl default (adaptive only)",
+    "reward_kl_horizon": "10000: verl KLControlConfig.horizon, OpenRLHF --algo.kl.horizon",
     "surrogate": "PPO clipped surrogate (Schulman et al. 2017), as GRPO uses",
     "surrogate_params": _S_GRPO_CLIP,
     "aggregation": "seq-mean-token-mean: GRPO (DeepSeekMath; TRL loss_type='grpo')",

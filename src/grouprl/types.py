@@ -37,6 +37,9 @@ class Advantages:
             collapsed (σ_q >= tau on the statistics the estimator used, virtual samples
             included). ``1/scale`` over these groups is the inverse-scale tail of the
             diagnostics; collapsed groups keep the scale the method would have used.
+        token_values: ``[P, G, T]`` per-token advantages of a token-level estimator
+            (``advantages.compute_tokens``; 0 at masked tokens), or None for a sequence-level
+            one. ``values`` then holds each sample's mean over its valid tokens.
     """
 
     values: torch.Tensor  # [P, G]
@@ -45,11 +48,19 @@ class Advantages:
     scale: torch.Tensor  # [P]
     stats: dict[str, float] = field(default_factory=dict)
     updated: torch.Tensor | None = None  # [P] bool
+    token_values: torch.Tensor | None = None  # [P, G, T]
 
     @property
     def per_sample(self) -> torch.Tensor:
         """``[P*G]`` advantages flattened in row-major (prompt-major) order."""
         return self.values.reshape(-1)
+
+    @property
+    def per_token(self) -> torch.Tensor | None:
+        """``[P*G, T]`` per-token advantages in prompt-major order, or None (sequence-level)."""
+        if self.token_values is None:
+            return None
+        return self.token_values.reshape(-1, self.token_values.shape[-1])
 
 
 @dataclass

@@ -26,8 +26,27 @@ def _collapsed(xs, ddof, tau):
     return len(xs) < 2 or _std(xs, ddof) < tau
 
 
-def per_group(kind, rewards, *, eps=1e-6, ddof=1, tau=TAU, tau_res=1e-2, quantile=0.9):  # noqa: C901 (one plain branch per estimator, on purpose)
+NEW = {
+    "reinforce_pp_global",
+    "flash_reinforce",
+    "gdpo",
+    "grpo_passk",
+    "gpg",
+    "opo",
+    "remax",
+}
+"""The estimators of issue 22 with a loop in :func:`per_group_new`."""
+
+NO_GROUP_RULE = {"reinforce_pp_global", "flash_reinforce", "remax"}
+"""Estimators without a group baseline: a collapsed group is not zeroed by a rule."""
+
+
+def per_group(kind, rewards, *, eps=1e-6, ddof=1, tau=TAU, tau_res=1e-2, quantile=0.9, **inputs):  # noqa: C901 (one plain branch per estimator, on purpose)
     """Advantages [P][G] and scale [P] by a loop over groups."""
+    if kind in NEW:
+        return per_group_new(kind, rewards, ddof=ddof, tau=tau, **inputs)
+    if kind == "reinforce_pp_baseline":
+        kind = "reinforce_pp"  # the same estimator (reinforce_pp is its alias)
     rewards = np.asarray(rewards, dtype=np.float64)
     out = np.zeros_like(rewards)
     scales = np.zeros(rewards.shape[0])
@@ -152,3 +171,85 @@ def symmetric_virtual(rewards, tau_adapt, alpha=0.5, r_lo=0.0, r_hi=1.0, ddof=1,
                 extra = [r_lo + (r_hi - r_lo) * i / k for i in range(1, k + 1)]
         out.append(extra)
     return out, k, acr
+
+
+def _rows(rewards):
+    return [[(j, x) for j, x in _valid(row)] for row in np.asarray(rewards, dtype=np.float64)]
+
+
+def _whiten_list(xs, ddof, eps):
+    mu = sum(xs) / len(xs) if xs else 0.0
+    return mu, _std(xs, ddof) + eps
+
+
+def per_group_new(kind, rewards, *, ddof=1, tau=TAU, lengths=None, baseline=None):  # noqa: C901
+    """Loops for the issue-22 estimators at their default parameters."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    rows = _rows(rewards)
+    out = np.zeros_like(rewards)
+    scales = np.ones(rewards.shape[0])
+    coll = [_collapsed([x for _, x in v], ddof, tau) for v in rows]
+    flat = [x for v in rows for _, x in v]
+    if kind == "reinforce_pp_global":
+        mu, sig = _whiten_list(flat, ddof, 1e-6)
+        for p, v in enumerate(rows):
+            scales[p] = sig
+            for j, x in v:
+                out[p, j] = (x - mu) / sig
+    elif kind == "flash_reinforce":
+        mu = sum(flat) / len(flat) if flat else 0.0
+        for p, v in enumerate(rows):
+            for j, x in v:
+                out[p, j] = x - mu
+    elif kind == "gdpo":  # one reward function: group-normalise (eps 1e-4), then whiten
+        normed = []
+        for v, c in zip(rows, coll):
+            xs = [x for _, x in v]
+            m = sum(xs) / len(xs) if xs else 0.0
+            s = _std(xs, ddof)
+            normed.append([(j, 0.0 if c else (x - m) / (s + 1e-4)) for j, x in v])
+        mu, sig = _whiten_list([a for v in normed for _, a in v], ddof, 1e-4)
+        for p, (v, c) in enumerate(zip(normed, coll)):
+            scales[p] = sig
+            for j, a in v:
+                out[p, j] = 0.0 if c else (a - mu) / sig
+    elif kind == "grpo_passk":
+        for p, (v, c) in enumerate(zip(rows, coll)):
+            xs = [x for _, x in v]
+            s = _std(xs, ddof)
+            scales[p] = s + 1e-6
+            if c:
+                continue
+            top = sorted(xs, reverse=True)
+            if top[0] > top[1]:
+                j = next(j for j, x in v if x == top[0])
+                out[p, j] = (top[0] - top[1]) / (s + 1e-6)
+    elif kind == "gpg":  # the paper's alpha = B / (B - M), F_norm = 1
+        b = len(flat)
+        m_inv = sum(len(v) for v, c in zip(rows, coll) if c)
+        alpha = b / max(1, b - m_inv)
+        for p, (v, c) in enumerate(zip(rows, coll)):
+            scales[p] = 1.0 / alpha
+            xs = [x for _, x in v]
+            m = sum(xs) / len(xs) if xs else 0.0
+            for j, x in v:
+                out[p, j] = 0.0 if c else alpha * (x - m)
+    elif kind == "opo":
+        lengths = np.asarray(lengths, dtype=np.float64)
+        for p, (v, c) in enumerate(zip(rows, coll)):
+            if c:
+                continue
+            w = sum(lengths[p, j] for j, _ in v)
+            b = sum(lengths[p, j] * x for j, x in v) / w
+            for j, x in v:
+                out[p, j] = x - b
+    elif kind == "remax":
+        for p, v in enumerate(rows):
+            b = float(baseline[p])
+            if math.isnan(b):
+                continue
+            for j, x in v:
+                out[p, j] = x - b
+    else:
+        raise KeyError(kind)
+    return out, scales

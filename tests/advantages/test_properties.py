@@ -2,6 +2,7 @@
 
 import math
 
+import inputs
 import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -33,7 +34,12 @@ MEAN_CENTRED = [
     "maxnorm_dr_grpo",
     "grpo_beta_comp",
     "sigma_weighted_grpo",
+    "reinforce_pp_baseline",
+    "gdpo",
+    "gpg",
 ]
+# no group baseline: a group whose rewards are all equal is compared with the batch
+NO_GROUP_RULE = ["reinforce_pp_global", "flash_reinforce"]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # rewards on a grid (binary, partial credit) or continuous, NaN allowed
@@ -57,28 +63,33 @@ def batches(draw, min_p=1, max_p=6, min_g=2, max_g=8, nan=True):
 @SETTINGS
 @given(batches(), st.sampled_from(MEAN_CENTRED))
 def test_zero_mean_per_group(rewards, name):
-    out = advantages.compute(name, rewards)
+    out = inputs.compute(name, rewards)
     valid = ~torch.isnan(rewards)
     sums = torch.where(valid, out.values, torch.zeros_like(out.values)).sum(1)
     assert torch.allclose(sums, torch.zeros_like(sums), atol=1e-9)
 
 
 @SETTINGS
-@given(batches(), st.sampled_from(ALL), st.integers(0, 5), st.sampled_from([0.0, 0.25, 1.0]))
+@given(
+    batches(),
+    st.sampled_from([n for n in ALL if n not in NO_GROUP_RULE]),
+    st.integers(0, 5),
+    st.sampled_from([0.0, 0.25, 1.0]),
+)
 def test_collapsed_group_is_exactly_zero(rewards, name, row, value):
     row = row % rewards.shape[0]
     rewards[row] = torch.where(
         torch.isnan(rewards[row]), rewards[row], torch.full_like(rewards[row], value)
     )
-    out = advantages.compute(name, rewards)
+    out = inputs.compute(name, rewards)
     assert (out.values[row] == 0).all()
 
 
 @SETTINGS
 @given(batches(), st.sampled_from(ALL), st.sampled_from([-3.0, -0.5, 0.5, 7.0]))
 def test_shift_invariance(rewards, name, c):
-    a = advantages.compute(name, rewards).values
-    b = advantages.compute(name, rewards + c).values
+    a = inputs.compute(name, rewards).values
+    b = inputs.compute(name, rewards + c).values
     assert torch.allclose(a, b, atol=1e-9)
 
 
@@ -86,14 +97,26 @@ def test_shift_invariance(rewards, name, c):
 @given(
     batches(),
     st.sampled_from(
-        ["grpo", "batch_std", "reinforce_pp", "gopo", "sigma_weighted_grpo", "grpo_beta_comp"]
+        [
+            "grpo",
+            "batch_std",
+            "reinforce_pp",
+            "gopo",
+            "sigma_weighted_grpo",
+            "grpo_beta_comp",
+            "reinforce_pp_global",
+            "gdpo",
+            "grpo_passk",
+        ]
     ),
     st.sampled_from([0.5, 2.0, 10.0]),
 )
 def test_scale_invariance_where_std_normalised(rewards, name, c):
     kw = {} if name == "gopo" else {"eps": 0.0}
-    a = advantages.compute(name, rewards, **kw).values
-    b = advantages.compute(name, rewards * c, **kw).values
+    if name == "gdpo":
+        kw["combine_params"] = {"eps": 0.0}
+    a = inputs.compute(name, rewards, **kw).values
+    b = inputs.compute(name, rewards * c, **kw).values
     assert torch.allclose(a, b, atol=1e-9)
 
 
@@ -106,8 +129,8 @@ def test_permutation_equivariance(rewards, name, rnd):
     rnd.shuffle(rows)
     rnd.shuffle(cols)
     rows_t, cols_t = torch.tensor(rows), torch.tensor(cols)
-    a = advantages.compute(name, rewards).values
-    b = advantages.compute(name, rewards[rows_t][:, cols_t]).values
+    a = inputs.compute(name, rewards).values
+    b = inputs.compute(name, rewards[rows_t][:, cols_t]).values
     assert torch.allclose(a[rows_t][:, cols_t], b, atol=1e-9)
 
 
@@ -116,7 +139,7 @@ def test_permutation_equivariance(rewards, name, rnd):
     batches(), st.sampled_from(["maxnorm_rloo", "maxnorm_dr_grpo"]), st.sampled_from([None, 1e-2])
 )
 def test_maxnorm_bounded_sign_order_ratio(rewards, name, delta):
-    out = advantages.compute(name, rewards, delta_res=delta)
+    out = inputs.compute(name, rewards, delta_res=delta)
     a = out.values
     assert (a.abs() <= 1 + 1e-12).all()
     assert (1.0 / out.scale <= 1 / 1e-2 + 1e-6).all()  # inverse scale bounded by 1/tau_res
@@ -139,8 +162,8 @@ def test_nan_padding_changes_nothing(rewards, name, extra):
     padded = torch.cat(
         [rewards, torch.full((rewards.shape[0], extra), math.nan, dtype=rewards.dtype)], 1
     )
-    a = advantages.compute(name, rewards)
-    b = advantages.compute(name, padded)
+    a = inputs.compute(name, rewards)
+    b = inputs.compute(name, padded)
     assert torch.allclose(b.values[:, : rewards.shape[1]], a.values, atol=1e-12)
     assert (b.values[:, rewards.shape[1] :] == 0).all()
 
@@ -154,8 +177,8 @@ def test_nan_entries_act_as_absent(rewards, name, data):
     keep = [j for j in range(g) if j not in drop]
     holed = rewards.clone()
     holed[0, drop] = math.nan
-    a = advantages.compute(name, holed).values
-    b = advantages.compute(name, rewards[:, keep]).values
+    a = inputs.compute(name, holed).values
+    b = inputs.compute(name, rewards[:, keep]).values
     assert torch.allclose(a[:, keep], b, atol=1e-12)
     assert (a[0, drop] == 0).all()
 
@@ -163,8 +186,8 @@ def test_nan_entries_act_as_absent(rewards, name, data):
 @SETTINGS
 @given(batches(), st.sampled_from(ALL), st.sampled_from([0.5, 1.0, 2.0]))
 def test_focal_is_one_scalar_per_group_in_0_1(rewards, name, gamma):
-    base = advantages.compute(name, rewards).values
-    foc = advantages.compute(name, rewards, focal_gamma=gamma).values
+    base = inputs.compute(name, rewards).values
+    foc = inputs.compute(name, rewards, focal_gamma=gamma).values
     ratio = torch.where(base != 0, foc / base, torch.full_like(base, math.nan))
     for q in range(base.shape[0]):
         r = ratio[q][~torch.isnan(ratio[q])]

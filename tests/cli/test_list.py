@@ -15,6 +15,7 @@ def test_every_registered_name_is_listed(capsys):
         losses.SURROGATES,
         losses.AGGREGATIONS,
         losses.KL_ESTIMATORS,
+        losses.CORRECTIONS,
         presets.PRESETS,
         tasks.TASKS,
         simulate.SIMULATIONS,
@@ -23,6 +24,7 @@ def test_every_registered_name_is_listed(capsys):
         for name in registry:
             assert name in out, name
     assert "F-GRPO" in out and "MaxNorm" in out  # descriptions, not only names
+    assert "[low, high]" in out.replace("\n", " ")  # brackets are text, not rich markup
 
 
 def test_every_entry_has_a_description():

@@ -121,4 +121,40 @@ def test_verl_rollout_dump_written_by_verls_writer_reads_back(tmp_path, capsys):
     assert [r["acr/rate"] for r in steps] == [0.5, 1.0]
     assert [r["acr/all_wrong"] for r in steps] == [0.5, 0.0]
     assert main(["diagnose", str(dump), "--no-report"]) == 0
-    assert "Per-step collapse (2 steps, 3 groups)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Per-step collapse (2 steps, 3 groups)" in out
+    assert "verl's rollout_data_dir holds no log-probs" in out  # says where they are instead
+
+
+def test_verl_file_logger_mismatch_metrics_are_shown(tmp_path, monkeypatch, capsys):
+    # verl's own FileLogger writes what its trainer logs; the metrics are verl's own
+    # rollout_corr/* of two batches (decoupled mode, token TIS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tracking = pytest.importorskip("verl.utils.tracking")
+        rch = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
+    path = tmp_path / "exp.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    logger = tracking.FileLogger("proj", "exp")
+    g = torch.Generator().manual_seed(0)
+    logged = []
+    for step, spread in ((1, 0.05), (2, 0.5)):
+        old = -torch.rand(6, 5, generator=g) * 2
+        rollout = old + spread * torch.randn(6, 5, generator=g)
+        _, _, metrics = rch.compute_rollout_correction_and_rejection_mask(
+            old, rollout, torch.ones(6, 5), rollout_is="token", rollout_is_threshold=2.0
+        )
+        logger.log({**metrics, "actor/lr": 1e-6}, step)
+        logged.append(metrics)
+    logger.finish()
+    log = external.load_mismatch(path)
+    assert log.source == "verl" and log.metrics_only and len(log.rows) == 2
+    assert log.rows[1]["mismatch/kl_k3"] == pytest.approx(logged[1]["rollout_corr/k3_kl"])
+    assert log.rows[0]["corr/weight_mean"] == pytest.approx(
+        logged[0]["rollout_corr/rollout_is_mean"]
+    )
+    assert main(["diagnose", str(path), "--out", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    assert "Rollout vs trainer mismatch (verl log, 2 steps)" in out and "mismatch/kl_k3" in out
+    assert "[rollout_mismatch] step 2" in out  # the spread-0.5 batch: KL well above 1e-3
+    assert "Rollout vs trainer mismatch" in (tmp_path / "r.html").read_text()

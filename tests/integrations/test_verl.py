@@ -55,8 +55,12 @@ def ragged_batch(seed, sizes=(1, 2, 3, 4, 5, 8, 8, 6, 1, 3), nan=False, values=N
     return torch.tensor(tlr), torch.tensor(mask), uids, torch.tensor(scores, dtype=torch.float32)
 
 
-def loop_reference(name, scores, uids, mask, singleton="zero", **kwargs):
-    """Plain-loop reference: group by uid in first-seen order, NaN-pad, compute, scatter back."""
+def loop_reference(name, scores, uids, mask, singleton="zero", baseline=None, **kwargs):
+    """Plain-loop reference: group by uid in first-seen order, NaN-pad, compute, scatter back.
+
+    ``baseline [N]`` (remax: verl's per-sample reward_baselines); a token-level estimator
+    runs on the grid of verl's token rewards (the score on the last valid token).
+    """
     order, members = [], {}
     for i, u in enumerate(uids):
         if u not in members:
@@ -68,7 +72,29 @@ def loop_reference(name, scores, uids, mask, singleton="zero", **kwargs):
     for p, u in enumerate(order):
         for g, i in enumerate(members[u]):
             grid[p, g] = scores[i]
-    out = advantages.compute(name, grid, **kwargs).values
+    lengths = torch.zeros(grid.shape)
+    tok_mask = torch.zeros(*grid.shape, mask.shape[1], dtype=torch.bool)
+    base = torch.zeros(grid.shape[0])
+    for p, u in enumerate(order):
+        for g, i in enumerate(members[u]):
+            lengths[p, g] = mask[i].sum()
+            tok_mask[p, g] = mask[i] > 0
+            base[p] = float("nan") if baseline is None else baseline[i]
+    if name in advantages.TOKEN_ESTIMATORS:
+        rewards = torch.where(torch.isnan(grid), grid, torch.zeros_like(grid))
+        dense = advantages.tokens.outcome_to_tokens(grid, tok_mask)
+        kwargs.setdefault("gamma", 1.0) if name == "reinforce_pp_global" else None
+        tok = advantages.compute_tokens(name, rewards, tok_mask, token_rewards=dense, **kwargs)
+        out_tok = tok.token_values
+        flat_tok = torch.zeros(len(uids), mask.shape[1])
+        for p, u in enumerate(order):
+            for g, i in enumerate(members[u]):
+                flat_tok[i] = out_tok[p, g]
+        return flat_tok * mask
+    extra = {"lengths": lengths} if "lengths" in advantages.needs(name, **kwargs) else {}
+    if name == "remax":
+        extra = {"baseline": base}
+    out = advantages.compute(name, grid, **extra, **kwargs).values
     flat = torch.zeros(len(uids))
     for p, u in enumerate(order):
         for g, i in enumerate(members[u]):
@@ -79,9 +105,13 @@ def loop_reference(name, scores, uids, mask, singleton="zero", **kwargs):
     return flat[:, None] * mask
 
 
-def via_compute_advantage(estimator, tlr, mask, uids, grouprl_options=None, **algo):
+def via_compute_advantage(estimator, tlr, mask, uids, grouprl_options=None, tensors=None, **algo):
     data = DataProto.from_dict(
-        tensors={"token_level_rewards": tlr.clone(), "response_mask": mask.clone()},
+        tensors={
+            "token_level_rewards": tlr.clone(),
+            "response_mask": mask.clone(),
+            **(tensors or {}),
+        },
         non_tensors={"uid": uids},
     )
     cfg = OmegaConf.create({"adv_estimator": estimator, **algo})
@@ -93,7 +123,7 @@ def via_compute_advantage(estimator, tlr, mask, uids, grouprl_options=None, **al
 
 # --------------------------------------------------------------------------- registration
 def test_every_estimator_and_surrogate_is_registered():
-    for name in advantages.names():
+    for name in advantages.token_names():
         fn = core_algos.get_adv_estimator_fn(f"grouprl_{name}")
         assert fn._grouprl_estimator == name
         assert fn.__doc__.startswith(f"grouprl {name} in verl: ")
@@ -120,7 +150,7 @@ def test_verl_use_external_modules_registers_in_a_fresh_process():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     lines = res.stdout.strip().splitlines()[-2:]
-    assert lines[0] == str(sorted(f"grouprl_{n}" for n in advantages.names()))
+    assert lines[0] == str(sorted(f"grouprl_{n}" for n in advantages.token_names()))
     assert lines[1] == str(sorted(f"grouprl_{n}" for n in losses.SURROGATES))
 
 
@@ -252,11 +282,19 @@ def test_group_layout_rejects_bad_index():
 
 
 # --------------------------------------------------------------------------- estimator parity
-@pytest.mark.parametrize("name", advantages.names())
+OTB = ("optimal_token_baseline", "tir_optimal_token_baseline")
+
+
+@pytest.mark.parametrize("name", [n for n in advantages.token_names() if n not in OTB])
 def test_every_estimator_through_compute_advantage_equals_ours(name):
-    tlr, mask, uids, scores = ragged_batch(seed=advantages.names().index(name), nan=True)
-    adv, ret = via_compute_advantage(f"grouprl_{name}", tlr, mask, uids)
-    want = loop_reference(name, scores, uids, mask)
+    tlr, mask, uids, scores = ragged_batch(seed=advantages.token_names().index(name), nan=True)
+    extra, baseline = {}, None
+    if name == "remax":  # verl repeats each prompt's greedy reward over its samples
+        by_uid = {u: float(i % 3) / 2 for i, u in enumerate(dict.fromkeys(uids))}
+        baseline = torch.tensor([by_uid[u] for u in uids])
+        extra = {"reward_baselines": baseline}
+    adv, ret = via_compute_advantage(f"grouprl_{name}", tlr, mask, uids, tensors=extra)
+    want = loop_reference(name, scores, uids, mask, baseline=baseline)
     torch.testing.assert_close(adv, want, atol=1e-6, rtol=1e-6)
     assert torch.equal(adv, ret)
     assert (adv[mask == 0] == 0).all()
@@ -475,3 +513,125 @@ def test_equal_runs_fast_path_only_for_verls_layout():
     # equal-length runs that do not start at multiples of W are not mistaken for the layout
     odd = gv.group_layout(np.array([1, 2, 2, 3, 3, 4]), 6)
     assert not odd.dense and sorted(odd.counts.tolist()) == [1, 1, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("name", "verl_name"),
+    [
+        ("remax", "remax"),
+        ("optimal_token_baseline", "optimal_token_baseline"),
+        ("tir_optimal_token_baseline", "tir_optimal_token_baseline"),
+    ],
+)
+def test_inputs_verl_makes_only_for_its_own_estimator_are_a_clear_error(name, verl_name):
+    tlr, mask, uids, _ = ragged_batch(seed=2)
+    with pytest.raises(ValueError, match=f"algorithm.adv_estimator={verl_name}"):
+        via_compute_advantage(f"grouprl_{name}", tlr, mask, uids)
+
+
+def test_gdpo_refuses_per_key_rewards_it_cannot_receive():
+    tlr, mask, uids, scores = ragged_batch(seed=3)
+    fn = core_algos.get_adv_estimator_fn("grouprl_gdpo")
+    cfg = OmegaConf.create({"gdpo_reward_keys": ["a", "b"]})
+    with pytest.raises(ValueError, match=r"per-key rewards.*adv_estimator=gdpo"):
+        fn(tlr, mask, uids, config=cfg)
+    adv, _ = via_compute_advantage("grouprl_gdpo", tlr, mask, uids)  # one summed score
+    torch.testing.assert_close(
+        adv, loop_reference("gdpo", scores, uids, mask), atol=1e-6, rtol=1e-6
+    )
+
+
+def test_token_estimators_take_gamma_and_the_kl_penalised_token_rewards():
+    # verl's reinforce_plus_plus on the same token rewards (KL penalty spread over the tokens)
+    tlr, mask, uids, _ = ragged_batch(seed=4, sizes=(4, 4, 4))
+    tlr = tlr - 0.01 * torch.rand(tlr.shape) * mask
+    theirs, _ = via_compute_advantage("reinforce_plus_plus", tlr, mask, uids, gamma=0.9)
+    ours, _ = via_compute_advantage("grouprl_reinforce_pp_global", tlr, mask, uids, gamma=0.9)
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    theirs, _ = via_compute_advantage("reinforce_plus_plus_baseline", tlr, mask, uids)
+    ours, _ = via_compute_advantage(
+        "grouprl_reinforce_pp_baseline", tlr, mask, uids, {"zero_collapsed": False}
+    )
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- rollout correction
+def _corrected_inputs(seed):
+    """Loss inputs plus verl's own rollout correction of them: IcePop weights and a token-k3
+    rejection mask from ``rollout_corr_helper`` (decoupled mode: old vs rollout)."""
+    from verl.trainer.ppo import rollout_corr_helper as rch
+
+    old, logp, adv, mask = loss_inputs(seed=seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    rollout = old + 0.5 * torch.randn(old.shape, generator=g)
+    proto, new_mask, _ = rch.compute_rollout_correction_and_rejection_mask(
+        old,
+        rollout,
+        mask,
+        rollout_is="token",
+        rollout_is_threshold="0.5_5.0",
+        rollout_rs="token_k3",
+        rollout_rs_threshold=0.3,
+    )
+    return old, logp, adv, mask, rollout, proto.batch["rollout_is_weights"], new_mask
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs", "config"),
+    [
+        ("grouprl_ppo_clip", "vanilla", {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+        ("grouprl_cispo", "cispo", {"clip_ratio_low": 1.0, "clip_ratio_high": 5.0}),
+    ],
+)
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_registered_losses_honour_verls_rollout_correction(ours, theirs, config, mode):
+    old, logp, adv, mask, rollout, w, new_mask = _corrected_inputs(seed=6)
+    assert float((w == 0).float()[mask.bool()].mean()) > 0  # IcePop zeroed some tokens
+    assert bool((new_mask < mask).any())  # the rejection removed some
+    cfg = actor_config(**config)
+    lp1, lp2 = logp.detach().clone().requires_grad_(), logp.detach().clone().requires_grad_()
+    got, _ = core_algos.get_policy_loss_fn(ours)(old, lp1, adv, new_mask, mode, cfg, w)
+    want, _ = core_algos.get_policy_loss_fn(theirs)(old, lp2, adv, new_mask, mode, cfg, w)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    (g1,) = torch.autograd.grad(got, lp1)
+    (g2,) = torch.autograd.grad(want, lp2)
+    torch.testing.assert_close(g1, g2, atol=1e-6, rtol=1e-6)
+    # the same loss as grouprl's own objective with our correction of the same log-probs
+    from grouprl.losses import correction
+
+    corr = correction.compute(
+        "icepop+rejection:stat=k3,level=token,threshold=0.3", old, rollout, mask
+    )
+    torch.testing.assert_close(corr.weight * new_mask, w * new_mask, atol=1e-6, rtol=1e-6)
+    assert torch.equal(corr.loss_mask(mask), new_mask)
+
+
+def test_a_micro_batch_whose_tokens_were_all_rejected_adds_zero():
+    old, logp, adv, mask = loss_inputs(seed=2)
+    lp = logp.detach().clone().requires_grad_()
+    cfg = actor_config()
+    cfg.global_batch_info.update({"dp_size": 1, "batch_num_tokens": 20, "global_batch_size": 6})
+    empty = torch.zeros_like(mask)
+    loss, metrics = core_algos.get_policy_loss_fn("grouprl_ppo_clip")(
+        old, lp, adv, empty, "token-mean", cfg
+    )
+    want, _ = core_algos.get_policy_loss_fn("vanilla")(old, logp, adv, empty, "token-mean", cfg)
+    assert float(loss.detach()) == float(want.detach()) == 0.0
+    loss.backward()
+    assert (lp.grad == 0).all() and metrics["actor/ppo_kl"] == 0.0
+
+
+def test_bypass_mode_is_named_once(caplog):
+    gv._WARNED.discard("bypass")
+    tlr, mask, uids, _ = ragged_batch(0)
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": tlr, "response_mask": mask}, non_tensors={"uid": uids}
+    )
+    cfg = OmegaConf.create(
+        {"adv_estimator": "grouprl_grpo", "rollout_correction": {"bypass_mode": True}}
+    )
+    with caplog.at_level("WARNING", logger="grouprl.integrations.verl"):
+        for _ in range(2):
+            ray_trainer.compute_advantage(data, adv_estimator="grouprl_grpo", config=cfg)
+    notes = [r.message for r in caplog.records if "bypass" in r.message]
+    assert notes == [gv.BYPASS_NOTE]

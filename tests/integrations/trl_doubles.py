@@ -5,6 +5,7 @@ Imported by ``test_trl.py`` (one process) and by ``trl_two_ranks.py`` (under tor
 
 from __future__ import annotations
 
+import torch
 from datasets import Dataset
 from tiny_lm import tiny_model, tiny_tokenizer
 from trl import GRPOConfig
@@ -93,3 +94,47 @@ def run(tmp_path, reward=None, trainer_cls=Recording, model=None, resume=None, *
     )
     trainer.train(resume_from_checkpoint=resume)
     return trainer, reward
+
+
+class InjectedVLLM:
+    """TRL's vLLM branches without vLLM: a mixin for a ``GRPOTrainer`` subclass.
+
+    Completions come from TRL's transformers path; the "sampling" log-probs that vLLM would
+    return are the model's own log-probs of the sampled tokens plus Gaussian noise of std
+    ``noise`` (a rollout engine that disagrees with the trainer), and the second completion's
+    first token is unscorable (None, which TRL turns into NaN). ``use_vllm`` is set after
+    TRL's ``__init__`` (which would start vLLM), so every IS-correction branch of TRL's own
+    ``_generate_and_score_completions`` and ``_compute_loss`` runs. The noise stream is
+    seeded, so two trainers that generate the same completions see the same log-probs.
+    """
+
+    def __init__(self, *a, noise=0.3, nan_token=True, **kw):
+        super().__init__(*a, **kw)
+        self.use_vllm = True
+        self.injected_noise = noise
+        self.injected_nan = nan_token
+        self._noise_gen = torch.Generator().manual_seed(1234)
+        self.injected = []
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kw):
+        self.use_vllm = False
+        try:
+            completion_ids, _ = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, **kw
+            )
+        finally:
+            self.use_vllm = True
+        logprobs = []
+        with torch.no_grad():
+            for p, c in zip(prompt_ids, completion_ids):
+                ids = torch.tensor([list(p) + list(c)], device=self.accelerator.device)
+                logits = self.model(input_ids=ids).logits[0, len(p) - 1 : -1].float()
+                logits = logits / self.temperature
+                tok = torch.tensor(list(c), device=logits.device)[:, None]
+                lp = logits.log_softmax(-1).gather(-1, tok)[:, 0].cpu()
+                lp = lp + self.injected_noise * torch.randn(lp.shape, generator=self._noise_gen)
+                logprobs.append(lp.tolist())
+        if self.injected_nan and len(logprobs) > 1:
+            logprobs[1][0] = None
+        self.injected.append(logprobs)
+        return completion_ids, logprobs

@@ -16,7 +16,7 @@ import torch
 from train_toy import make
 
 from grouprl.train import checkpoint
-from grouprl.train.batch import batch_logprobs, evaluate
+from grouprl.train.batch import evaluate
 from grouprl.train.config import ConfigError, load_config
 from grouprl.train.controllers import AGPOController, NoController, make_controller
 from grouprl.train.loop import UpdateLog, train_step
@@ -63,7 +63,7 @@ def test_evaluation_creates_no_tensor_on_the_default_device(tmp_path, meta_defau
                     "eval.ks=[1,4]")  # fmt: skip
     run = setup(cfg, **inj)
     torch.set_default_device("meta")
-    out = evaluate(run)
+    out = evaluate(run.policy, run.scorer, run.cfg)
     assert 0.0 <= out["eval/pass@1"] <= out["eval/pass@4"] <= 1.0
 
 
@@ -142,11 +142,11 @@ def test_frozen_reference_equals_the_initial_policy_and_stays_put(tmp_path):
     from grouprl.train.loop import collect_batch
 
     batch, _ = collect_batch(run, _NullTimer())
-    ref0 = run.reference.logprobs(run, batch)
-    torch.testing.assert_close(ref0, batch_logprobs(run, batch)[0], atol=1e-6, rtol=0)
+    ref0 = run.reference.logprobs(run.policy, batch)
+    torch.testing.assert_close(ref0, run.policy.batch_logprobs(batch).logp, atol=1e-6, rtol=0)
     train_step(run)
-    torch.testing.assert_close(run.reference.logprobs(run, batch), ref0, atol=0, rtol=0)
-    assert not torch.allclose(batch_logprobs(run, batch)[0], ref0, atol=1e-4)  # policy moved
+    torch.testing.assert_close(run.reference.logprobs(run.policy, batch), ref0, atol=0, rtol=0)
+    assert not torch.allclose(run.policy.batch_logprobs(batch).logp, ref0, atol=1e-4)  # moved
 
 
 def test_controller_protocol_defaults_change_nothing(tmp_path):
@@ -154,10 +154,10 @@ def test_controller_protocol_defaults_change_nothing(tmp_path):
     run = setup(cfg, **inj)
     ctl = make_controller(None, cfg)
     assert isinstance(ctl, NoController) and isinstance(run.controller, NoController)
-    assert ctl.temperature(run, [], None) == (0.7, {})
+    assert ctl.temperature([], None) == (0.7, {})
     params = {"eps_low": 0.2, "eps_high": 0.28}
-    assert ctl.clip_params(run, None, params) == (params, {})
-    assert ctl.after_update(run, None) == {} and ctl.state_dict() is None
+    assert ctl.clip_params(run.policy, None, params) == (params, {})
+    assert ctl.after_update(run.policy, None) == {} and ctl.state_dict() is None
     assert isinstance(make_controller("agpo", cfg), AGPOController)
     with pytest.raises(ValueError, match="unknown controller 'pid'; valid: None, agpo"):
         make_controller("pid", cfg)

@@ -94,3 +94,38 @@ def test_overlong_penalty_dapo_shape():
     assert out[0, 0] == 0.5 and math.isnan(out[0, 1]) and out[1].tolist() == [0.0, 0.75]
     with pytest.raises(ValueError, match="cache_len"):
         filters.overlong_penalty(lengths, max_len=4, cache_len=8)
+
+
+# ---- the trainer's overlong hook ---------------------------------------------------------------
+
+
+def test_overlong_hook_soft_adds_dapos_penalty_to_each_rounds_rewards():
+    from grouprl.train.filters import Overlong
+
+    hook = Overlong.of("soft", max_new_tokens=10)  # L_cache = 10 // 5 = 2: ramp over 9..10
+    assert (hook.max_len, hook.cache_len) == (10, 2)
+    rewards = torch.tensor([[1.0, 1.0], [0.0, float("nan")]])  # [P=2, G=2]
+    mask = torch.zeros(4, 10)
+    for row, length in enumerate([8, 9, 10, 10]):
+        mask[row, :length] = 1
+    out = hook.rewards(rewards, mask)
+    # lengths 8 (≤ 10-2: 0), 9 (-(9-8)/2 = -0.5), 10 (-1), 10 (NaN stays NaN)
+    torch.testing.assert_close(out[:, :1], torch.tensor([[1.0], [-1.0]]))
+    assert out[0, 1] == 0.5 and torch.isnan(out[1, 1])
+    assert hook.mask(mask, torch.tensor([True, False, False, True])) is mask  # soft: no mask
+    assert Overlong.of("soft", max_new_tokens=10, cache=4).cache_len == 4
+
+
+def test_overlong_hook_mask_zeroes_truncated_rows_and_none_changes_nothing():
+    from grouprl.train.filters import Overlong
+
+    mask = torch.ones(3, 4)
+    truncated = torch.tensor([False, True, False])
+    out = Overlong.of("mask", max_new_tokens=4).mask(mask, truncated)
+    assert out.sum(-1).tolist() == [4.0, 0.0, 4.0]
+    rewards = torch.zeros(1, 3)
+    assert Overlong.of("mask", max_new_tokens=4).rewards(rewards, mask) is rewards
+    plain = Overlong.of(None, max_new_tokens=4)
+    assert plain.mask(mask, truncated) is mask and plain.rewards(rewards, mask) is rewards
+    with pytest.raises(ValueError, match=r"unknown overlong handling 'hard'; valid: None, mask"):
+        Overlong.of("hard", max_new_tokens=4)

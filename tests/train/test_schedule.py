@@ -9,7 +9,6 @@ import pytest
 import torch
 from train_toy import make
 
-from grouprl.train.batch import batch_logprobs
 from grouprl.train.config import ConfigError, load_config
 from grouprl.train.loop import Timer, collect_batch, train
 from grouprl.train.sinks import read_jsonl
@@ -69,14 +68,14 @@ def test_agpo_samples_per_prompt_and_takes_log_probs_at_t_1(tmp_path):
     assert batch.temperature == 1.0  # every log-prob of the step at T = 1 (the AGPO code)
     assert metrics["agpo/temperature_min"] <= 0.7 + 1e-6
     # the behaviour log-probs are the policy's at T = 1: ratio 1 before the update ...
-    logp_1, _ = batch_logprobs(run, batch)
+    logp_1 = run.policy.batch_logprobs(batch).logp
     valid = batch.mask.bool()
     assert (logp_1 - batch.old_logp)[valid].abs().max() < 1e-5
     # ... which dividing by the sampling temperature would not give
-    hot = batch_logprobs(run, dataclasses.replace(batch, temperature=0.7))[0]
+    hot = run.policy.batch_logprobs(dataclasses.replace(batch, temperature=0.7)).logp
     assert (hot - batch.old_logp)[valid].abs().max() > 1e-3
     # ε per prompt, on the policy's device, one bound per row of the batch
-    clip, _ = run.controller.clip_params(run, batch, {"eps_low": 0.2, "eps_high": 0.2})
+    clip, _ = run.controller.clip_params(run.policy, batch, {"eps_low": 0.2, "eps_high": 0.2})
     assert clip["eps_low"].shape == (batch.size,)
     eps = clip["eps_low"].view(batch.num_prompts, batch.group_size)
     assert torch.equal(eps, eps[:, :1].expand_as(eps))  # constant within each group

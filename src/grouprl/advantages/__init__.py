@@ -5,18 +5,32 @@
     out = advantages.compute("grpo", rewards, focal_gamma=0.5, delta_res=1e-2)
     out = advantages.compute("grpo", rewards, virtual="symmetric", trigger=VirtualTrigger())
     out.values, out.keep, out.kl_weight, out.scale, out.stats
+    advantages.compute("gdpo", per_function)              # [P, G, K]: K reward functions
+    advantages.compute("opo", rewards, lengths=lengths)   # [P, G] completion tokens
+    advantages.compute("remax", rewards, baseline=greedy) # [P] reward of the greedy completion
+    advantages.compute_tokens("optimal_token_baseline", rewards, mask, old_logp=..., ...)
 
-Order of application (ALGORITHMS.md §2): resolution → virtual samples → estimator → focal.
+Order of application (ALGORITHMS.md §2): reward combination → resolution → virtual samples
+→ estimator → focal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from grouprl.advantages import baseline, ranking, scale, transforms
+from grouprl.advantages import (
+    baseline,
+    combine,
+    global_norm,
+    ranking,
+    reweighted,
+    scale,
+    tokens,
+    transforms,
+)
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
     check_positive,
@@ -24,6 +38,8 @@ from grouprl.advantages._groups import (
     shared_moments,
     validate_rewards,
 )
+from grouprl.advantages.combine import REWARD_COMBINATIONS
+from grouprl.advantages.tokens import TOKEN_ESTIMATORS, TOKEN_REWARDS_AS, kl_reward
 from grouprl.advantages.transforms import (
     DEFAULT_DELTA_RES,
     VIRTUAL_MODES,
@@ -36,16 +52,24 @@ from grouprl.advantages.transforms import (
 from grouprl.types import Advantages
 
 __all__ = [
+    "ALIASES",
     "DEFAULT_DELTA_RES",
     "ESTIMATORS",
+    "REWARD_COMBINATIONS",
+    "TOKEN_ESTIMATORS",
     "TRANSFORMS",
     "Advantages",
     "VirtualTrigger",
+    "combine",
     "compute",
+    "compute_tokens",
     "focal_weight",
     "group_std",
+    "kl_reward",
     "names",
+    "needs",
     "resolution",
+    "token_names",
     "transforms",
     "virtual_count",
     "virtual_samples",
@@ -56,15 +80,40 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
     "dr_grpo": baseline.dr_grpo,
     "rloo": baseline.rloo,
     "batch_std": baseline.batch_std,
-    "reinforce_pp": baseline.reinforce_pp,
+    "reinforce_pp": global_norm.reinforce_pp_baseline,  # alias (its name before issue 22)
     "gopo": ranking.gopo,
     "p90": scale.p90,
     "maxnorm_rloo": scale.maxnorm_rloo,
     "maxnorm_dr_grpo": scale.maxnorm_dr_grpo,
     "grpo_beta_comp": baseline.grpo_beta_comp,
     "sigma_weighted_grpo": baseline.sigma_weighted_grpo,
+    # -- the peers' methods (issue 22; ALGORITHMS.md §1 "Methods the peers ship")
+    "reinforce_pp_baseline": global_norm.reinforce_pp_baseline,
+    "reinforce_pp_global": global_norm.reinforce_pp_global,
+    "flash_reinforce": global_norm.flash_reinforce,
+    "gdpo": global_norm.gdpo,
+    "grpo_passk": reweighted.grpo_passk,
+    "gpg": reweighted.gpg,
+    "opo": reweighted.opo,
+    "remax": reweighted.remax,
 }
-"""Estimator name -> pure function ``(rewards [P, G], valid [P, G], **params) -> Advantages``."""
+"""Estimator name -> pure function ``(rewards [P, G], valid [P, G], **params) -> Advantages``.
+
+``reinforce_pp`` is an alias of ``reinforce_pp_baseline`` (the same function). Estimators
+that read per-sample inputs declare them as keyword parameters: ``lengths [P, G]``
+(completion tokens: ``opo``, and ``weighting="token"``) and ``baseline [P]`` (``remax``).
+"""
+
+ALIASES: dict[str, str] = {"reinforce_pp": "reinforce_pp_baseline"}
+"""Old name -> current name: ``reinforce_pp`` was REINFORCE++-baseline's name until issue 22,
+when REINFORCE++ without a group baseline (``reinforce_pp_global``) joined it."""
+
+INPUTS = ("lengths", "baseline")
+"""Per-batch inputs an estimator may read, passed by :func:`compute` (not parameters)."""
+
+DEFAULT_COMBINATION: dict[str, str] = {"gdpo": "normalize_then_sum"}
+"""The reward combination :func:`compute` applies to ``[P, G, K]`` rewards when none is
+given: GDPO's own first stage for ``gdpo``, the weighted sum (TRL's default) otherwise."""
 
 TRANSFORMS: dict[str, Callable[..., Any]] = {
     "delta_res": resolution,
@@ -75,21 +124,51 @@ TRANSFORMS: dict[str, Callable[..., Any]] = {
 
 
 def names() -> list[str]:
-    """Every estimator name."""
+    """Every estimator name (sequence level; each also runs through :func:`compute_tokens`)."""
     return list(ESTIMATORS)
+
+
+def token_names() -> list[str]:
+    """Every name :func:`compute_tokens` accepts: the token-level estimators, then the rest."""
+    return list(TOKEN_ESTIMATORS) + [n for n in ESTIMATORS if n not in TOKEN_ESTIMATORS]
+
+
+def needs(name: str, **params: Any) -> frozenset[str]:
+    """What estimator ``name`` (with ``params``) reads beyond the rewards.
+
+    ``"lengths"`` (completion tokens [P, G]), ``"baseline"`` (greedy reward [P]), ``"tokens"``
+    (a token-level estimator: ``compute_tokens`` with the token mask), ``"old_logp"`` and
+    ``"sum_pi_squared"`` (the optimal token baseline). A trainer reads this to know what to
+    collect; an unknown name raises the usual error.
+    """
+    if name in TOKEN_ESTIMATORS and name not in ESTIMATORS:
+        return frozenset({"tokens", "old_logp", "sum_pi_squared"})
+    accepted = set(_estimator(name).__kwdefaults__ or {})
+    out = set()
+    if "baseline" in accepted:
+        out.add("baseline")
+    if name == "opo" or ("lengths" in accepted and params.get("weighting") == "token"):
+        out.add("lengths")
+    return frozenset(out)
 
 
 def _estimator(name: str) -> Callable[..., Advantages]:
     try:
         return ESTIMATORS[name]
     except KeyError:
+        if name in TOKEN_ESTIMATORS:
+            raise ValueError(
+                f"{name!r} is a token-level estimator: call advantages.compute_tokens({name!r}, "
+                "rewards, mask, ...) with the completion-token mask [P, G, T]"
+            ) from None
         raise ValueError(
-            f"unknown advantage estimator {name!r}; valid estimators: {', '.join(ESTIMATORS)}"
+            f"unknown advantage estimator {name!r}; valid estimators: {', '.join(ESTIMATORS)}; "
+            f"token-level: {', '.join(n for n in TOKEN_ESTIMATORS if n not in ESTIMATORS)}"
         ) from None
 
 
 def _check_params(fn: Callable[..., Advantages], name: str, params: dict[str, Any]) -> None:
-    accepted = set(fn.__kwdefaults__ or {})
+    accepted = set(fn.__kwdefaults__ or {}) - set(INPUTS)
     unknown = set(params) - accepted
     if unknown:
         raise ValueError(
@@ -127,6 +206,70 @@ def _check_transforms(focal_gamma, delta_res, virtual, reward_range) -> tuple[fl
     return r_lo, r_hi
 
 
+def _combined(
+    name: str,
+    rewards: torch.Tensor,
+    combine_name: str | None,
+    reward_weights: Any,
+    combine_params: Mapping[str, Any] | None,
+) -> tuple[torch.Tensor, torch.Tensor, str | None]:
+    """``(estimator rewards [P, G], level rewards [P, G], combination)``.
+
+    A ``[P, G, K]`` batch goes through the reward combination (``combine_name``, else the
+    estimator's default); ``[P, G]`` is one function's rewards, combined only when the
+    combination is not the plain sum. The *level* rewards are the weighted sum of the raw
+    rewards, on the scale ``reward_range`` describes: what the focal weight's success rate
+    reads, whatever the combination hands the estimator [OURS].
+    """
+    how = combine_name or DEFAULT_COMBINATION.get(name)
+    three_d = isinstance(rewards, torch.Tensor) and rewards.dim() == 3
+    if not three_d and how in (None, "sum"):
+        if reward_weights is not None:
+            raise ValueError("reward_weights weigh K reward functions: pass rewards as [P, G, K]")
+        return rewards, rewards, None
+    how = how or "sum"
+    if isinstance(rewards, torch.Tensor) and rewards.numel() == 0:
+        raise ValueError(f"rewards is empty (shape {tuple(rewards.shape)}): nothing to estimate")
+    if not three_d and isinstance(rewards, torch.Tensor) and rewards.dim() == 2:
+        rewards = rewards.unsqueeze(-1)  # one reward function: [P, G, 1]
+    est = combine.combine(how, rewards, reward_weights, **dict(combine_params or {}))
+    level = est if how == "sum" else combine.weighted_sum(rewards, reward_weights)
+    return est, level, how
+
+
+def _check_inputs(
+    fn: Callable[..., Advantages],
+    name: str,
+    rewards: torch.Tensor,
+    lengths: torch.Tensor | None,
+    baseline: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """The per-batch inputs the estimator reads, validated (shapes [P, G] and [P])."""
+    accepted = set(fn.__kwdefaults__ or {})
+    out: dict[str, torch.Tensor] = {}
+    p, g = rewards.shape
+    if baseline is not None:
+        if "baseline" not in accepted:
+            readers = [n for n, f in ESTIMATORS.items() if "baseline" in (f.__kwdefaults__ or {})]
+            raise ValueError(
+                f"estimator {name!r} does not read a baseline; baseline= is for {', '.join(readers)}"
+            )
+        if not isinstance(baseline, torch.Tensor) or tuple(baseline.shape) != (p,):
+            got = tuple(baseline.shape) if isinstance(baseline, torch.Tensor) else baseline
+            raise ValueError(f"baseline must be a tensor [P] = [{p}], got {got}")
+        if bool(torch.isinf(baseline).any()):
+            raise ValueError("baseline contains ±inf; use NaN for a greedy completion not scored")
+        out["baseline"] = baseline.to(rewards.device, rewards.dtype)
+    if lengths is not None and "lengths" in accepted:
+        if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != (p, g):
+            got = tuple(lengths.shape) if isinstance(lengths, torch.Tensor) else lengths
+            raise ValueError(f"lengths must be a tensor [P, G] = [{p}, {g}], got {got}")
+        if not bool(torch.isfinite(lengths.double()).all()) or bool((lengths < 0).any()):
+            raise ValueError("lengths must be finite token counts >= 0")
+        out["lengths"] = lengths.to(rewards.device)
+    return out
+
+
 def compute(
     name: str,
     rewards: torch.Tensor,
@@ -138,6 +281,11 @@ def compute(
     virtual_alpha: float = 0.5,
     virtual_batch_groups: int | None = None,
     reward_range: tuple[float, float] = (0.0, 1.0),
+    lengths: torch.Tensor | None = None,
+    baseline: torch.Tensor | None = None,
+    combine: str | None = None,
+    reward_weights: Any = None,
+    combine_params: Mapping[str, Any] | None = None,
     **params: Any,
 ) -> Advantages:
     """Advantages of estimator ``name`` for ``rewards [P, G]`` (NaN = missing), with transforms.
@@ -145,6 +293,8 @@ def compute(
     Args:
         name: one of :func:`names`.
         rewards: float ``[P, G]``; NaN entries are excluded from every statistic and get 0.
+            ``[P, G, K]``: K reward functions' rewards (NaN = the function returned None),
+            combined first by ``combine`` (ALGORITHMS.md §1, "Reward combination").
         focal_gamma: F-GRPO focal exponent γ (0 = off; presets use 0.5).
         delta_res: MaxNorm resolution protocol bin width (None = off; paper 1e-2). Estimators
             with a scale floor (``tau_res``) default it to ``delta_res`` when it is set.
@@ -156,10 +306,25 @@ def compute(
             rewards the code rule looks at together (None = the whole batch; the authors'
             script runs 1, see ``transforms.virtual_samples``).
         reward_range: ``(r_lo, r_hi)``, what "wrong" and "correct" are (default [0, 1]).
+        lengths: ``[P, G]`` completion tokens per sample, for the estimators that read them
+            (``opo``; ``weighting="token"``); ignored by the others (:func:`needs`).
+        baseline: ``[P]`` reward of each prompt's greedy completion (``remax`` only).
+        combine: reward combination of ``[P, G, K]`` rewards (``REWARD_COMBINATIONS``; None:
+            ``normalize_then_sum`` for ``gdpo``, ``sum`` otherwise); given with ``[P, G]``
+            rewards, they are one function's.
+        reward_weights: ``[K]`` weights of the reward functions (None: all 1, TRL's default).
+        combine_params: parameters of the combination (``normalize_then_sum``: ``eps``...).
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
+    rewards, level, how = _combined(name, rewards, combine, reward_weights, combine_params)
     r_lo, r_hi = _check_transforms(focal_gamma, delta_res, virtual, reward_range)
+    if how not in (None, "sum") and (delta_res is not None or virtual is not None):
+        raise ValueError(
+            f"the reward combination {how!r} hands the estimator normalised rewards, which "
+            "have no resolution and no correct/wrong levels: delta_res and virtual work on "
+            "combine='sum' only [OURS]"
+        )
     if delta_res is not None and "tau_res" in (fn.__kwdefaults__ or {}):
         params.setdefault("tau_res", delta_res)
     _check_params(fn, name, params)
@@ -182,9 +347,31 @@ def _compute(
 ) -> Advantages:
     r_lo, r_hi = reward_range
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
+    inputs = _check_inputs(fn, name, rewards, lengths, baseline)
+    reads = needs(name, **params)
+    missing = reads - set(inputs)
+    if missing:
+        raise ValueError(
+            f"estimator {name!r} reads {', '.join(sorted(missing))}: pass "
+            + " and ".join(
+                {
+                    "lengths": "lengths=[P, G] (completion tokens)",
+                    "baseline": "baseline=[P] (greedy rewards)",
+                }[k]
+                for k in sorted(missing)
+            )
+        )
+    if virtual is not None and reads:
+        raise ValueError(
+            f"virtual samples have no tokens and no greedy completion; {name!r} reads "
+            f"{', '.join(sorted(reads))} [OURS: the two do not combine]"
+        )
+    inputs = {k: v for k, v in inputs.items() if k in reads or k == "lengths"}
     g = rewards.shape[1]
     nan_frac = 0.0 if valid is None else 1.0 - int(valid.count_nonzero()) / valid.numel()
     stats: dict[str, float] = {"nan_frac": nan_frac}
+    if how is not None:
+        stats[f"combine/{how}"] = 1.0
     keep = None  # [P] bool; None = every group kept
 
     # -- resolution: merge sub-resolution gaps, skip one-bin groups for both branches
@@ -213,13 +400,14 @@ def _compute(
             stats["virtual/tau_adapt_next"] = trigger.update(vstats["virtual/acr"], mean_reward)
 
     # -- estimator
-    out = fn(est_rewards, est_valid, **params)
+    out = fn(est_rewards, est_valid, **inputs, **params)
     values = out.values[:, :g]  # [P, G] real samples only
     stats.update(out.stats)
 
     # -- focal weight: one scalar per group, from the real rewards
-    if focal_gamma:
-        weight = focal_weight(rewards, valid, focal_gamma, (r_lo, r_hi))  # [P]
+    if focal_gamma:  # on the reward levels: the raw weighted sum when the combination normalises
+        lv, lvalid = (rewards, valid) if how in (None, "sum") else (level, validate_rewards(level))
+        weight = focal_weight(lv, lvalid, focal_gamma, (r_lo, r_hi))  # [P]
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())
 
@@ -231,6 +419,182 @@ def _compute(
         updated = updated & keep
     stats["updated_frac"] = float(updated.float().mean())
     return Advantages(values, keep, out.kl_weight, out.scale, stats, updated)
+
+
+def _check_mask(mask: Any, p: int, g: int) -> torch.Tensor:
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 3 or tuple(mask.shape[:2]) != (p, g):
+        got = tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__
+        raise ValueError(
+            f"mask must be the completion-token mask [P, G, T] with [P, G] = [{p}, {g}], got "
+            f"{got}; a flat [N, T] mask needs mask.view(P, G, -1)"
+        )
+    if mask.dtype != torch.bool:
+        mask = mask != 0
+    return mask
+
+
+def _check_token_tensor(name: str, x: Any, mask: torch.Tensor, dtype) -> torch.Tensor | None:
+    if x is None:
+        return None
+    if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(mask.shape):
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must have the mask's shape {tuple(mask.shape)}, got {got}")
+    x = x.to(mask.device, dtype)
+    if not bool(torch.isfinite(x.masked_fill(~mask, 0.0)).all()):
+        raise ValueError(f"{name} is not finite at a valid (mask = 1) token")
+    return x.masked_fill(~mask, 0.0)
+
+
+def compute_tokens(
+    name: str,
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    token_rewards: torch.Tensor | None = None,
+    token_rewards_as: str | None = None,
+    old_logp: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    baseline: torch.Tensor | None = None,
+    combine: str | None = None,
+    reward_weights: Any = None,
+    combine_params: Mapping[str, Any] | None = None,
+    **params: Any,
+) -> Advantages:
+    """Per-token advantages ``token_values [P, G, T]`` (ALGORITHMS.md §1, token level).
+
+    Args:
+        name: a token-level estimator (``TOKEN_ESTIMATORS``) or any estimator of
+            :func:`names`, which runs on sequence rewards and is broadcast over the tokens.
+        rewards: outcome rewards ``[P, G]`` (or ``[P, G, K]``, combined as in :func:`compute`),
+            NaN = missing; each sits on its completion's last valid token.
+        mask: ``[P, G, T]`` completion-token mask (bool or 0/1; holes allowed).
+        token_rewards: ``[P, G, T]`` dense rewards (e.g. ``-β·KL`` from :func:`kl_reward`).
+        token_rewards_as: for a sequence-level estimator with ``token_rewards``: ``"score"``
+            (verl: summed into the score first) or ``"return"`` (OpenRLHF; verl ReMax: the
+            dense rewards' reward-to-go added per token). None: ``"return"`` for ``remax``,
+            ``"score"`` otherwise. Token estimators take their own reading as a parameter.
+        old_logp, sum_pi_squared, is_weights: ``[P, G, T]`` inputs of the optimal token
+            baseline (behaviour log-probs, Σ_v π², rollout IS weights).
+        baseline: ``[P]`` greedy rewards (``remax``).
+        **params: the estimator's parameters; for a sequence-level estimator also every
+            keyword of :func:`compute` (transforms).
+    """
+    fn_tok = TOKEN_ESTIMATORS.get(name)
+    if fn_tok is None:
+        _estimator(name)  # the usual error for an unknown name
+    combined, _, how = _combined(name, rewards, combine, reward_weights, combine_params)
+    valid = validate_rewards(combined)
+    p, g = combined.shape
+    mask = _check_mask(mask, p, g).to(combined.device)
+    dense = _check_token_tensor("token_rewards", token_rewards, mask, combined.dtype)
+    if fn_tok is not None:
+        if dense is None:
+            dense = torch.zeros(mask.shape, dtype=combined.dtype, device=combined.device)
+        out = _token_estimate(
+            name,
+            fn_tok,
+            combined,
+            valid,
+            mask,
+            dense,
+            old_logp,
+            sum_pi_squared,
+            is_weights,
+            baseline,
+            token_rewards_as,
+            params,
+        )
+    else:
+        if old_logp is not None or sum_pi_squared is not None or is_weights is not None:
+            raise ValueError(
+                f"{name!r} is a sequence-level estimator: old_logp / sum_pi_squared / "
+                "is_weights are read by the optimal token baseline only"
+            )
+        how_kw = {
+            "combine": combine,
+            "reward_weights": reward_weights,
+            "combine_params": combine_params,
+        }
+        out = _broadcast(
+            name, rewards, combined, how, mask, dense, token_rewards_as, baseline, how_kw, params
+        )
+    stats = dict(out.stats)
+    stats.setdefault("nan_frac", 0.0 if valid is None else float((~valid).float().mean()))
+    stats["updated_frac"] = float(out.updated.float().mean())
+    if how is not None:
+        stats[f"combine/{how}"] = 1.0
+    return Advantages(
+        out.values, out.keep, out.kl_weight, out.scale, stats, out.updated, out.token_values
+    )
+
+
+def _token_estimate(
+    name,
+    fn,
+    rewards,
+    valid,
+    mask,
+    dense,
+    old_logp,
+    sum_pi_squared,
+    is_weights,
+    baseline,
+    token_rewards_as,
+    params,
+):
+    accepted = set(fn.__kwdefaults__ or {})
+    if baseline is not None:
+        raise ValueError(f"token estimator {name!r} does not read a baseline (remax does)")
+    if token_rewards_as is not None:
+        if "token_rewards_as" not in accepted:
+            raise ValueError(f"{name!r} has one reading of token rewards; drop token_rewards_as")
+        params["token_rewards_as"] = token_rewards_as
+    extra = {"old_logp": old_logp, "sum_pi_squared": sum_pi_squared, "is_weights": is_weights}
+    for key, x in extra.items():
+        if x is not None and key not in accepted:
+            raise ValueError(f"token estimator {name!r} does not read {key}")
+    unknown = set(params) - accepted
+    if unknown:
+        raise ValueError(
+            f"token estimator {name!r} got unknown parameter(s) {sorted(unknown)}; it accepts "
+            f"{sorted(accepted - set(extra))}"
+        )
+    if "eps" in params:
+        check_positive("eps", params["eps"], allow_zero=True)
+    if "gamma" in params and not 0.0 <= float(params["gamma"]) <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {params['gamma']!r}")
+    inputs = {
+        k: _check_token_tensor(k, x, mask, rewards.dtype) for k, x in extra.items() if x is not None
+    }
+    return fn(rewards, valid, mask, dense, **inputs, **params)
+
+
+def _broadcast(name, raw, combined, how, mask, dense, token_rewards_as, baseline, how_kw, params):
+    """A sequence-level estimator on tokens: verl's "score" or OpenRLHF's "return" reading."""
+    reading = token_rewards_as or ("return" if name == "remax" else "score")
+    if reading not in TOKEN_REWARDS_AS:
+        raise ValueError(
+            f"unknown token_rewards_as {reading!r}; valid: {', '.join(TOKEN_REWARDS_AS)}"
+        )
+    lengths = mask.sum(-1)  # [P, G]
+    if dense is not None and reading == "score":
+        if how not in (None, "sum"):
+            raise ValueError(
+                f"dense token rewards cannot join the {how!r} combination's normalised "
+                "rewards as a score [OURS]: pass token_rewards_as='return'"
+            )
+        out = compute(name, combined + dense.sum(-1), lengths=lengths, baseline=baseline, **params)
+    else:
+        out = compute(name, raw, lengths=lengths, baseline=baseline, **how_kw, **params)
+    m = mask.to(combined.dtype)
+    tok = out.values[..., None] * m  # [P, G, T]
+    values = out.values
+    if dense is not None and reading == "return":
+        alive = (~torch.isnan(combined)) & out.keep[:, None]  # [P, G]
+        tok = tok + tokens.reward_to_go(dense, mask) * alive[..., None]
+        values = tokens.sequence_mean(tok, mask)
+    return Advantages(values, out.keep, out.kl_weight, out.scale, out.stats, out.updated, tok)
 
 
 def group_std(rewards: torch.Tensor, *, ddof: int = 1) -> torch.Tensor:

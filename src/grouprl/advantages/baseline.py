@@ -1,5 +1,5 @@
-"""Baseline-and-scale estimators: grpo, dr_grpo, rloo, batch_std, reinforce_pp,
-grpo_beta_comp, sigma_weighted_grpo (ALGORITHMS.md §1).
+"""Baseline-and-scale estimators: grpo, dr_grpo, rloo, batch_std, grpo_beta_comp,
+sigma_weighted_grpo (ALGORITHMS.md §1). REINFORCE++ (batch whitening) is in ``global_norm.py``.
 
 Every function maps ``rewards [P, G]`` (NaN = missing) and its validity mask (None = all
 valid) to an :class:`~grouprl.types.Advantages`. Shared rules (§0): NaN entries are left out
@@ -95,28 +95,6 @@ def batch_std(
     sigma = _batch_std(rewards, valid, ddof=ddof) + eps  # []
     values = scale_dev(m, 1.0 / sigma)  # [P, G]
     return wrap_advantages(values, valid, m.collapsed, sigma.expand_as(m.mean).clone(), zeroed=True)
-
-
-def reinforce_pp(
-    rewards: torch.Tensor,
-    valid: torch.Tensor | None,
-    *,
-    eps: float = GRPO_EPS,
-    ddof: int = DEFAULT_DDOF,
-    tau: float = DEFAULT_TAU,
-) -> Advantages:
-    """REINFORCE++-baseline: u = r_i − r̄_q, then (u − mean_B u) / (std_B u + eps) over the batch.
-
-    verl ``reinforce_plus_plus_baseline`` whitens over *tokens* (long answers weigh more); we
-    whiten over valid samples [OURS], so the estimator needs no lengths. Collapsed groups take
-    part in the batch statistics (their u is 0) but get advantage 0. scale = std_B u + eps.
-    """
-    m = group_moments(rewards, valid, ddof, tau)
-    u = m.dev  # [P, G], 0 at invalid entries
-    mu_b = u.sum() / m.count.sum().clamp_min(1).to(rewards.dtype)  # []
-    sigma = _batch_std(u, valid, ddof=ddof) + eps  # []
-    values = u.sub_(mu_b).div_(sigma)  # [P, G]
-    return wrap_advantages(values, valid, m.collapsed, sigma.expand_as(m.mean).clone())
 
 
 def grpo_beta_comp(

@@ -1,5 +1,7 @@
 """``grouprl diagnose PATH``: training-health report for a JSONL of reward groups, a run folder,
-or the rollout logs of TRL (``log_completions=True``) and verl (``trainer.rollout_data_dir``)."""
+or the rollout logs of TRL (``log_completions=True``) and verl (``trainer.rollout_data_dir``);
+with the rollout-vs-trainer mismatch metrics where the logs hold them (our ``metrics.jsonl``,
+TRL's ``trainer_state.json``, verl's file-logger JSONL)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "path",
         type=Path,
         help="groups JSONL ({prompt_id, rewards, step}), a run folder, TRL's output_dir / "
-        "completions_<step>.parquet, or verl's rollout_data_dir",
+        "completions_<step>.parquet / trainer_state.json, verl's rollout_data_dir, or verl's "
+        "file-logger <experiment>.jsonl (rollout-vs-trainer mismatch metrics)",
     )
     parser.add_argument(
         "--out",
@@ -154,6 +157,33 @@ def _print_diagnosis(console, d, gf, max_rows) -> None:
         console.print(f"advised G = {d.advice.recommended}: {d.advice.reason}", markup=False)
 
 
+def _print_mismatch(console, mlog, replay: bool) -> list[str]:
+    """The rollout-vs-trainer mismatch table of a run's logged metrics (or where they are);
+    returns the ``rollout_mismatch`` warnings a live run would have raised."""
+    from rich.markup import escape
+
+    from grouprl.diagnostics.mismatch import summarize
+    from grouprl.report.run import replay_health
+
+    if mlog is None:
+        return []
+    for note in mlog.notes:
+        console.print(note, style="dim", markup=False)
+    if not mlog.rows:
+        if not mlog.notes:
+            console.print(
+                f"{mlog.path}: no rollout-vs-trainer mismatch metrics logged", style="dim"
+            )
+        return []
+    title = f"Rollout vs trainer mismatch ({mlog.source} log, {len(mlog.rows)} steps)"
+    _table(console, title, summarize(mlog.rows), ("quantity", "steps", "first", "last", "max"))
+    warnings = replay_health(mlog.rows)
+    if replay:
+        for w in warnings:
+            console.print(f"[yellow]warning[/yellow] {escape(w)}")
+    return warnings
+
+
 def _load(path: Path, args: argparse.Namespace, load_groups):
     """Our groups JSONL, or a TRL / verl log through :mod:`grouprl.diagnostics.external`."""
     from grouprl.diagnostics import external
@@ -165,11 +195,26 @@ def _load(path: Path, args: argparse.Namespace, load_groups):
     )
 
 
+def _open(args: argparse.Namespace):
+    """``(mismatch log or None, groups or None, diagnosis or None, run folder or None)``."""
+    from grouprl.diagnostics.diagnose import diagnose_groups, load_groups
+    from grouprl.diagnostics.external import load_mismatch
+
+    mlog = load_mismatch(args.path)  # rollout-vs-trainer metrics, where the logs hold them
+    if mlog is not None and mlog.metrics_only:
+        return mlog, None, None, None
+    groups_path, run_dir = _resolve(args.path)
+    gf = d = None
+    if groups_path is not None:
+        gf = _load(groups_path, args, load_groups)
+        d = diagnose_groups(gf, reward_range=tuple(args.reward_range), tau=args.tau, rho=args.rho)
+    return mlog, gf, d, run_dir
+
+
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
 
-    from grouprl.diagnostics.diagnose import diagnose_groups, load_groups
     from grouprl.report.diagnosis import write_diagnosis_report
     from grouprl.report.run import read_metrics, replay_health
 
@@ -179,13 +224,7 @@ def run(args: argparse.Namespace) -> int:
         print(msg, file=sys.stderr, flush=True)
 
     try:
-        groups_path, run_dir = _resolve(args.path)
-        gf = d = None
-        if groups_path is not None:
-            gf = _load(groups_path, args, load_groups)
-            d = diagnose_groups(
-                gf, reward_range=tuple(args.reward_range), tau=args.tau, rho=args.rho
-            )
+        mlog, gf, d, run_dir = _open(args)
     except (ValueError, FileNotFoundError) as e:
         err(f"error: {e}")
         return 2
@@ -209,10 +248,14 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"[yellow]warning[/yellow] {escape(w)}")
         if not d.warnings:
             console.print("[green]no health rule fired[/green]")
+    replayed = metrics_rows is not None and d is None  # our run's warnings: printed above
+    mismatch_warnings = _print_mismatch(console, mlog, replay=not replayed)
     if not args.no_report:
         out = args.out or (
             (run_dir / "report.html") if run_dir is not None else Path("report.html")
         )
-        path = write_diagnosis_report(out, d, gf, run_dir, metrics_rows, metrics_errors)
+        path = write_diagnosis_report(
+            out, d, gf, run_dir, metrics_rows, metrics_errors, mlog, mismatch_warnings
+        )
         console.print(f"wrote {path}")
     return 0

@@ -8,10 +8,26 @@ from collections.abc import Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 #: keyword -> (section title, module, dict attribute), in the order of the data flow.
 SECTIONS: dict[str, tuple[str, str, str]] = {
     "estimators": ("Advantage estimators", "grouprl.advantages", "ESTIMATORS"),
+    "token_estimators": (
+        "Token-level estimators (advantages.compute_tokens)",
+        "grouprl.advantages",
+        "TOKEN_ESTIMATORS",
+    ),
+    "reward_combinations": (
+        "Reward combinations of K reward functions (compute(combine=...))",
+        "grouprl.advantages",
+        "REWARD_COMBINATIONS",
+    ),
+    "kl_controllers": (
+        "KL-in-reward coefficient controllers",
+        "grouprl.control",
+        "KL_CONTROLLERS",
+    ),
     "transforms": (
         "Advantage transforms (keywords of advantages.compute)",
         "grouprl.advantages",
@@ -20,6 +36,11 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
     "surrogates": ("Surrogates", "grouprl.losses", "SURROGATES"),
     "aggregations": ("Aggregations", "grouprl.losses", "AGGREGATIONS"),
     "kl": ("KL estimators", "grouprl.losses", "KL_ESTIMATORS"),
+    "corrections": (
+        "Rollout corrections (algorithm.rollout_correction)",
+        "grouprl.losses",
+        "CORRECTIONS",
+    ),
     "presets": ("Presets", "grouprl.presets", "PRESETS"),
     "tasks": ("Tasks", "grouprl.tasks", "TASKS"),
     "simulations": ("Simulations", "grouprl.simulate", "SIMULATIONS"),
@@ -38,8 +59,13 @@ def catalogue(keys: Iterable[str] = tuple(SECTIONS)) -> dict[str, dict[str, str]
     out: dict[str, dict[str, str]] = {}
     for key in keys:
         title, module, attr = SECTIONS[key]
-        registry: dict[str, Callable] = getattr(importlib.import_module(module), attr)
-        out[title] = {name: first_line(obj) for name, obj in registry.items()}
+        mod = importlib.import_module(module)
+        registry: dict[str, Callable] = getattr(mod, attr)
+        aliases: dict[str, str] = getattr(mod, "ALIASES", {})
+        out[title] = {
+            name: f"alias of {aliases[name]}" if name in aliases else first_line(obj)
+            for name, obj in registry.items()
+        }
     return out
 
 
@@ -63,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         table.add_column("name", style="bold cyan", no_wrap=True)
         table.add_column("description")
         for name, text in entries.items():
-            table.add_row(name, text)
+            table.add_row(name, Text(text))  # plain text: "[low, high]" is not markup
         console.print(table)
         console.print()
     return 0

@@ -8,7 +8,9 @@
 - :func:`reward_kl_balance`, :func:`kl_stats`: R/KL, direction cosine, KL mean / P95;
 - :func:`tail_miss_probability`, :func:`p_active`, :func:`advise_group_size`: F-GRPO Lemma 3.1;
 - :func:`sigma_stats`, :func:`gradient_orthogonality`: the normalisation regime;
-- :func:`pass_at_k`: unbiased pass@k.
+- :func:`pass_at_k`: unbiased pass@k;
+- :func:`mismatch_metrics`: rollout-engine vs trainer log-probs (KL, χ², perplexity ratio,
+  effective sample size, raw ratio quantiles).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from grouprl.diagnostics.acr import DEFAULT_TAU, acr, collapse_split
 from grouprl.diagnostics.balance import kl_stats, reward_kl_balance
 from grouprl.diagnostics.health import HealthConfig, RunHealth
 from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, step_metrics
+from grouprl.diagnostics.mismatch import MISMATCH_KEYS, effective_sample_size, mismatch_metrics
 from grouprl.diagnostics.passk import pass_at_k
 from grouprl.diagnostics.regime import gradient_orthogonality, per_prompt_gradients, sigma_stats
 from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
@@ -30,6 +33,7 @@ from grouprl.diagnostics.tailmiss import (
 
 __all__ = [
     "DEFAULT_TAU",
+    "MISMATCH_KEYS",
     "STEP_METRIC_KEYS",
     "GroupSizeAdvice",
     "HealthConfig",
@@ -37,10 +41,12 @@ __all__ = [
     "acr",
     "advise_group_size",
     "collapse_split",
+    "effective_sample_size",
     "gradient_orthogonality",
     "health",
     "inverse_scale_tail",
     "kl_stats",
+    "mismatch_metrics",
     "p_active",
     "pass_at_k",
     "per_prompt_gradients",

@@ -40,8 +40,10 @@ from grouprl.diagnostics.diagnose import MAX_ERRORS_KEPT, GroupFile
 __all__ = [
     "SOURCES",
     "ExternalGroups",
+    "MismatchLog",
     "detect",
     "load",
+    "load_mismatch",
     "load_trl",
     "load_verl",
 ]
@@ -149,20 +151,22 @@ def _trl_files(path: Path) -> list[Path]:
     return _numbered(sub if sub.is_dir() else path, TRL_FILE)
 
 
-def _looks_like_verl_line(path: Path) -> bool:
+def _first_object(path: Path) -> dict | None:
+    """The first non-empty line of a JSONL file as a dict (None if unreadable or not one)."""
     try:
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 if line.strip():
                     obj = json.loads(line)
-                    return (
-                        isinstance(obj, dict)
-                        and "rewards" not in obj
-                        and all(k in obj for k in VERL_KEYS)
-                    )
+                    return obj if isinstance(obj, dict) else None
     except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return False
+        return None
+    return None
+
+
+def _looks_like_verl_line(path: Path) -> bool:
+    obj = _first_object(path)
+    return obj is not None and "rewards" not in obj and all(k in obj for k in VERL_KEYS)
 
 
 def detect(path: str | Path) -> str | None:
@@ -387,3 +391,92 @@ def load(
             "(its 'score' is already the combined reward)"
         )
     return SOURCES[source](path)
+
+
+# --------------------------------------------------------------------------- mismatch metrics
+@dataclass
+class MismatchLog:
+    """Logged rollout-vs-trainer mismatch metrics of a run, in our key names
+    (:func:`grouprl.diagnostics.mismatch.from_peer_log`): ``rows`` = ``[{step, mismatch/*,
+    corr/*}]``; ``metrics_only`` when ``path`` is a metrics file with no reward groups."""
+
+    source: str
+    path: Path
+    rows: list[dict[str, float]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    metrics_only: bool = False
+
+
+VERL_NO_LOGPROBS = (
+    "verl's rollout_data_dir holds no log-probs, so no mismatch metrics: run verl with "
+    "trainer.logger=[console,file] and pass its file logger's <experiment>.jsonl "
+    "(VERL_FILE_LOGGER_ROOT/<project>/) to read its rollout_corr/* metrics"
+)
+TRL_NO_LOGPROBS = (
+    "TRL's completions log holds no log-probs, and no trainer_state.json was found next to it "
+    "(TRL writes one into each checkpoint-<step>/): its sampling/* mismatch metrics are only in "
+    "your logger (W&B, TensorBoard)"
+)
+
+
+def _is_verl_metrics_file(path: Path) -> bool:
+    """A verl ``FileLogger`` JSONL: every line ``{"step": n, "data": {metric: value}}``."""
+    if not path.is_file() or path.suffix != ".jsonl":
+        return False
+    obj = _first_object(path)
+    return obj is not None and "step" in obj and isinstance(obj.get("data"), dict)
+
+
+def _trl_state(path: Path) -> Path | None:
+    """``trainer_state.json`` of a TRL output_dir: its own, or the newest checkpoint's."""
+    if path.is_file():
+        return path if path.name == "trainer_state.json" else None
+    if (path / "trainer_state.json").is_file():
+        return path / "trainer_state.json"
+    ckpts = [p for p in path.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    for ckpt in sorted(ckpts, key=lambda p: int(p.name.split("-")[-1]), reverse=True):
+        if (ckpt / "trainer_state.json").is_file():
+            return ckpt / "trainer_state.json"
+    return None
+
+
+def _mismatch_rows(source: str, steps: Iterable[tuple[int, dict]]) -> list[dict[str, float]]:
+    from grouprl.diagnostics.mismatch import from_peer_log
+
+    rows = []
+    for step, metrics in steps:
+        ours = from_peer_log(source, metrics)
+        if ours:
+            rows.append({"step": float(step), **ours})
+    return rows
+
+
+def load_mismatch(path: str | Path) -> MismatchLog | None:
+    """The mismatch metrics ``path`` holds: a grouprl run folder (``metrics.jsonl``), a TRL
+    output_dir or ``trainer_state.json`` (``log_history``), a verl file-logger JSONL. For a
+    TRL / verl rollout log without them, a log with no rows and a note saying where they are.
+    None when ``path`` is none of these."""
+    path = Path(path)
+    if _is_verl_metrics_file(path):
+        with open(path, encoding="utf-8") as fh:
+            lines = [json.loads(line) for line in fh if line.strip()]
+        steps = ((int(o["step"]), o["data"]) for o in lines if isinstance(o, dict))
+        return MismatchLog("verl", path, _mismatch_rows("verl", steps), metrics_only=True)
+    if path.is_dir() and (path / "metrics.jsonl").is_file():
+        from grouprl.report.run import read_metrics
+
+        rows, _ = read_metrics(path / "metrics.jsonl")
+        steps = ((int(r["step"]), r) for r in rows)
+        return MismatchLog("grouprl", path / "metrics.jsonl", _mismatch_rows("grouprl", steps))
+    state = _trl_state(path) if path.exists() else None
+    if state is not None:
+        history = json.loads(state.read_text()).get("log_history", [])
+        steps = ((int(h.get("step", 0)), h) for h in history if isinstance(h, dict))
+        only = path.is_file() or detect(path) is None  # no completions log beside it
+        return MismatchLog("trl", state, _mismatch_rows("trl", steps), metrics_only=only)
+    source = detect(path)
+    if source == "trl":
+        return MismatchLog("trl", path, notes=[TRL_NO_LOGPROBS])
+    if source == "verl":
+        return MismatchLog("verl", path, notes=[VERL_NO_LOGPROBS])
+    return None

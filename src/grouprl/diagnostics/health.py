@@ -71,6 +71,11 @@ class HealthConfig:
     """Share of completions cut at the token limit above this = length budget too small [OURS]."""
     cooldown: int = 50
     """A rule that fired stays quiet this many steps [OURS: keeps logs readable]."""
+    mismatch_kl: float = 1e-3
+    """``mismatch/kl_k3`` (KL of the rollout engine's policy from the trainer's) above this =
+    the samples come from another policy than the one trained [OURS: bf16 sampling of our
+    fp32 maze model measures ~1e-4 to 1e-3 (reproductions/rollout_correction)]. Said once when
+    it starts, again only when it has doubled since, and anew after it fell below half."""
 
 
 class RunHealth:
@@ -100,6 +105,7 @@ class RunHealth:
         self.last_fired: dict[str, int] = {}
         self.fired_total: dict[str, int] = {}
         self.entropy_ref: float | None = None
+        self.mismatch_said: float | None = None
 
     # -- derived numbers -------------------------------------------------------------------
 
@@ -147,6 +153,7 @@ class RunHealth:
         out += self._balance_rule(step, metrics)
         out += self._loss_rule(step, metrics)
         out += self._policy_rules(step, metrics)
+        out += self._mismatch_rule(step, metrics)
         return out
 
     def _track_acr(self, rate: float) -> None:
@@ -281,6 +288,38 @@ class RunHealth:
             )
         return out
 
+    def _mismatch_rule(self, step: int, m: dict[str, float]) -> list[str]:
+        kl = m.get("mismatch/kl_k3")
+        limit = self.config.mismatch_kl
+        if kl is None or not math.isfinite(kl):
+            return []
+        said = self.mismatch_said
+        if kl < limit / 2:
+            self.mismatch_said = None  # gone: a later rise is news again
+            return []
+        if kl <= limit or (said is not None and kl < 2 * said):
+            return []
+        self.mismatch_said = kl
+        p99 = m.get("mismatch/ratio_p99", float("nan"))
+        seen = f"KL(rollout||train) {kl:.2g} > {limit:g}, token ratio p99 {p99:.3g}"
+        if said is not None:
+            seen = f"grew to {seen} (was {said:.2g})"
+        if "corr/weight_mean" in m:
+            lost = m.get("corr/zeroed_frac", 0.0) + m.get("corr/rejected_frac", 0.0)
+            fix = (
+                f"the correction is on ({lost:.1%} of tokens zeroed or rejected); if it keeps "
+                "growing, lower the learning rate or sample in the training precision"
+            )
+        else:
+            fix = (
+                "turn on a rollout correction (algorithm.rollout_correction=icepop or "
+                "seq_tis; TRL: vllm_importance_sampling_correction), or sample in the "
+                "training precision"
+            )
+        self.last_fired["rollout_mismatch"] = step
+        self.fired_total["rollout_mismatch"] = self.fired_total.get("rollout_mismatch", 0) + 1
+        return [f"[rollout_mismatch] step {step}: {seen} -> {fix}"]
+
     # -- checkpointing ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -296,6 +335,7 @@ class RunHealth:
             "last_fired": dict(self.last_fired),
             "fired_total": dict(self.fired_total),
             "entropy_ref": self.entropy_ref,
+            "mismatch_said": self.mismatch_said,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -311,3 +351,5 @@ class RunHealth:
         self.fired_total = {str(k): int(v) for k, v in state["fired_total"].items()}
         ref = state.get("entropy_ref")
         self.entropy_ref = None if ref is None else float(ref)
+        said = state.get("mismatch_said")
+        self.mismatch_said = None if said is None else float(said)

@@ -10,20 +10,28 @@ TRL has no advantage hook):
 
 - ``_calculate_rewards`` is wrapped to keep the gathered ``[B·G, n_funcs]`` reward matrix;
   ``_generate_and_score_completions`` runs TRL's own step unchanged, then *replaces* the
-  ``advantages`` it returns by :func:`grouprl.advantages.compute` on the same rewards
-  (combined exactly as TRL combines them: weighted ``nansum``, a row where every reward
-  function returned None is NaN), reshaped ``[P, G]`` (TRL's batches are prompt-major). The
+  ``advantages`` it returns by :func:`grouprl.advantages.compute` on the same rewards,
+  reshaped ``[P, G, n_funcs]`` (TRL's batches are prompt-major) with TRL's
+  ``reward_weights``: the estimator's reward combination (``sum`` = TRL's
+  ``sum_then_normalize``: weighted ``nansum``, NaN where every function returned None;
+  ``normalize_then_sum`` for ``gdpo``, TRL's GDPO) and, for ``opo`` or ``weighting="token"``,
+  the gathered completion lengths. The
   AVSPO trigger advances once per generation batch in training, is only read in
   evaluation, and is saved in every checkpoint (``grouprl_state.json``).
 - The preset's loss half is mapped onto TRL's own knobs when TRL can express it
   (:func:`trl_loss_settings`: ``loss_type``, ``epsilon``, ``epsilon_high``,
   ``importance_sampling_level``); otherwise (``reinforce``, a dual clip, a k1/k2 KL, a
   per-group KL weight or group skip with β > 0) ``_compute_loss`` computes
-  :func:`grouprl.losses.objective` with TRL's log-probabilities and TRL's normalisers.
+  :func:`grouprl.losses.objective` with TRL's log-probabilities and TRL's normalisers, and
+  with TRL's rollout corrections (the vLLM importance-sampling ratio of
+  ``vllm_importance_sampling_mode`` and DeepSeek-V3.2's ``off_policy_mask_threshold``) as its
+  ``correction_weight``, exactly as TRL's own loss applies them.
 - :class:`GroupRLDiagnosticsCallback` adds ``grouprl/*`` metrics (ACR split, inverse-scale
-  tails, tail-miss risk, estimator stats) to TRL's metric buffer, so they are averaged and
-  logged next to TRL's own (``reward``, ``kl``, ``entropy``, ``clip_ratio/*``...), and turns
-  them into :class:`grouprl.diagnostics.RunHealth` warnings.
+  tails, tail-miss risk, estimator stats; with vLLM log-probs the ``mismatch/*`` metrics of
+  :func:`grouprl.diagnostics.mismatch_metrics`, raw ratio quantiles included) to TRL's metric
+  buffer, so they are averaged and logged next to TRL's own (``reward``, ``kl``,
+  ``entropy``, ``clip_ratio/*``, ``sampling/*``...), and turns them into
+  :class:`grouprl.diagnostics.RunHealth` warnings.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ except ImportError as err:  # pragma: no cover - exercised only without TRL
 
 __all__ = [
     "STATE_FILE",
+    "TRL_AGGREGATIONS",
     "TRL_LOSS_TYPES",
     "GroupRLDiagnosticsCallback",
     "GroupRLGRPOTrainer",
@@ -107,6 +116,11 @@ def resolve_preset(
             raise ValueError(
                 f"unknown advantage estimator {estimator!r}; valid estimators: "
                 f"{', '.join(adv_lib.names())}"
+                + (
+                    " (token-level estimators need per-token inputs TRL does not produce)"
+                    if estimator in adv_lib.TOKEN_ESTIMATORS
+                    else ""
+                )
             )
         base = preset_lib.get("grpo").with_(name=estimator, estimator=estimator)
     else:
@@ -118,6 +132,8 @@ def resolve_preset(
     for key in ("focal_gamma", "delta_res", "virtual"):
         if key in kw:
             changes[key] = kw.pop(key)
+    if "combine" in kw:
+        changes["reward_combination"] = kw.pop("combine")
     if kw:
         changes["estimator_params"] = {**dict(base.estimator_params), **kw}
     return base.with_(**changes)
@@ -203,6 +219,35 @@ def _needs_grouprl_loss(preset: Preset) -> bool:
     )
 
 
+TRL_AGGREGATIONS: dict[str, str] = {
+    "sum_then_normalize": "sum",
+    "normalize_then_sum": "normalize_then_sum",
+}
+"""TRL ``multi_objective_aggregation`` -> grouprl reward combination (the same rule)."""
+
+
+def _check_trl_can_run(spec: Preset) -> None:
+    """A clear error for what TRL's trainer cannot feed the preset's advantage half."""
+    reads = adv_lib.needs(spec.estimator, **dict(spec.estimator_params))
+    if "baseline" in reads:
+        raise ValueError(
+            f"{spec.estimator!r} needs one greedy completion per prompt as its baseline "
+            "(ReMax), which TRL's GRPOTrainer does not generate: use `grouprl train` or verl's "
+            "algorithm.adv_estimator=remax"
+        )
+    if spec.token_level:
+        what = (
+            f"a KL folded into the reward (reward_kl_coef={spec.reward_kl_coef})"
+            if spec.reward_kl_coef > 0
+            else f"the token-level estimator {spec.estimator!r}"
+        )
+        raise ValueError(
+            f"preset {spec.name!r} needs per-token advantages for {what}; TRL's GRPOTrainer "
+            "trains on one advantage per completion. Use `grouprl train`, or verl "
+            "(algorithm.use_kl_in_reward / its optimal_token_baseline)"
+        )
+
+
 def combine_rewards(rewards_per_func: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``[B]`` rewards as TRL combines them (``sum_then_normalize``): weighted ``nansum``, and
     NaN where every reward function returned None (TRL 1.x ``unscorable_mask``)."""
@@ -263,9 +308,15 @@ class GroupRLDiagnosticsCallback(TrainerCallback):
         *,
         mode: str = "train",
         reward_range: tuple[float, float] = (0.0, 1.0),
+        extra: Mapping[str, float] | None = None,
     ) -> dict[str, float]:
-        """Compute the diagnostics of one generation batch and push them into TRL's metrics."""
+        """Compute the diagnostics of one generation batch and push them into TRL's metrics.
+
+        ``extra``: further metrics of the batch (the ``mismatch/*`` of a vLLM run), logged and
+        read by the health rules with the others.
+        """
         out = self.metrics(rewards, adv, reward_range)
+        out.update(extra or {})
         if mode == "train":
             step = self._trainer.state.global_step if self._trainer is not None else 0
             for line in self.health.update(step, out):
@@ -330,11 +381,13 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         self.grouprl_preset = spec
         self.grouprl_advantage_kwargs = spec.advantage_kwargs()
         self.grouprl_reward_range = (float(reward_range[0]), float(reward_range[1]))
+        _check_trl_can_run(spec)
         # Validate the advantage half now, not at the first step.
         adv_lib.compute(
             spec.estimator,
             torch.tensor([[0.0, 1.0]]),
             reward_range=self.grouprl_reward_range,
+            lengths=torch.ones(1, 2),
             **self.grouprl_advantage_kwargs,
         )
         if spec.controller is not None:
@@ -356,12 +409,16 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         self._grouprl_rewards_per_func: torch.Tensor | None = None
         self.grouprl_last: tuple[torch.Tensor, Advantages] | None = None
         super().__init__(*args, **kwargs)
-        if getattr(self.args, "multi_objective_aggregation", "sum_then_normalize") != (
-            "sum_then_normalize"
-        ):
+        trl_agg = getattr(self.args, "multi_objective_aggregation", "sum_then_normalize")
+        ours = self.grouprl_advantage_kwargs.get("combine") or adv_lib.DEFAULT_COMBINATION.get(
+            spec.estimator, "sum"
+        )
+        if TRL_AGGREGATIONS.get(trl_agg) != ours:
             raise ValueError(
-                "GroupRLGRPOTrainer combines rewards as TRL's multi_objective_aggregation="
-                "'sum_then_normalize' does; normalize_then_sum is its own advantage rule"
+                f"GRPOConfig(multi_objective_aggregation={trl_agg!r}) but the grouprl estimator "
+                f"{spec.estimator!r} combines the reward functions with {ours!r}: for GDPO use "
+                "preset='gdpo' or estimator='gdpo' (TRL's normalize_then_sum), otherwise leave "
+                "TRL's default 'sum_then_normalize'"
             )
         if self._grouprl_loss:
             self._check_grouprl_loss_args()
@@ -386,6 +443,13 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         settings = trl_loss_settings(spec) if from_preset else None
         if use_ours and spec.beta > 0 and targs.beta == 0.0:
             settings = {**(settings or {}), "beta": float(spec.beta)}
+        combination = spec.reward_combination or adv_lib.DEFAULT_COMBINATION.get(
+            spec.estimator, "sum"
+        )
+        trl_agg = getattr(targs, "multi_objective_aggregation", "sum_then_normalize")
+        if combination == "normalize_then_sum" and trl_agg == "sum_then_normalize":
+            # TRL's own name for GDPO's combination, so its logs and metrics say what runs
+            settings = {**(settings or {}), "multi_objective_aggregation": "normalize_then_sum"}
         if settings:
             if "beta" in settings and targs.beta != settings["beta"]:
                 log.warning(
@@ -414,10 +478,6 @@ class GroupRLGRPOTrainer(GRPOTrainer):
     def _check_grouprl_loss_args(self) -> None:
         unsupported = {
             "top_entropy_quantile < 1": self.top_entropy_quantile < 1.0,
-            "off_policy_mask_threshold": self.off_policy_mask_threshold is not None,
-            "vllm_importance_sampling_correction": bool(
-                self.use_vllm and self.vllm_importance_sampling_correction
-            ),
             "entropy bonus": bool(getattr(self, "_entropy_bonus_enabled", False)),
         }
         bad = [k for k, v in unsupported.items() if v]
@@ -435,16 +495,25 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         self._grouprl_rewards_per_func = rewards_per_func  # [B_all, n_funcs], gathered
         return rewards_per_func
 
-    def grouprl_advantages(self, rewards: torch.Tensor, mode: str = "train") -> Advantages:
-        """grouprl advantages of a ``[P, G]`` reward batch; advances the trigger in training."""
+    def grouprl_advantages(
+        self,
+        rewards: torch.Tensor,
+        mode: str = "train",
+        lengths: torch.Tensor | None = None,
+    ) -> Advantages:
+        """grouprl advantages of a ``[P, G]`` (or per-function ``[P, G, K]``, combined with
+        TRL's ``reward_weights``) reward batch; advances the trigger in training."""
         kwargs = dict(self.grouprl_advantage_kwargs)
         if self.grouprl_trigger is not None:
             trig = self.grouprl_trigger
             kwargs["trigger"] = trig if mode == "train" else copy.deepcopy(trig)
+        if rewards.dim() == 3:
+            kwargs["reward_weights"] = self.reward_weights.to(rewards.device, rewards.dtype)
         return adv_lib.compute(
             self.grouprl_preset.estimator,
             rewards,
             reward_range=self.grouprl_reward_range,
+            lengths=lengths,
             **kwargs,
         )
 
@@ -452,9 +521,16 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         mode = "train" if self.model.training else "eval"
         g = self.num_generations if mode == "train" else self.num_generations_eval
-        rewards = combine_rewards(self._grouprl_rewards_per_func, self.reward_weights)  # [B_all]
-        grid = rewards.view(-1, g).float()  # [P, G] prompt-major, as TRL groups them
-        out = self.grouprl_advantages(grid, mode)
+        per_func = self._grouprl_rewards_per_func.float()  # [B_all, K]
+        rewards = combine_rewards(per_func, self.reward_weights)  # [B_all]
+        grid = rewards.view(-1, g)  # [P, G] prompt-major, as TRL groups them
+        lengths = None
+        if "lengths" in adv_lib.needs(
+            self.grouprl_preset.estimator, **self.grouprl_advantage_kwargs
+        ):
+            local = output["completion_mask"].sum(dim=1)  # [B_local]
+            lengths = self.accelerator.gather(local).view(-1, g)  # [P, G], every process's
+        out = self.grouprl_advantages(per_func.view(grid.shape[0], g, -1), mode, lengths)
         flat = out.values.reshape(-1)  # [B_all]
         local = output["advantages"].shape[0]
         start = self.accelerator.process_index * local
@@ -476,9 +552,38 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         self.grouprl_last = (grid.detach().cpu(), out)
         if self.grouprl_callback is not None:
             self.grouprl_callback.observe(
-                grid, out, mode=mode, reward_range=self.grouprl_reward_range
+                grid,
+                out,
+                mode=mode,
+                reward_range=self.grouprl_reward_range,
+                extra=self._grouprl_mismatch(output),
             )
         return output
+
+    @staticmethod
+    def _grouprl_mismatch(output: Mapping[str, Any]) -> dict[str, float]:
+        """``mismatch/*`` of this process's rows when the rollout engine returned log-probs.
+
+        TRL logs the logp difference and the *truncated* ratio (``sampling/*``); these are
+        the raw ratio quantiles, KL, χ² and effective sample size before any correction.
+        NaN sampling log-probs (tokens vLLM could not score) are left out, as TRL does.
+        """
+        sampling, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
+        if sampling is None or old is None:
+            return {}
+        mask = output["completion_mask"]
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        if not bool(mask.any()):
+            return {}
+        out = diagnostics.mismatch_metrics(old, sampling, mask, nan_rollout="neutral")
+        ratio = output.get("importance_sampling_ratio")  # TRL's applied correction, if on
+        if ratio is not None:
+            valid = mask.bool()
+            applied = ratio.expand_as(mask)[valid].float()
+            out["corr/weight_mean"] = float(applied.mean())
+            out["corr/zeroed_frac"] = float((applied == 0).float().mean())
+        return out
 
     # -- loss -----------------------------------------------------------------------------------
     def _grouprl_totals(self, inputs, mask: torch.Tensor, mode: str) -> loss_lib.StepTotals:
@@ -491,6 +596,37 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         return loss_lib.StepTotals(
             num_tokens=max(tokens, 1.0), num_seqs=n_seq, max_len=float(self.max_completion_length)
         )
+
+    def _grouprl_correction_weight(
+        self, inputs, logps: torch.Tensor, old: torch.Tensor | None, mask: torch.Tensor
+    ) -> torch.Tensor | None:
+        """``[B, T]`` factor on our surrogate's per-token loss that TRL's own loss applies.
+
+        TRL 1.16 ``_compute_loss`` multiplies the policy term (not the KL term) by
+        DeepSeek-V3.2's off-policy sequence mask (``off_policy_mask_threshold``, computed
+        here by TRL's own ``get_off_policy_mask`` on this micro-batch's log-probs) and by the
+        vLLM importance-sampling ratio that TRL computed in ``_generate_and_score_completions``
+        (``inputs["importance_sampling_ratio"]``: ``[B, T]`` in token modes, ``[B, 1]`` in
+        sequence modes; ``vllm_importance_sampling_mode`` and its caps). Zeroed tokens stay in
+        the normaliser, as in TRL. None when neither is on.
+        """
+        weight = None
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            weight = inputs["importance_sampling_ratio"].expand_as(mask).to(logps.dtype)
+        if self.off_policy_mask_threshold is not None:
+            sampling = inputs.get(
+                "sampling_per_token_logps", logps.detach() if old is None else old
+            )
+            opsm = self.get_off_policy_mask(
+                advantages=inputs["advantages"].reshape(-1, 1),
+                per_token_logps=logps,
+                sampling_per_token_logps=sampling,
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )  # [B, 1]
+            opsm = opsm.expand_as(mask).to(logps.dtype)
+            weight = opsm if weight is None else weight * opsm
+        return None if weight is None else weight.detach()
 
     def _compute_loss(self, model, inputs):
         if not self._grouprl_loss:
@@ -509,6 +645,7 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         )[:2]
         old = inputs.get("old_per_token_logps")
         mode = "train" if self.model.training else "eval"
+        weight = self._grouprl_correction_weight(inputs, logps, old, mask)
         out = loss_lib.objective(
             logps,
             logps.detach() if old is None else old,
@@ -524,6 +661,7 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             beta=float(self.beta),
             kl_weight=inputs.get("grouprl_kl_weight"),
             entropy=entropies,
+            correction_weight=weight,
         )
         m = self._metrics[mode]
         m["entropy"].append(out.stats["entropy_mean"])

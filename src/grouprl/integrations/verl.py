@@ -2,7 +2,8 @@
 
 Importing this module registers, in the importing process:
 
-- every estimator of :data:`grouprl.advantages.ESTIMATORS` as ``grouprl_<name>`` in verl's
+- every estimator of :data:`grouprl.advantages.ESTIMATORS` and
+  :data:`grouprl.advantages.TOKEN_ESTIMATORS` as ``grouprl_<name>`` in verl's
   advantage-estimator registry (``core_algos.ADV_ESTIMATOR_REGISTRY``);
 - every surrogate of :data:`grouprl.losses.SURROGATES` as ``grouprl_<name>`` in verl's
   policy-loss registry (``core_algos.POLICY_LOSS_REGISTRY``).
@@ -31,9 +32,33 @@ model patch imports TRL's ``AutoModelForCausalLMWithValueHead``, which TRL 1.x r
 Importing this module applies :func:`fix_trl_probe`, so verl only reaches for that class when
 the installed TRL has it.
 
+Token-level estimators (``TOKEN_ESTIMATORS``: ``reinforce_pp_global``,
+``reinforce_pp_baseline``, the optimal token baselines) run per token on verl's
+``token_level_rewards`` (KL penalty included when ``algorithm.use_kl_in_reward``), with
+``gamma`` from ``algorithm.gamma``; every other estimator runs on the summed score, as verl's
+outcome estimators do (``reinforce_pp``, the old name, keeps that sample-level form).
+Per-sample inputs: ``lengths`` from ``response_mask`` (``opo``, ``weighting=token``),
+``reward_baselines`` (``remax``), ``old_log_probs`` / ``sum_pi_squared`` /
+``rollout_is_weights`` (optimal token baselines).
+
+Rollout correction (verl's ``algorithm.rollout_correction``, decoupled mode): verl computes
+the weights and the rejection mask in the driver (``rollout_corr_helper``); grouprl's
+policy losses multiply their per-token loss by ``rollout_is_weights`` and aggregate over
+the rewritten ``response_mask`` (a micro-batch whose tokens were all rejected adds a zero
+loss), exactly as verl's own losses do. In *bypass* mode
+(``algorithm.rollout_correction.bypass_mode=true``) verl replaces
+``actor.policy_loss.loss_mode`` by its own ``bypass_mode`` loss, so a ``grouprl_*`` policy
+loss does not run; the grouprl estimators log a warning once when they see bypass mode.
+
 Limits: verl's estimator API returns advantages only, so ``Advantages.keep`` zeroes a
 skipped group's reward branch but cannot remove it from verl's KL loss, and
-``Advantages.kl_weight`` (``grpo_beta_comp``) is not applied to verl's KL term.
+``Advantages.kl_weight`` (``grpo_beta_comp``) is not applied to verl's KL term. verl's
+trainer (``ray_trainer.py``) generates the greedy baselines only for its own ``remax``,
+passes ``sum_pi_squared`` only to its own optimal-token-baseline names and the per-key
+rewards only to its own ``gdpo``: ``grouprl_remax`` and ``grouprl_optimal_token_baseline``
+stop with an error naming verl's estimator (equal to ours: tests/advantages/
+test_peers_verl_methods.py) when the input is missing, and ``grouprl_gdpo`` sees one summed
+score (it refuses ``algorithm.gdpo_reward_keys``, whose rewards it cannot receive).
 """
 
 from __future__ import annotations
@@ -64,6 +89,7 @@ except ImportError as err:  # pragma: no cover - exercised only without verl
     ) from err
 
 __all__ = [
+    "BYPASS_NOTE",
     "LOSS_NAMES",
     "OPTION_KEYS",
     "PREFIX",
@@ -298,6 +324,24 @@ def _as_dict(section: Any) -> dict[str, Any]:
     )
 
 
+_WARNED: set[str] = set()
+
+BYPASS_NOTE = (
+    "verl's rollout correction runs in bypass mode (algorithm.rollout_correction.bypass_mode"
+    "=true): verl then replaces actor.policy_loss.loss_mode by its own 'bypass_mode' loss, so "
+    "a grouprl_* policy loss does not run; set bypass_mode=false (verl's decoupled mode) to "
+    "train with it"
+)
+
+
+def _warn_bypass(config: Any) -> None:
+    """Warn once per process when verl's bypass mode would replace a grouprl policy loss."""
+    corr = config.get("rollout_correction", None) if config is not None else None
+    if corr is not None and bool(corr.get("bypass_mode", False)) and "bypass" not in _WARNED:
+        _WARNED.add("bypass")
+        log.warning(BYPASS_NOTE)
+
+
 def _options(name: str, config: Any) -> tuple[str, dict[str, Any]]:
     """``(singleton_rule, compute kwargs)`` from verl's algorithm config for estimator ``name``."""
     if (
@@ -375,16 +419,92 @@ def _apply_singleton_rule(
     return torch.where(single, lone, values)
 
 
+_VERL_OWN = {
+    "remax": "remax",
+    "optimal_token_baseline": "optimal_token_baseline",
+    "tir_optimal_token_baseline": "tir_optimal_token_baseline",
+    "gdpo": "gdpo",
+}
+"""grouprl estimator -> the verl estimator whose inputs verl's trainer produces only for
+itself (``ray_trainer.py``: greedy baselines, Σπ², per-key rewards)."""
+
+
+def _needs_verl_own(name: str, what: str) -> ValueError:
+    return ValueError(
+        f"{PREFIX + name} needs {what}, which verl's trainer produces only for its own "
+        f"algorithm.adv_estimator={_VERL_OWN[name]} (equal to grouprl's, parity-tested); use "
+        f"that, or grouprl's own trainer"
+    )
+
+
+def _inputs(name, layout, response_mask, extra, token):
+    """The per-sample inputs ``name`` reads, from verl's keyword arguments, on the grid."""
+    out: dict[str, torch.Tensor] = {}
+    if name == "remax":
+        base = extra.get("reward_baselines")
+        if base is None:
+            raise _needs_verl_own(name, "reward_baselines (one greedy completion per prompt)")
+        out["baseline"] = layout.to_grid(base.float().reshape(-1))[:, 0]  # [P], repeated per sample
+    if token and name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+        keys = {
+            "old_logp": "old_log_probs",
+            "sum_pi_squared": "sum_pi_squared",
+            "is_weights": "rollout_is_weights",
+        }
+        for ours, theirs in keys.items():
+            x = extra.get(theirs)
+            if x is None and ours != "is_weights":
+                raise _needs_verl_own(name, f"{theirs} (actor.calculate_sum_pi_squared=True)")
+            if x is not None:
+                out[ours] = _token_grid(layout, x.float())
+    if not token and "lengths" in (adv_lib.ESTIMATORS[name].__kwdefaults__ or {}):
+        out["lengths"] = layout.to_grid(response_mask.sum(-1).float()).nan_to_num(0.0)
+    return out
+
+
+def _token_grid(layout: GroupLayout, x: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` -> ``[P, W, T]`` (0 where a group has fewer than W samples)."""
+    if layout.dense:
+        return x.reshape(layout.num_groups, layout.width, -1)
+    grid = x.new_zeros((layout.num_groups, layout.width, x.shape[-1]))
+    grid[layout.group, layout.pos] = x
+    return grid
+
+
+def _token_flat(layout: GroupLayout, grid: torch.Tensor) -> torch.Tensor:
+    """``[P, W, T]`` -> ``[N, T]`` in verl's sample order."""
+    if layout.dense:
+        return grid.reshape(-1, grid.shape[-1])
+    return grid[layout.group, layout.pos]
+
+
+def _token_advantages(name, kwargs, token_level_rewards, response_mask, layout, extra, config):
+    """A token estimator on verl's token rewards: ``[N, T]`` advantages."""
+    tlr = token_level_rewards.float()
+    finite = torch.isfinite(tlr).all(-1)  # [N]
+    rewards = layout.to_grid(torch.where(finite, 0.0, float("nan")))  # [P, W]: NaN = no score
+    dense = _token_grid(layout, torch.where(finite[:, None], tlr, 0.0))
+    mask = _token_grid(layout, response_mask.float()) > 0
+    if name == "reinforce_pp_global" and config is not None:
+        kwargs.setdefault("gamma", float(config.get("gamma", 1.0)))
+    inputs = _inputs(name, layout, response_mask, extra, token=True)
+    out = adv_lib.compute_tokens(name, rewards, mask, token_rewards=dense, **inputs, **kwargs)
+    return out, _token_flat(layout, out.token_values)
+
+
 def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
     """verl advantage estimator running grouprl's ``name`` (called as verl calls estimators).
 
-    ``fn(token_level_rewards [N, T], response_mask [N, T], index [N], config=None, **_)
-    -> (advantages [N, T], returns [N, T])``: score = the sum of the token rewards (verl's
-    outcome estimators), grouped by ``index``, estimated on ``[P, W]`` by
-    :func:`grouprl.advantages.compute`, broadcast over tokens and multiplied by the mask.
-    NaN scores are excluded from the statistics and get 0 (grouprl's rule).
+    ``fn(token_level_rewards [N, T], response_mask [N, T], index [N], config=None, **kw)
+    -> (advantages [N, T], returns [N, T])``. A sequence-level estimator: score = the sum of
+    the token rewards (verl's outcome estimators), grouped by ``index``, estimated on
+    ``[P, W]`` by :func:`grouprl.advantages.compute`, broadcast over tokens and multiplied by
+    the mask. A token-level estimator (``TOKEN_ESTIMATORS``): the token rewards themselves
+    through :func:`grouprl.advantages.compute_tokens`. NaN scores are excluded from the
+    statistics and get 0 (grouprl's rule).
     """
-    estimator = adv_lib.ESTIMATORS[name]
+    token = name in adv_lib.TOKEN_ESTIMATORS
+    estimator = adv_lib.TOKEN_ESTIMATORS[name] if token else adv_lib.ESTIMATORS[name]
     default_eps = (estimator.__kwdefaults__ or {}).get("eps", 0.0)
 
     def fn(
@@ -392,21 +512,32 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
         response_mask: torch.Tensor,
         index: Any = None,
         config: Any = None,
-        **_: Any,
+        **extra: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if index is None:
             raise ValueError(
                 f"{PREFIX + name} is a group estimator: verl must pass index "
                 "(data.non_tensor_batch['uid'])"
             )
+        if name == "gdpo" and config is not None and config.get("gdpo_reward_keys", None):
+            raise _needs_verl_own(name, "the per-key rewards of algorithm.gdpo_reward_keys")
         singleton, kwargs = _options(name, config)
+        _warn_bypass(config)
         if kwargs.get("virtual") is not None:
             kwargs["trigger"] = _trigger(name)
         with torch.no_grad():
             scores = token_level_rewards.sum(dim=-1)  # [N]
             layout = group_layout(index, scores.shape[0], scores.device)
+            if token:
+                out, flat_tok = _token_advantages(
+                    name, kwargs, token_level_rewards, response_mask, layout, extra, config
+                )
+                _LAST[name] = out
+                advantages = flat_tok.to(token_level_rewards.dtype) * response_mask
+                return advantages, advantages
             rewards = layout.to_grid(scores.float())  # [P, W]
-            out = adv_lib.compute(name, rewards, **kwargs)
+            inputs = _inputs(name, layout, response_mask, extra, token=False)
+            out = adv_lib.compute(name, rewards, **inputs, **kwargs)
             values = out.values  # [P, W]
             if singleton == "verl":
                 eps = float(kwargs.get("eps", default_eps))
@@ -423,9 +554,15 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
     return fn
 
 
+def _all_estimators() -> list[str]:
+    return list(adv_lib.ESTIMATORS) + [
+        n for n in adv_lib.TOKEN_ESTIMATORS if n not in adv_lib.ESTIMATORS
+    ]
+
+
 def estimator_names() -> list[str]:
     """The names grouprl registers in verl's advantage-estimator registry."""
-    return [PREFIX + name for name in adv_lib.ESTIMATORS]
+    return [PREFIX + name for name in _all_estimators()]
 
 
 # --------------------------------------------------------------------------- policy losses
@@ -474,10 +611,16 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
     ) -> tuple[torch.Tensor, dict[str, Any]]:
         if config is None:
             raise ValueError(f"{PREFIX + name} needs verl's ActorConfig as config")
+        if not bool(response_mask.any()):
+            # every token of this micro-batch rejected (verl's rollout_rs rewrites
+            # response_mask): it adds nothing, as verl's own losses do
+            zero = {"actor/pg_clipfrac": 0.0, "actor/ppo_kl": 0.0, "actor/pg_clipfrac_lower": 0.0}
+            return log_prob.sum() * 0.0, zero
         per_token, stats = loss_lib.surrogate(
             name, log_prob, old_log_prob, advantages, response_mask, **params_of(config)
         )
         if rollout_is_weights is not None:
+            # verl's rollout correction: TIS / IcePop weights on the policy term only
             per_token = per_token * rollout_is_weights
         batch_info = dict(config.get("global_batch_info", None) or {})
         loss = core_algos.agg_loss(
@@ -520,7 +663,7 @@ def register() -> list[str]:
     Returns the registered names. Called when this module is imported.
     """
     names = []
-    for name in adv_lib.ESTIMATORS:
+    for name in _all_estimators():
         _put(
             core_algos.ADV_ESTIMATOR_REGISTRY,
             PREFIX + name,

@@ -11,11 +11,18 @@ Token tensors are ``[N, T]`` (N = P·G sequences, prompt-major), advantages ``[N
                            ref_logp=ref_logp, kl_weight=w, keep=keep, totals=totals)
     out.loss.backward()
 
-Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``. The batch filters (DAPO's
+Rollout correction (rollout engine vs trainer log-probs, :mod:`grouprl.losses.correction`)::
+
+    corr = losses.correction.compute("icepop", old_logp, rollout_logp, mask)
+    out = losses.objective(..., correction_weight=corr.weight, correction_keep=corr.keep,
+                           totals=losses.step_totals(corr.loss_mask(mask)))
+
+Registries: ``SURROGATES``, ``AGGREGATIONS``, ``KL_ESTIMATORS``, ``CORRECTIONS``. The batch filters (DAPO's
 dynamic sampling and overlong handling) act on rollouts, not on the loss: they live next to
 batch construction in :mod:`grouprl.train.filters`.
 """
 
+from grouprl.losses import correction
 from grouprl.losses.aggregation import (
     AGGREGATIONS,
     StepTotals,
@@ -25,6 +32,7 @@ from grouprl.losses.aggregation import (
     step_totals,
     token_mean,
 )
+from grouprl.losses.correction import CORRECTIONS, Correction
 from grouprl.losses.kl import KL_ESTIMATORS, k1, k2, k3, kl, token_entropy
 from grouprl.losses.objective import Objective, objective
 from grouprl.losses.surrogates import (
@@ -41,12 +49,15 @@ from grouprl.losses.surrogates import (
 __all__ = [
     "AGGREGATIONS",
     "CLIPPED",
+    "CORRECTIONS",
     "KL_ESTIMATORS",
     "SURROGATES",
+    "Correction",
     "Objective",
     "StepTotals",
     "aggregate",
     "cispo",
+    "correction",
     "gspo",
     "k1",
     "k2",

@@ -65,6 +65,22 @@ def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -
     return t
 
 
+def _correction_weight(w: torch.Tensor | None, logp: torch.Tensor) -> torch.Tensor | None:
+    """``[N, T]`` or ``[N, 1]`` detached weight, checked finite and >= 0 (None: no weight)."""
+    if w is None:
+        return None
+    n, t = logp.shape
+    if not isinstance(w, torch.Tensor) or w.shape not in ((n, t), (n,)):
+        got = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(
+            f"correction_weight must be [N, T]={(n, t)} or [N]={n} (Correction.weight), got {got}"
+        )
+    w = w.detach()
+    if not bool((torch.isfinite(w) & (w >= 0)).all()):
+        raise ValueError("correction_weight must be finite and >= 0 (an importance weight)")
+    return w if w.dim() == 2 else w[:, None]
+
+
 def objective(
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -82,6 +98,8 @@ def objective(
     kl_weight: torch.Tensor | None = None,
     entropy: torch.Tensor | None = None,
     entropy_coeff: float = 0.0,
+    correction_weight: torch.Tensor | None = None,
+    correction_keep: torch.Tensor | None = None,
 ) -> Objective:
     """Surrogate + β·kl_weight·KL − entropy_coeff·H per token, aggregated, in one call.
 
@@ -98,6 +116,15 @@ def objective(
         kl_weight: ``[N]`` multiplier on β per sequence (``Advantages.kl_weight`` expanded).
         entropy, entropy_coeff: ``[N, T]`` token entropies (:func:`token_entropy`) and the
             bonus coefficient; the bonus is subtracted (higher entropy lowers the loss).
+        correction_weight: ``[N, T]`` (or ``[N]``) rollout-correction weight
+            (:class:`grouprl.losses.correction.Correction` ``.weight``): a detached factor on
+            the surrogate's per-token loss only, as verl (``pg_losses * rollout_is_weights``)
+            and TRL (``per_token_loss * importance_sampling_ratio`` before the KL term) apply
+            it; a zero weight leaves the token in the normaliser. Finite and >= 0.
+        correction_keep: ``[N, T]`` bool (``Correction.keep``): False rejects the token from
+            every branch and, without ``totals``, from the normaliser (verl's rejection
+            sampling rewrites ``response_mask``); with ``totals``, build them from
+            ``Correction.loss_mask(mask)`` so that the step's counts leave it out too.
 
     A micro-batch in which every row has ``keep = False`` returns a zero loss that is still
     connected to ``logp`` (``backward()`` works and adds nothing).
@@ -111,6 +138,13 @@ def objective(
     if not isinstance(mask, torch.Tensor) or mask.shape != logp.shape:
         raise ValueError(f"mask must have the shape of logp {tuple(logp.shape)}")
     eff = mask.bool() & keep_t[:, None]  # [N, T]
+    if correction_keep is not None:
+        if not isinstance(correction_keep, torch.Tensor) or correction_keep.shape != logp.shape:
+            raise ValueError(
+                f"correction_keep must be [N, T]={tuple(logp.shape)} bool (Correction.keep)"
+            )
+        eff = eff & correction_keep.bool()
+    corr_w = _correction_weight(correction_weight, logp)
     any_kept = bool(eff.any())
     sur_mask = eff if any_kept else mask  # validate the raw inputs when nothing is kept
     per_token, stats = surrogate_fn(
@@ -122,6 +156,8 @@ def objective(
         stats = {key: 0.0 for key in stats}
         stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
         return Objective(zero, zero, zero, zero, per_token * 0.0, stats, zero)
+    if corr_w is not None:
+        per_token = per_token * corr_w.to(per_token.dtype)  # weights the reward branch only
     total = per_token  # already 0 outside eff (the surrogate's mask)
     pg_loss = aggregate(aggregation, total, eff_f, totals)
     kl_loss = kl_unweighted = zero

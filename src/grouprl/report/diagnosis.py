@@ -13,9 +13,17 @@ __all__ = ["write_diagnosis_report"]
 
 
 def write_diagnosis_report(
-    out: Path, d: Any, gf: Any, run_dir: Path | None, metrics_rows: Any, metrics_errors: Any
+    out: Path,
+    d: Any,
+    gf: Any,
+    run_dir: Path | None,
+    metrics_rows: Any,
+    metrics_errors: Any,
+    mismatch: Any = None,
+    mismatch_warnings: Any = (),
 ) -> Path:
-    """``report.html`` of ``grouprl diagnose``: totals, warnings, figures, tails, advice, steps."""
+    """``report.html`` of ``grouprl diagnose``: totals, warnings, figures, tails, advice, steps,
+    and the rollout-vs-trainer mismatch of the logged metrics (``external.MismatchLog``)."""
     blocks = []
     if d is not None:
         blocks.append(
@@ -47,7 +55,15 @@ def write_diagnosis_report(
         blocks += run_blocks(metrics_rows, config)
         if metrics_errors:
             blocks += [H.text(e, "bad") for e in metrics_errors[:50]]
-    src = str(run_dir or gf.path)
+    if mismatch is not None:
+        from grouprl.diagnostics.mismatch import summarize
+
+        blocks.append(f"<h2>Rollout vs trainer mismatch ({mismatch.source} log)</h2>")
+        blocks += [H.text(n) for n in mismatch.notes]
+        if mismatch.rows:
+            blocks.append(H.table(summarize(mismatch.rows)))
+        blocks += [H.text(w, "warn", "div") for w in mismatch_warnings]
+    src = str(run_dir or (gf.path if gf is not None else mismatch.path))
     return H.write_page(out, "grouprl diagnose", blocks, src)
 
 

@@ -2,13 +2,11 @@
 
 The step (:func:`grouprl.train.loop.train_step`) calls these in order:
 
-- :func:`sample_groups`: G completions per prompt (``grouprl.rollout.hf.generate``) at the
-  step's temperature, and their rewards ``[P, G]`` (:func:`score`: NaN = unscorable,
-  counted, too many stops the run);
+- :func:`sample_groups`: G completions per prompt (:meth:`grouprl.train.policy.Policy.generate`)
+  at the step's temperature, and their rewards ``[P, G]`` (a :class:`Scorer`: NaN =
+  unscorable, counted, too many stops the run);
 - :func:`join_rounds`: the kept groups of every generation round (one round, or several
-  under DAPO's dynamic sampling) as one prompt-major :class:`Batch`;
-- :func:`batch_logprobs`: log-probs of a whole batch under the policy or the reference,
-  without gradient (reference branch, AGPO's entropy and drift).
+  under DAPO's dynamic sampling) as one prompt-major :class:`Batch`.
 
 :func:`evaluate` measures pass@k on a fixed held-out set with its own fixed generator, so the
 numbers before and after training are paired (same prompts, same random stream) and an
@@ -18,7 +16,8 @@ evaluation never perturbs the training run's random state.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,23 +26,23 @@ import torch.nn.functional as F
 
 from grouprl import diagnostics
 from grouprl.rollout import hf
-from grouprl.tasks.base import Example
+from grouprl.tasks.base import Example, Task
 from grouprl.tasks.verify import BatchScores
-from grouprl.train.logprobs import completion_logprobs
+from grouprl.train.policy import Policy
 from grouprl.types import Rollouts
 
 if TYPE_CHECKING:
-    from grouprl.train.state import Run
+    from grouprl.train.config import RunConfig, SamplingConfig
 
 __all__ = [
     "Batch",
     "Round",
-    "batch_logprobs",
+    "Scorer",
     "evaluate",
     "group_rows",
     "join_rounds",
     "sample_groups",
-    "score",
+    "sampling_at",
 ]
 
 
@@ -51,8 +50,9 @@ __all__ = [
 class Batch:
     """One step's training data, prompt-major (row ``p * G + g``), complete when built.
 
-    Everything the update reads about the samples; the advantages, keep flags, KL weights and
-    reference log-probs are the step's own locals (:func:`grouprl.train.loop.train_step`).
+    Everything the update reads about the samples; what it fits them to (advantages, keep
+    flags, KL weights, reference log-probs, clip bounds) is the step's
+    :class:`grouprl.train.targets.Targets`.
     """
 
     prompt_ids: torch.Tensor  # [N, Tp] left-padded
@@ -96,99 +96,128 @@ def group_rows(groups: torch.Tensor, group_size: int) -> torch.Tensor:
 # ---- sampling and scoring --------------------------------------------------------------------
 
 
+def sampling_at(
+    s: SamplingConfig,
+    temperature: float | torch.Tensor,
+    logprob_temperature: float | None = None,
+) -> tuple[hf.Sampling, torch.Tensor | None]:
+    """The rollout settings of ``sampling`` at ``temperature`` (a float, or ``[P]`` per prompt:
+    AGPO's τ_t) and the per-prompt temperatures (None for a float).
+
+    ``logprob_temperature``: of the behaviour log-probs (None = the sampling one).
+    """
+    per_prompt = isinstance(temperature, torch.Tensor)
+    settings = hf.Sampling(
+        temperature=float(temperature.mean()) if per_prompt else temperature,
+        top_p=s.top_p,
+        max_new_tokens=s.max_new_tokens,
+        logprob_temperature=logprob_temperature,
+    )
+    return settings, temperature if per_prompt else None
+
+
 def sample_groups(
-    run: Run,
+    policy: Policy,
+    scorer: Scorer,
     examples: list[Example],
     group_size: int,
-    temperature: float | torch.Tensor,
+    sampling: hf.Sampling,
     gen: torch.Generator,
+    *,
+    temperatures: torch.Tensor | None = None,
     timer: Any = None,
-    logprob_temperature: float | None = None,
 ) -> tuple[Rollouts, torch.Tensor, BatchScores]:
     """``group_size`` completions per example, their rewards ``[P, G]`` and the scoring record.
 
-    ``temperature``: one float, or ``[P]`` per example (AGPO's τ_t); ``logprob_temperature``:
-    the temperature of the behaviour log-probs (None = the sampling one, ``hf.Sampling``).
+    ``sampling``: the rollout settings (:func:`sampling_at`); ``temperatures``: ``[P]`` per
+    example, replacing ``sampling.temperature``.
     """
     timer = timer or _NoTimer()
-    s = run.cfg.sampling
-    per_prompt = isinstance(temperature, torch.Tensor)
     with timer("generate"):
-        prompts = [run.task.render(ex, run.tokenizer) for ex in examples]
-        sampling = hf.Sampling(
-            temperature=float(temperature.mean()) if per_prompt else temperature,
-            top_p=s.top_p,
-            max_new_tokens=s.max_new_tokens,
-            logprob_temperature=logprob_temperature,
-        )
-        roll = hf.generate(
-            run.model, run.tokenizer, prompts, group_size, sampling, gen,
-            temperatures=temperature if per_prompt else None,
-        )  # fmt: skip
+        prompts = [scorer.task.render(ex, policy.tokenizer) for ex in examples]
+        roll = policy.generate(prompts, group_size, sampling, gen, temperatures=temperatures)
     with timer("score"):
         refs = [ex.reference for ex in examples for _ in range(group_size)]
         ids = [r[m].tolist() for r, m in zip(roll.completion_ids, roll.completion_mask.bool())]
-        scores = score(run, roll.texts, refs, ids)  # token ids: TRL reward functions get them
-    rewards = torch.tensor(scores.rewards, dtype=torch.float32, device=run.device)  # [N]
+        scores = scorer(roll.texts, refs, ids)  # token ids: TRL reward functions get them
+    rewards = torch.tensor(scores.rewards, dtype=torch.float32, device=policy.device)  # [N]
     return roll, rewards.view(len(examples), group_size), scores
 
 
-def score(
-    run: Run, texts: list[str], references: list[Any], completion_ids: list | None = None
-) -> BatchScores:
-    """Rewards of decoded completions (NaN = unscorable), their counters and extra metrics.
+@dataclass(frozen=True)
+class Scorer:
+    """How a run scores decoded completions: the task's verifier under the sampling settings.
 
-    A task with a batched reward path (``reward_batch``: the dataset task's TRL-style reward
-    functions, ``grouprl.rewards``) scores the whole batch with one call per function, under
-    the same timeout and unscorable limit, with the completions' token ids.
-
-    ``sampling.verify_timeout_s > 0``: each call runs in a forked worker under that timeout
-    (``grouprl.tasks.verify.score_batch``); 0: in this process, an exception is a NaN [OURS:
-    for cheap, trusted verifiers such as the maze, where a fork per batch costs more than
-    the scoring]. Either way more than ``max_unscorable_frac`` NaN stops the run.
+    ``step`` / ``max_steps``: where the run is (TRL-style reward functions receive them);
+    ``say``: where the verifier's errors are written (None: nowhere, the count is in the
+    metrics). :meth:`at` gives the scorer of another step.
     """
-    from grouprl.tasks.verify import UnscorableError, score_batch
 
-    s = run.cfg.sampling
-    if hasattr(run.task, "reward_batch"):  # batched reward functions
-        out = run.task.reward_batch(
-            texts, references, completion_ids, step=run.step, max_steps=run.cfg.optim.steps,
-            timeout_s=s.verify_timeout_s, max_unscorable_frac=s.max_unscorable_frac,
-        )  # fmt: skip
-    elif s.verify_timeout_s > 0:
-        out = score_batch(
-            run.task.verify,
-            texts,
-            references,
-            timeout_s=s.verify_timeout_s,
-            max_unscorable_frac=s.max_unscorable_frac,
-            reward_range=tuple(run.task.reward_range),
-        )
-    else:
-        values, errors = [], []
-        for text, ref in zip(texts, references):
-            try:
-                values.append(float(run.task.verify(text, ref)))
-                if math.isnan(values[-1]):
-                    errors.append("the verifier returned NaN")
-            except Exception as err:
-                values.append(math.nan)
-                errors.append(f"{type(err).__name__}: {err}")
-        out = BatchScores(values, sum(math.isnan(v) for v in values), errors[:5])
-        if out.unscorable_frac > s.max_unscorable_frac:
-            raise UnscorableError(
-                f"{out.unscorable_frac:.0%} of {len(values)} completions could not be scored, "
-                f"above sampling.max_unscorable_frac={s.max_unscorable_frac}; first errors: "
-                f"{errors[:5]}. Fix the verifier before training."
+    task: Task
+    timeout_s: float = 0.0
+    max_unscorable_frac: float = 1.0
+    max_steps: int = 0
+    step: int = 0
+    say: Callable[[str], None] | None = None
+
+    def at(self, step: int) -> Scorer:
+        return replace(self, step=step)
+
+    def __call__(
+        self, texts: list[str], references: list[Any], completion_ids: list | None = None
+    ) -> BatchScores:
+        """Rewards of decoded completions (NaN = unscorable), their counters and extra metrics.
+
+        A task with a batched reward path (``reward_batch``: the dataset task's TRL-style
+        reward functions, ``grouprl.rewards``) scores the whole batch with one call per
+        function, under the same timeout and unscorable limit, with the completions' token
+        ids.
+
+        ``timeout_s > 0`` (``sampling.verify_timeout_s``): each call runs in a forked worker
+        under that timeout (``grouprl.tasks.verify.score_batch``); 0: in this process, an
+        exception is a NaN [OURS: for cheap, trusted verifiers such as the maze, where a fork
+        per batch costs more than the scoring]. Either way more than ``max_unscorable_frac``
+        NaN stops the run.
+        """
+        from grouprl.tasks.verify import UnscorableError, score_batch
+
+        task = self.task
+        if hasattr(task, "reward_batch"):  # batched reward functions
+            out = task.reward_batch(
+                texts, references, completion_ids, step=self.step, max_steps=self.max_steps,
+                timeout_s=self.timeout_s, max_unscorable_frac=self.max_unscorable_frac,
+            )  # fmt: skip
+        elif self.timeout_s > 0:
+            out = score_batch(
+                task.verify,
+                texts,
+                references,
+                timeout_s=self.timeout_s,
+                max_unscorable_frac=self.max_unscorable_frac,
+                reward_range=tuple(task.reward_range),
             )
-    _log_errors(run, out.unscorable, out.errors)
-    return out
-
-
-def _log_errors(run: Run, count: int, sample: list[str]) -> None:
-    """A sample of the verifier's errors in the log (the count is in the metrics)."""
-    if count and run.sinks is not None:
-        run.sinks.print(f"step {run.step}: {count} unscorable completion(s) (NaN); {sample}")
+        else:
+            values, errors = [], []
+            for text, ref in zip(texts, references):
+                try:
+                    values.append(float(task.verify(text, ref)))
+                    if math.isnan(values[-1]):
+                        errors.append("the verifier returned NaN")
+                except Exception as err:
+                    values.append(math.nan)
+                    errors.append(f"{type(err).__name__}: {err}")
+            out = BatchScores(values, sum(math.isnan(v) for v in values), errors[:5])
+            if out.unscorable_frac > self.max_unscorable_frac:
+                raise UnscorableError(
+                    f"{out.unscorable_frac:.0%} of {len(values)} completions could not be "
+                    f"scored, above sampling.max_unscorable_frac={self.max_unscorable_frac}; "
+                    f"first errors: {errors[:5]}. Fix the verifier before training."
+                )
+        if out.unscorable and self.say is not None:  # a sample in the log, the count in metrics
+            self.say(
+                f"step {self.step}: {out.unscorable} unscorable completion(s) (NaN); {out.errors}"
+            )
+        return out
 
 
 class _NoTimer:
@@ -244,51 +273,28 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
     )
 
 
-# ---- log-probs of a whole batch ----------------------------------------------------------------
-
-
-@torch.no_grad()
-def batch_logprobs(
-    run: Run, b: Batch, *, model: torch.nn.Module | None = None, entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[N, T]`` (and entropies) of the whole batch under ``model``, no gradient.
-
-    ``model`` defaults to the policy; micro-batches of ``optim.micro_batch_size`` sequences.
-    """
-    size = run.cfg.optim.micro_batch_size or b.size
-    out, ents = [], []
-    for m in torch.arange(b.size, device=b.completion_ids.device).split(size):
-        lp = completion_logprobs(
-            model or run.model, b.prompt_ids[m], b.prompt_mask[m], b.completion_ids[m],
-            b.mask[m], temperature=b.temperature, group_size=b.group_size,
-            chunk=run.cfg.optim.logprob_chunk, entropy=entropy,
-        )  # fmt: skip
-        out.append(lp.logp)
-        ents.append(lp.entropy)
-    return torch.cat(out), torch.cat(ents) if entropy else None
-
-
 # ---- held-out evaluation -----------------------------------------------------------------------
 
 
 @torch.no_grad()
-def evaluate(run: Run) -> dict[str, float]:
+def evaluate(policy: Policy, scorer: Scorer, cfg: RunConfig) -> dict[str, float]:
     """pass@k (unbiased, Chen et al. 2021) on ``eval.prompts`` held-out examples.
 
     A sample is correct when its reward reaches the top of the task's reward range
     (within 1e-6) [OURS]; NaN counts as not correct. The eval generator is re-seeded from
     ``run.seed`` each time, so every evaluation sees the same prompts and random stream.
     """
-    e, seed = run.cfg.eval, run.cfg.run.seed
-    examples = run.task.examples("eval", e.prompts, seed)
-    gen = run.new_generator(seed + 7_777_777)
+    e, seed, task = cfg.eval, cfg.run.seed, scorer.task
+    examples = task.examples("eval", e.prompts, seed)
+    gen = torch.Generator(device=policy.device).manual_seed(seed + 7_777_777)
+    sampling, _ = sampling_at(cfg.sampling, e.temperature)
     per_call = max(1, 512 // e.samples)
     correct, rewards = [], []
     for start in range(0, len(examples), per_call):
         chunk = examples[start : start + per_call]
-        _, r, _ = sample_groups(run, chunk, e.samples, e.temperature, gen)
+        _, r, _ = sample_groups(policy, scorer, chunk, e.samples, sampling, gen)
         rewards.append(r)
-        correct.append((r >= run.task.reward_range[1] - 1e-6).sum(-1))
+        correct.append((r >= task.reward_range[1] - 1e-6).sum(-1))
     c = torch.cat(correct).cpu().numpy()
     out = {f"eval/pass@{k}": float(np.mean(diagnostics.pass_at_k(e.samples, c, k))) for k in e.ks}
     out["eval/reward_mean"] = float(torch.nanmean(torch.cat(rewards)))

@@ -57,9 +57,10 @@ class ModelConfig:
     as TRL's ``bf16=True`` (accelerate autocast) and verl's FSDP mixed precision do, keep
     ``float32`` and set ``autocast: bfloat16``."""
     autocast: str = "none"
-    """``none`` or ``bfloat16``: forward passes (rollouts, log-probs) under
-    ``torch.autocast(device, bfloat16)`` while weights, gradients and AdamW stay in ``dtype``
-    (mixed precision with master copies, TRL's and verl's convention)."""
+    """``none`` or ``bfloat16``: every forward pass (rollouts, training, reference, AGPO's
+    passes, evaluation: ``grouprl.train.policy.Policy``) under ``torch.autocast(device,
+    bfloat16)`` while weights, gradients and AdamW stay in ``dtype`` (mixed precision with
+    master copies, TRL's and verl's convention)."""
     attention: str = "sdpa"
     """The attention kernel transformers uses (``sdpa`` = torch's scaled_dot_product_attention,
     or ``eager``); applied when grouprl loads the model (not to an injected model)."""

@@ -2,13 +2,15 @@
 
 A controller may act at three points of a step (:func:`grouprl.train.loop.train_step`):
 
-1. ``temperature(run, examples, timer)``: the sampling temperature of this step's groups,
-   one float or one per prompt ``[P]`` (default: ``sampling.temperature``); the log-probs
-   of the step (behaviour, training, reference, entropy) are taken at
-   ``logprob_temperature`` when the controller sets it, else at that sampling temperature;
-2. ``clip_params(run, batch, params)``: the surrogate's parameters for this step's update
-   (default: the preset's, unchanged);
-3. ``after_update(run, batch)``: observe the policy after the update (default: nothing).
+1. ``temperature(examples, probe)``: the sampling temperature of this step's groups, one
+   float or one per prompt ``[P]`` (default: ``sampling.temperature``); ``probe(examples,
+   τ)`` samples a group per example at τ with the policy and returns its rollouts and
+   rewards ``[P, G]`` (AGPO's probe group). The log-probs of the step (behaviour,
+   training, reference, entropy) are taken at ``logprob_temperature`` when the controller
+   sets it, else at that sampling temperature;
+2. ``clip_params(policy, batch, params)``: the surrogate's parameters for this step's
+   update (default: the preset's, unchanged);
+3. ``after_update(policy, batch)``: observe the policy after the update (default: nothing).
 
 Each returns the metrics it wants logged. ``state_dict()`` / ``load_state_dict()`` carry
 its state through checkpoints. :data:`CONTROLLERS` maps a preset's ``controller`` field to a
@@ -18,41 +20,56 @@ factory; ``None`` is :class:`NoController`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from grouprl.tasks.base import Example
-from grouprl.train.batch import Batch, batch_logprobs, sample_groups
+from grouprl.train.batch import Batch
+from grouprl.train.policy import Policy
+from grouprl.types import Rollouts
 
-if TYPE_CHECKING:
-    from grouprl.train.state import Run
+Probe = Callable[[list[Example], float], tuple[Rollouts, torch.Tensor]]
+"""``probe(examples, τ)``: G completions per example at τ and their rewards ``[P, G]``."""
 
-__all__ = ["CONTROLLERS", "AGPOController", "Controller", "NoController", "make_controller"]
+__all__ = [
+    "CONTROLLERS",
+    "AGPOController",
+    "Controller",
+    "NoController",
+    "Probe",
+    "make_controller",
+]
 
 
 class Controller:
-    """The protocol, with no-op defaults: a step runs as configured."""
+    """The protocol, with no-op defaults: a step runs as configured.
+
+    ``base_temperature``: the configured sampling temperature (``sampling.temperature``).
+    """
 
     name: str = "none"
     logprob_temperature: float | None = None
     """The temperature of every log-prob of the step; None = the sampling temperature (TRL,
     verl: ratio 1 on-policy). AGPO's code takes them from the raw logits (1.0)."""
 
+    def __init__(self, base_temperature: float) -> None:
+        self.base_temperature = base_temperature
+
     def temperature(
-        self, run: Run, examples: list[Example], timer: Any
+        self, examples: list[Example], probe: Probe
     ) -> tuple[float | torch.Tensor, dict[str, float]]:
         """This step's sampling temperature, a float or ``[P]`` per prompt, and metrics
         (default: the configured one)."""
-        return run.cfg.sampling.temperature, {}
+        return self.base_temperature, {}
 
     def clip_params(
-        self, run: Run, batch: Batch, params: dict[str, Any]
+        self, policy: Policy, batch: Batch, params: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, float]]:
         """The surrogate's parameters for this update and metrics (default: unchanged)."""
         return params, {}
 
-    def after_update(self, run: Run, batch: Batch) -> dict[str, float]:
+    def after_update(self, policy: Policy, batch: Batch) -> dict[str, float]:
         """Observe the updated policy; metrics (default: none)."""
         return {}
 
@@ -91,32 +108,33 @@ class AGPOController(Controller):
     def __init__(self, base_temperature: float) -> None:
         from grouprl.control.agpo import AGPO
 
+        super().__init__(base_temperature)
         self.agpo = AGPO(base_temperature=base_temperature)
         self.logprob_temperature = self.agpo.logprob_temperature
 
     def temperature(
-        self, run: Run, examples: list[Example], timer: Any
+        self, examples: list[Example], probe: Probe
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        g, tau_base = run.cfg.sampling.group_size, run.cfg.sampling.temperature
-        probe, probe_rewards, _ = sample_groups(run, examples, g, tau_base, run.gen, timer)
+        rollouts, rewards = probe(examples, self.base_temperature)  # never trained on
         with torch.device("cpu"):
-            taus, metrics = self.agpo.temperature_from_probe(probe_rewards.cpu(), probe.texts)
+            taus, metrics = self.agpo.temperature_from_probe(rewards.cpu(), rollouts.texts)
         return taus, metrics  # [P] on the CPU
 
     def clip_params(
-        self, run: Run, batch: Batch, params: dict[str, Any]
+        self, policy: Policy, batch: Batch, params: dict[str, Any]
     ) -> tuple[dict[str, Any], dict[str, float]]:
         from grouprl.control.agpo import group_token_mean
 
-        _, entropy = batch_logprobs(run, batch, entropy=True)
+        entropy = policy.batch_logprobs(batch, entropy=True).entropy
         h = group_token_mean(entropy, batch.mask, batch.group_size).cpu()  # [P]
         with torch.device("cpu"):
             eps = self.agpo.clip_params(h, batch.group_size)
-        eps = {k: v.to(run.device) if isinstance(v, torch.Tensor) else v for k, v in eps.items()}
+        device = policy.device
+        eps = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in eps.items()}
         return {**params, **eps}, {}
 
-    def after_update(self, run: Run, batch: Batch) -> dict[str, float]:
-        new_logp, _ = batch_logprobs(run, batch)
+    def after_update(self, policy: Policy, batch: Batch) -> dict[str, float]:
+        new_logp = policy.batch_logprobs(batch).logp
         old, new, mask = (t.cpu() for t in (batch.old_logp, new_logp, batch.mask))
         with torch.device("cpu"):
             return self.agpo.observe_update(old, new, mask, batch.group_size)
@@ -130,7 +148,7 @@ class AGPOController(Controller):
 
 
 CONTROLLERS: dict[str | None, Callable[[Any], Controller]] = {
-    None: lambda cfg: NoController(),
+    None: lambda cfg: NoController(base_temperature=cfg.sampling.temperature),
     "agpo": lambda cfg: AGPOController(base_temperature=cfg.sampling.temperature),
 }
 """A preset's ``controller`` field -> factory taking the RunConfig."""

@@ -18,20 +18,25 @@ prompts are drawn until the batch holds ``target`` informative groups, giving up
 
 Overlong handling (DAPO §3.4): either mask the tokens of truncated completions out of the
 loss (:func:`mask_truncated`, "overlong filtering"), or add DAPO's soft length penalty to the
-reward (:func:`overlong_penalty`, :func:`apply_overlong_penalty`).
+reward (:func:`overlong_penalty`, :func:`apply_overlong_penalty`). The trainer reaches both
+through one hook, :class:`Overlong` (a preset's ``overlong`` field): ``rewards`` on each
+generation round's rewards, ``mask`` on the joined batch's loss mask.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from grouprl.diagnostics.acr import DEFAULT_TAU
 
 __all__ = [
+    "OVERLONG",
     "DynamicSampler",
     "DynamicSamplingExhausted",
+    "Overlong",
     "apply_overlong_penalty",
     "informative_groups",
     "mask_truncated",
@@ -229,3 +234,51 @@ def apply_overlong_penalty(
         )
     pen = overlong_penalty(lengths, max_len=max_len, cache_len=cache_len, factor=factor)
     return rewards + pen.to(rewards.dtype)
+
+
+OVERLONG = {
+    None: "truncated completions are trained on as they are (TRL's default)",
+    "mask": "DAPO's overlong filtering: a truncated completion's tokens leave the loss",
+    "soft": "DAPO's soft overlong punishment: 0, then linear down to -1 at L_max, on the reward",
+}
+"""A preset's ``overlong`` value -> what :class:`Overlong` does with it."""
+
+
+@dataclass(frozen=True)
+class Overlong:
+    """DAPO's overlong handling (§3.4) as the trainer's one hook, for a preset's ``overlong``.
+
+    :meth:`rewards` shapes each generation round's rewards (``"soft"``: plus
+    :func:`overlong_penalty` with ``max_len`` = L_max and ``cache_len`` = L_cache, before the
+    dynamic sampler sees them, as DAPO's reward manager adds it); :meth:`mask` shapes the
+    joined batch's loss mask (``"mask"``: :func:`mask_truncated`). Every other combination
+    returns its input unchanged (the same tensor).
+    """
+
+    mode: str | None
+    max_len: int
+    cache_len: int
+
+    def __post_init__(self) -> None:
+        if self.mode not in OVERLONG:
+            valid = ", ".join(str(k) for k in OVERLONG)
+            raise ValueError(f"unknown overlong handling {self.mode!r}; valid: {valid}")
+
+    @classmethod
+    def of(cls, mode: str | None, *, max_new_tokens: int, cache: int = 0) -> Overlong:
+        """The hook of a run: L_max = ``max_new_tokens``; L_cache = ``cache``, or when 0
+        ``max_new_tokens // 5`` (at least 1; ``sampling.overlong_cache``) [OURS scaling]."""
+        return cls(mode, max_new_tokens, cache or max(1, max_new_tokens // 5))
+
+    def rewards(self, rewards: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+        """``[P, G]`` rewards of one round given its completions' mask ``[P·G, T]``."""
+        if self.mode != "soft":
+            return rewards
+        lengths = completion_mask.sum(-1).view_as(rewards)  # [P, G] tokens, EOS included
+        return apply_overlong_penalty(
+            rewards, lengths, max_len=self.max_len, cache_len=self.cache_len
+        )
+
+    def mask(self, mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+        """``[N, T]`` loss mask of the joined batch given ``truncated`` ``[N]``."""
+        return mask_truncated(mask, truncated) if self.mode == "mask" else mask

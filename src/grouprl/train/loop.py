@@ -8,15 +8,18 @@ One step, its stages in order, the step's tensors as locals::
          the run); DAPO's overlong penalty; DAPO's dynamic sampling draws more prompts
          until P informative groups are found                     (collect_batch, below)
     3.   advantages    advantages.compute(preset) → per sample: adv [N], keep [N], kl_weight [N]
-    4.   reference     ref_logp [N, T] (β > 0 only); the controller's clip bounds
+    4.   reference     ref_logp [N, T] (β > 0 only); the controller's clip bounds; all of it
+                       one frozen Targets (train/targets.py)
     5.   update        epochs × minibatches of whole groups; each minibatch is one AdamW step
                        whose micro-batches share one StepTotals, so accumulation is exact
                                                                   (update_policy, below)
     6.   metrics       one dict built explicitly: rollout counters, update means, the
                        diagnostics' step metrics, run-health warnings, stage times
 
-Everything random draws from generators that the checkpoint saves, so a resumed run ends
-with exactly the metrics of an uninterrupted one.
+Every pass of the policy (rollouts, training forward, reference, AGPO's passes, evaluation)
+goes through ``run.policy`` (train/policy.py) under one precision. Everything random draws
+from generators that the checkpoint saves, so a resumed run ends with exactly the metrics of
+an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -33,12 +36,21 @@ import torch
 
 from grouprl import advantages, diagnostics, losses
 from grouprl.train import filters, resume
-from grouprl.train.batch import Batch, Round, evaluate, group_rows, join_rounds, sample_groups
+from grouprl.train.batch import (
+    Batch,
+    Round,
+    evaluate,
+    group_rows,
+    join_rounds,
+    sample_groups,
+    sampling_at,
+)
 from grouprl.train.config import RunConfig
-from grouprl.train.logprobs import completion_logprobs
 from grouprl.train.runlock import RunLock
 from grouprl.train.sinks import Sinks
 from grouprl.train.state import Run, graceful_stop, save_checkpoint, setup
+from grouprl.train.targets import Targets
+from grouprl.types import Rollouts
 
 __all__ = ["RunResult", "TrainingError", "train", "train_step"]
 
@@ -127,7 +139,7 @@ def _train(cfg: RunConfig, **injected: Any) -> RunResult:
 
 
 def _evaluate(run: Run) -> dict[str, float]:
-    out = evaluate(run)
+    out = evaluate(run.policy, run.scorer, run.cfg)
     run.evals[run.step] = out
     shown = "  ".join(f"{k.split('/')[-1]} {v:.3f}" for k, v in out.items())
     run.print(f"eval step {run.step}: {shown}")
@@ -163,15 +175,15 @@ def train_step(run: Run) -> dict[str, float]:
 
     # -- 4. reference log-probs (β > 0) and this step's surrogate parameters -----------------
     with timer("logprobs"):
-        ref_logp = run.reference.logprobs(run, batch)  # [N, T] or None
-    clip, clip_metrics = run.controller.clip_params(run, batch, dict(preset.surrogate_params))
+        ref_logp = run.reference.logprobs(run.policy, batch)  # [N, T] or None
+    clip, clip_metrics = run.controller.clip_params(
+        run.policy, batch, dict(preset.surrogate_params)
+    )
+    targets = Targets(adv_n, keep_n, kl_weight_n, ref_logp, clip)
 
     # -- 5. update: epochs × minibatches of whole groups, one AdamW step each ----------------
-    log = update_policy(
-        run, batch, adv=adv_n, keep=keep_n, kl_weight=kl_weight_n, ref_logp=ref_logp,
-        clip=clip, timer=timer,
-    )  # fmt: skip
-    after_metrics = run.controller.after_update(run, batch)
+    log = update_policy(run, batch, targets, timer)
+    after_metrics = run.controller.after_update(run.policy, batch)
 
     # -- 6. metrics, built explicitly -------------------------------------------------------
     with timer("diagnostics"):
@@ -222,6 +234,19 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         if preset.dynamic_sampling
         else None
     )
+    overlong = filters.Overlong.of(
+        preset.overlong, max_new_tokens=s.max_new_tokens, cache=s.overlong_cache
+    )
+    scorer = run.scorer
+
+    def probe(examples: list, temperature: float) -> tuple[Rollouts, torch.Tensor]:
+        """The controller's probe: a group per example at ``temperature``."""
+        settings, _ = sampling_at(s, temperature)
+        roll, rewards, _ = sample_groups(
+            run.policy, scorer, examples, g, settings, run.gen, timer=timer
+        )
+        return roll, rewards
+
     metrics: dict[str, float] = {}
     temperature: float | torch.Tensor = s.temperature
     logprob_t = run.controller.logprob_temperature  # None: the sampling temperature
@@ -231,17 +256,14 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         n = p if sampler is None else sampler.next_draw()
         examples, indices = run.prompts.draw(n, run.step, len(rounds))  # [n] pool indices
         if not rounds:
-            temperature, controller_metrics = run.controller.temperature(run, examples, timer)
+            temperature, controller_metrics = run.controller.temperature(examples, probe)
             metrics.update(controller_metrics)
+        settings, per_prompt = sampling_at(s, temperature, logprob_t)
         roll, rewards, scores = sample_groups(
-            run, examples, g, temperature, run.gen, timer, logprob_temperature=logprob_t
-        )
-        if preset.overlong == "soft":  # DAPO §3.4: 0, then linear down to -1 at L_max
-            lengths = roll.completion_mask.sum(-1).view_as(rewards)  # [n, G]
-            cache = s.overlong_cache or max(1, s.max_new_tokens // 5)
-            rewards = filters.apply_overlong_penalty(
-                rewards, lengths, max_len=s.max_new_tokens, cache_len=cache
-            )
+            run.policy, scorer, examples, g, settings, run.gen, temperatures=per_prompt,
+            timer=timer,
+        )  # fmt: skip
+        rewards = overlong.rewards(rewards, roll.completion_mask)  # DAPO §3.4 ("soft")
         run.prompts.observe(indices, rewards)  # IS-GRPO's sampler: σ of every generated group
         unscorable += scores.unscorable_frac
         metrics.update(scores.extra)  # the reward functions' own numbers (dataset tasks)
@@ -251,8 +273,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         rounds.append(Round(examples, roll, rewards, kept))
     pad_id = getattr(run.tokenizer, "pad_token_id", None) or 0
     batch = join_rounds(rounds, pad_id, temperature if logprob_t is None else logprob_t)
-    if preset.overlong == "mask":  # DAPO's overlong filtering: truncated tokens leave the loss
-        batch = replace(batch, mask=filters.mask_truncated(batch.mask, batch.truncated))
+    batch = replace(batch, mask=overlong.mask(batch.mask, batch.truncated))  # ("mask")
     if sampler is not None:
         metrics.update({f"dynamic/{k}": v for k, v in sampler.stats().items()})
     metrics.update(run.prompts.metrics())
@@ -290,6 +311,16 @@ class UpdateLog:
     policy: dict[str, float] = field(default_factory=dict)
     balance: dict[str, float] = field(default_factory=dict)
 
+    def add(self, step: StepStats, grad_norm: float) -> None:
+        """One optimizer step taken: its statistics and gradient norm."""
+        self.taken += 1
+        self.grad_norm += grad_norm
+        for key, value in step.losses.items():
+            self.losses[key] = self.losses.get(key, 0.0) + value
+        for key, value in step.policy.items():
+            value = value / (1.0 - step.missing) if step.missing else value
+            self.policy[key] = self.policy.get(key, 0.0) + value
+
     def metrics(self) -> dict[str, float]:
         n = max(self.taken, 1)
         out = {f"loss/{k}": v / n for k, v in self.losses.items()}
@@ -305,17 +336,28 @@ class UpdateLog:
         return out
 
 
-def update_policy(
-    run: Run,
-    batch: Batch,
-    *,
-    adv: torch.Tensor,
-    keep: torch.Tensor,
-    kl_weight: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    clip: dict[str, Any],
-    timer: Timer,
-) -> UpdateLog:
+@dataclass
+class StepStats:
+    """One optimizer step's statistics, summed over its micro-batches: the losses as sums
+    (exact under StepTotals), every other statistic of ``losses.objective`` weighted by the
+    micro-batch's share of the step's sequences [OURS]."""
+
+    losses: dict[str, float] = field(default_factory=dict)
+    policy: dict[str, float] = field(default_factory=dict)
+    missing: float = 0.0
+    """The share of the step's sequences in micro-batches without a loss token (skipped):
+    the weighted statistics are then over the rest."""
+
+    def add(self, stats: dict[str, float], weight: float) -> None:
+        for key, value in stats.items():
+            if key in _LOSS_STATS:
+                name = _LOSS_STATS[key]
+                self.losses[name] = self.losses.get(name, 0.0) + value
+            else:
+                self.policy[key] = self.policy.get(key, 0.0) + weight * value
+
+
+def update_policy(run: Run, batch: Batch, targets: Targets, timer: Timer) -> UpdateLog:
     """``ppo_epochs`` × ``minibatches`` AdamW steps over whole groups (``cfg.schedule``: the
     preset's sources' schedule unless ``optim.ppo_epochs`` / ``optim.minibatches`` are set).
 
@@ -333,10 +375,7 @@ def update_policy(
         order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")  # [P]
         for groups in order.chunk(schedule.minibatches):
             rows = group_rows(groups.sort().values.to(run.device), g)  # [n] sorted rows
-            optimizer_step(
-                run, batch, rows, adv=adv, keep=keep, kl_weight=kl_weight, ref_logp=ref_logp,
-                clip=clip, timer=timer, log=log, balance=balance,
-            )  # fmt: skip
+            optimizer_step(run, batch, targets, rows, timer=timer, log=log, balance=balance)
             balance = False
     return log
 
@@ -344,13 +383,9 @@ def update_policy(
 def optimizer_step(
     run: Run,
     batch: Batch,
+    targets: Targets,
     rows: torch.Tensor,
     *,
-    adv: torch.Tensor,
-    keep: torch.Tensor,
-    kl_weight: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    clip: dict[str, Any],
     timer: Timer,
     log: UpdateLog,
     balance: bool,
@@ -360,81 +395,107 @@ def optimizer_step(
     Micro-batch losses sum to the minibatch loss (exact accumulation whatever the split). A
     non-finite loss or gradient skips the step (counted; K in a row is a TrainingError).
     """
-    cfg, p = run.cfg, run.preset
+    cfg, preset = run.cfg, run.preset
     totals = losses.step_totals(  # counts over the whole minibatch, whatever the split
-        batch.mask[rows], keep=keep[rows],
+        batch.mask[rows], keep=targets.keep[rows],
         max_len=max(cfg.sampling.max_new_tokens, batch.mask.shape[1]),
     )  # fmt: skip
     if totals.is_empty:  # no kept token: nothing to learn from
         log.empty += 1
         return
-    # [OURS] groups whose every loss term is 0 (dropped, or zero advantage without a KL term)
-    # run their forward without gradient, for the logged statistics only: no backward
-    active = gradient_rows(
-        rows, adv=adv, keep=keep, kl_weight=kl_weight, beta=p.beta, g=batch.group_size
+    micro = micro_batches(
+        rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size
     )
-    size = cfg.optim.micro_batch_size or len(rows)
-    micro = [
-        (m, grad) for grad in (True, False) for m in rows[active == grad].split(size) if len(m)
-    ]
-    if not active.any():  # the gradient is exactly 0; AdamW still takes its step, as before
+    stats, finite, backward = StepStats(), True, False
+    for m, grad in micro:
+        if not batch.mask[m].any():  # no loss token (every completion masked): adds exactly 0
+            stats.missing += len(m) / len(rows)
+            continue
+        with torch.set_grad_enabled(grad):
+            obj = micro_batch_loss(run, batch, targets, m, totals, timer=timer)
+            if obj is None:  # a non-finite log-prob or loss: the step is skipped
+                finite = False
+                break
+            if grad:
+                with timer("backward"):
+                    if balance:
+                        log.balance = _balance(run, obj)
+                        balance = False
+                    obj.loss.backward()  # micro-batch losses sum to the minibatch loss
+                backward = True
+        stats.add(obj.stats, len(m) / len(rows))
+    if not backward:  # the gradient is exactly 0; AdamW still takes its step
         for q in run.model.parameters():
             if q.requires_grad:
                 q.grad = torch.zeros_like(q)
-    step_losses: dict[str, float] = {}
-    step_policy: dict[str, float] = {}
-    finite = True
-    for m, grad in micro:
-        with timer("logprobs"), run.autocast(), torch.set_grad_enabled(grad):
-            lp = completion_logprobs(
-                run.model, batch.prompt_ids[m], batch.prompt_mask[m], batch.completion_ids[m],
-                batch.mask[m], temperature=batch.temperature, group_size=batch.group_size,
-                chunk=cfg.optim.logprob_chunk, entropy=cfg.optim.entropy,
-            )  # fmt: skip
-        if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
-            finite = False
-            break
-        with timer("backward"), torch.set_grad_enabled(grad):
-            # per-sequence bounds [N] (AGPO's per-prompt ε) follow the micro-batch's rows
-            params = {k: v[m] if isinstance(v, torch.Tensor) else v for k, v in clip.items()}
-            obj = losses.objective(
-                lp.logp, batch.old_logp[m], adv[m], batch.mask[m], surrogate=p.surrogate,
-                surrogate_params=params, aggregation=p.aggregation, totals=totals, keep=keep[m],
-                ref_logp=None if ref_logp is None else ref_logp[m], kl=p.kl, beta=p.beta,
-                kl_weight=kl_weight[m], entropy=lp.entropy,
-            )  # fmt: skip
-            if not torch.isfinite(obj.loss):
-                finite = False
-                break
-            if balance and grad:
-                log.balance = _balance(run, obj)
-                balance = False
-            if grad:
-                obj.loss.backward()  # micro-batch losses sum to the minibatch loss (StepTotals)
-        weight = len(m) / len(rows)
-        for key, value in obj.stats.items():
-            if key in _LOSS_STATS:
-                step_losses[_LOSS_STATS[key]] = step_losses.get(_LOSS_STATS[key], 0.0) + value
-            else:
-                step_policy[key] = step_policy.get(key, 0.0) + weight * value
+    grad_norm = guarded_step(run, finite=finite, timer=timer)
+    if grad_norm is None:
+        log.skipped += 1
+        return
+    log.add(stats, grad_norm)
+
+
+def micro_batches(
+    rows: torch.Tensor, targets: Targets, *, beta: float, g: int, size: int
+) -> list[tuple[torch.Tensor, bool]]:
+    """The micro-batch plan of one optimizer step: ``(rows [m], with gradient)`` pairs.
+
+    ``size`` sequences each (0: all of ``rows`` at once), the groups with a gradient first
+    (:func:`gradient_rows`), then the rest: [OURS] groups whose every loss term is 0
+    (dropped, or zero advantage without a KL term) run their forward without gradient, for
+    the logged statistics only.
+    """
+    active = gradient_rows(
+        rows, adv=targets.adv, keep=targets.keep, kl_weight=targets.kl_weight, beta=beta, g=g
+    )  # [n]
+    return [
+        (m, grad) for grad in (True, False) for m in rows[active == grad].split(size or len(rows))
+        if len(m)
+    ]  # fmt: skip
+
+
+def micro_batch_loss(
+    run: Run,
+    batch: Batch,
+    targets: Targets,
+    m: torch.Tensor,
+    totals: losses.StepTotals,
+    *,
+    timer: Timer,
+) -> losses.Objective | None:
+    """The objective of micro-batch ``m`` (``[m]`` rows) under the minibatch's ``totals``, or
+    None when its log-probs or loss are not finite. Gradient as the caller's grad mode."""
+    p = run.preset
+    with timer("logprobs"):
+        lp = run.policy.logprobs(batch, m, entropy=run.cfg.optim.entropy)
+    if not torch.isfinite(lp.logp.detach()).all():  # the surrogate refuses such input
+        return None
+    t = targets.rows(m)  # per-sequence bounds [N] (AGPO's per-prompt ε) follow the rows
+    with timer("backward"):
+        obj = losses.objective(
+            lp.logp, batch.old_logp[m], t.adv, batch.mask[m], surrogate=p.surrogate,
+            surrogate_params=dict(t.clip), aggregation=p.aggregation, totals=totals,
+            keep=t.keep, ref_logp=t.ref_logp, kl=p.kl, beta=p.beta, kl_weight=t.kl_weight,
+            entropy=lp.entropy,
+        )  # fmt: skip
+    return obj if torch.isfinite(obj.loss) else None
+
+
+def guarded_step(run: Run, *, finite: bool, timer: Timer) -> float | None:
+    """Clip the gradient and take the AdamW step; the gradient norm, or None when the step
+    was skipped (a non-finite loss or gradient: counted, :func:`_count_nonfinite`)."""
     with timer("optimizer"):
         params = [q for q in run.model.parameters() if q.requires_grad]
-        max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
+        max_norm = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
         if not (finite and math.isfinite(grad_norm)):
             run.optimizer.zero_grad(set_to_none=True)
             _count_nonfinite(run)
-            log.skipped += 1
-            return
+            return None
         run.optimizer.step()
         run.optimizer.zero_grad(set_to_none=True)
     run.nonfinite_run = 0
-    log.taken += 1
-    log.grad_norm += grad_norm
-    for key, value in step_losses.items():
-        log.losses[key] = log.losses.get(key, 0.0) + value
-    for key, value in step_policy.items():
-        log.policy[key] = log.policy.get(key, 0.0) + value
+    return grad_norm
 
 
 def gradient_rows(

@@ -8,21 +8,20 @@ Three kinds, chosen once at set-up by :func:`make_reference`:
 - :class:`AdapterOff`: a LoRA policy with its adapter switched off, which *is* the initial
   policy without a second copy of the weights (TRL does the same with peft models).
 
-``reference.logprobs(run, batch)`` returns the reference log-probs ``[N, T]`` of a batch, or
-None when there is no reference.
+``reference.logprobs(policy, batch)`` returns the reference log-probs ``[N, T]`` of a batch,
+or None when there is no reference. They are computed by the policy
+(:meth:`grouprl.train.policy.Policy.batch_logprobs`): the same kernel, micro-batches and
+precision as the policy's own log-probs, so at the first step (policy = reference) the KL
+is 0 up to rounding.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING
 
 import torch
 
-from grouprl.train.batch import Batch, batch_logprobs
-
-if TYPE_CHECKING:
-    from grouprl.train.state import Run
+from grouprl.train.policy import Policy, Sequences
 
 __all__ = ["AdapterOff", "FrozenCopy", "NoReference", "Reference", "make_reference"]
 
@@ -32,7 +31,7 @@ class Reference:
 
     kind: str = "none"
 
-    def logprobs(self, run: Run, batch: Batch) -> torch.Tensor | None:
+    def logprobs(self, policy: Policy, batch: Sequences) -> torch.Tensor | None:
         raise NotImplementedError
 
 
@@ -41,7 +40,7 @@ class NoReference(Reference):
 
     kind = "none"
 
-    def logprobs(self, run: Run, batch: Batch) -> None:
+    def logprobs(self, policy: Policy, batch: Sequences) -> None:
         return None
 
 
@@ -55,8 +54,8 @@ class FrozenCopy(Reference):
         for p in self.model.parameters():
             p.requires_grad_(False)
 
-    def logprobs(self, run: Run, batch: Batch) -> torch.Tensor:
-        return batch_logprobs(run, batch, model=self.model)[0]
+    def logprobs(self, policy: Policy, batch: Sequences) -> torch.Tensor:
+        return policy.batch_logprobs(batch, model=self.model).logp
 
 
 class AdapterOff(Reference):
@@ -64,9 +63,9 @@ class AdapterOff(Reference):
 
     kind = "adapter-off"
 
-    def logprobs(self, run: Run, batch: Batch) -> torch.Tensor:
-        with run.model.disable_adapter():
-            return batch_logprobs(run, batch)[0]
+    def logprobs(self, policy: Policy, batch: Sequences) -> torch.Tensor:
+        with policy.model.disable_adapter():
+            return policy.batch_logprobs(batch).logp
 
 
 def make_reference(policy: torch.nn.Module, *, beta: float, lora: bool) -> Reference:

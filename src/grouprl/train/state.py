@@ -1,7 +1,8 @@
 """A run's state and its life cycle: build it, resume it, checkpoint it, stop it on a signal.
 
-``setup`` builds a :class:`Run` (task, policy with its cached SFT warm start, optional LoRA,
-reference model only when β > 0, AdamW, controllers, run health) and, with ``run.resume``,
+``setup`` builds a :class:`Run` (task, :class:`~grouprl.train.policy.Policy` with its cached
+SFT warm start, optional LoRA and its precision, reference model only when β > 0, AdamW,
+controllers, run health) and, with ``run.resume``,
 restores everything from the latest intact checkpoint. ``save_checkpoint`` writes the
 parts that change; ``graceful_stop`` turns SIGINT/SIGTERM into "checkpoint after this step".
 """
@@ -26,8 +27,10 @@ from grouprl.diagnostics.health import RunHealth
 from grouprl.tasks.base import Task
 from grouprl.train import checkpoint as ckpt
 from grouprl.train import resume
+from grouprl.train.batch import Scorer
 from grouprl.train.config import RunConfig
 from grouprl.train.controllers import Controller, make_controller
+from grouprl.train.policy import Policy
 from grouprl.train.prompts import Prompts
 from grouprl.train.reference import Reference, make_reference
 
@@ -39,13 +42,16 @@ __all__ = ["Run", "graceful_stop", "load_policy", "resolve_device", "save_checkp
 
 @dataclass
 class Run:
-    """Everything a step touches; the parts that change are saved in checkpoints."""
+    """Everything a step touches; the parts that change are saved in checkpoints.
+
+    The step's parts take only what they use: the policy (``policy``) for sampling and
+    log-probs, the scorer (``scorer``) for rewards; the run itself is the loop's.
+    """
 
     cfg: RunConfig
     preset: presets.Preset
     task: Task
-    model: torch.nn.Module
-    tokenizer: Any  # a transformers tokenizer (PreTrainedTokenizerBase)
+    policy: Policy
     reference: Reference
     controller: Controller
     prompts: Prompts
@@ -67,9 +73,33 @@ class Run:
         return Path(self.cfg.run.out)
 
     @property
+    def model(self) -> torch.nn.Module:
+        """The policy's model (``policy.model``)."""
+        return self.policy.model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The policy's tokenizer (a transformers ``PreTrainedTokenizerBase``)."""
+        return self.policy.tokenizer
+
+    @property
     def device(self) -> torch.device:
         """Where the policy lives; every tensor of a step is created there."""
-        return next(self.model.parameters()).device
+        return self.policy.device
+
+    @property
+    def scorer(self) -> Scorer:
+        """How this step scores completions: the task's verifier under ``sampling``'s
+        timeout and unscorable limit, at the current step; errors go to the sinks."""
+        s = self.cfg.sampling
+        return Scorer(
+            self.task,
+            timeout_s=s.verify_timeout_s,
+            max_unscorable_frac=s.max_unscorable_frac,
+            max_steps=self.cfg.optim.steps,
+            step=self.step,
+            say=None if self.sinks is None else self.sinks.print,
+        )
 
     def print(self, message: str) -> None:
         """A line for the user: through the sinks (above the progress bar) once they are open."""
@@ -77,16 +107,6 @@ class Run:
             self.sinks.print(message)
         else:
             print(message, flush=True)
-
-    def new_generator(self, seed: int) -> torch.Generator:
-        """A seeded generator on the policy's device."""
-        return torch.Generator(device=self.device).manual_seed(seed)
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """bf16 autocast around forward passes when ``model.autocast`` asks for it, else nothing."""
-        if self.cfg.model.autocast == "none":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     def state(self) -> dict[str, Any]:
         """The non-tensor state a checkpoint carries (model and optimizer go separately)."""
@@ -222,12 +242,18 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         weight_decay=o.weight_decay,
         fused=True if o.fused and fused_adamw_supported(trainable) else None,
     )
+    policy = Policy(
+        model,
+        tokenizer,
+        precision=cfg.model.autocast,
+        micro_batch_size=o.micro_batch_size,
+        logprob_chunk=o.logprob_chunk,
+    )
     run = Run(
         cfg,
         preset,
         task,
-        model,
-        tokenizer,
+        policy,
         reference,
         make_controller(preset.controller, cfg),
         Prompts(task, sampler=preset.sampler, pool_size=cfg.sampling.pool_size, seed=cfg.run.seed),

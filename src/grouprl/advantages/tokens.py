@@ -1,0 +1,418 @@
+"""Token-level advantages ``[P, G, T]`` (ALGORITHMS.md §1, "Token-level advantages").
+
+An outcome reward ``rewards [P, G]`` (NaN = missing) sits on each completion's last valid
+token; ``token_rewards [P, G, T]`` adds dense per-token rewards (a KL folded into the
+reward: :func:`kl_reward`). ``mask [P, G, T]`` marks the completion tokens (holes allowed:
+tool-output tokens of a multi-turn rollout are 0 and are skipped by every statistic).
+
+Token estimators (``TOKEN_ESTIMATORS``) take ``(rewards, valid, mask, token_rewards,
+**params)`` and return :class:`~grouprl.types.Advantages` whose ``token_values [P, G, T]``
+hold the per-token advantages (0 at masked tokens and NaN-reward samples) and whose
+``values [P, G]`` are each sample's mean over its valid tokens (for the diagnostics).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments
+from grouprl.advantages.baseline import DEFAULT_DDOF
+from grouprl.advantages.global_norm import EPS_MODES, whiten
+from grouprl.types import Advantages
+
+__all__ = [
+    "OTB_EPS",
+    "TOKEN_ESTIMATORS",
+    "TOKEN_REWARDS_AS",
+    "kl_reward",
+    "optimal_token_baseline",
+    "outcome_to_tokens",
+    "reinforce_pp_baseline_tokens",
+    "reinforce_pp_global_tokens",
+    "reward_to_go",
+    "sequence_mean",
+    "tir_optimal_token_baseline",
+]
+
+TOKEN_REWARDS_AS = ("score", "return")
+"""How dense token rewards meet a sequence-level estimator: ``"score"`` (verl: summed into
+the sequence score before the estimator) or ``"return"`` (OpenRLHF, verl ReMax: the
+estimator runs on the outcome reward, the dense rewards' reward-to-go is added per token)."""
+
+OTB_EPS = 1e-8
+"""verl ``compute_optimal_token_baseline_advantage``: ``epsilon=1e-8`` in the denominator."""
+
+
+# --------------------------------------------------------------------------- building blocks
+def outcome_to_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[P, G, T]``: each sample's reward on its last valid token, 0 elsewhere (NaN -> 0).
+
+    OpenRLHF ``models/utils.py`` ``compute_reward`` (the reward at the EOS index) and verl's
+    reward managers (the score at ``valid_response_length - 1``).
+    """
+    t = mask.shape[-1]
+    pos = torch.arange(t, device=mask.device)
+    last = torch.where(mask, pos, -1).amax(dim=-1)  # [P, G], -1 for an empty completion
+    out = torch.zeros(mask.shape, dtype=rewards.dtype, device=rewards.device)
+    hit = last >= 0
+    src = torch.where(hit, rewards.nan_to_num(0.0), torch.zeros_like(rewards))
+    return out.scatter_(-1, last.clamp_min(0)[..., None], src[..., None])
+
+
+def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0):
+    """``[..., T]`` discounted reward-to-go over the valid tokens; 0 at masked tokens.
+
+    G_t = Σ_{s ≥ t, s valid} γ^{n(t, s)} r_s with n(t, s) the valid tokens from t to s
+    (verl ``compute_reinforce_plus_plus_outcome_advantage``: a masked token carries the
+    running return through unchanged, so tool-output spans are skipped, not discounted).
+    γ = 1 is a reverse cumulative sum; γ < 1 walks the T positions backwards (vectorised
+    over the batch, as verl does).
+    """
+    m = mask.to(token_rewards.dtype)
+    r = token_rewards * m
+    if gamma == 1.0:
+        return r.flip(-1).cumsum(-1).flip(-1) * m
+    rt = r.movedim(-1, 0).contiguous()  # [T, ...]: each step reads one contiguous slice
+    keep = mask.movedim(-1, 0).contiguous()
+    out = torch.empty_like(rt)
+    running = torch.zeros_like(rt[0])
+    for t in range(rt.shape[0] - 1, -1, -1):
+        new = rt[t] + gamma * running  # a masked token has r = 0 and carries running through
+        running = torch.where(keep[t], new, running)
+        out[t] = new
+    return out.movedim(0, -1) * m
+
+
+def sequence_mean(token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[P, G]`` mean of each sample's token values over its valid tokens (0 if none)."""
+    m = mask.to(token_values.dtype)
+    return (token_values * m).sum(-1) / m.sum(-1).clamp_min(1)
+
+
+def kl_reward(
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    mask: torch.Tensor,
+    coef: float,
+    estimator: str = "k1",
+) -> tuple[torch.Tensor, float]:
+    """``(token_rewards [..., T], current_kl)``: the KL to the reference as a reward penalty.
+
+    token_rewards = −coef·KL_t·mask, KL_t the per-token estimator of ``grouprl.losses.kl``
+    (``"k1"`` = verl ``kl_penalty="kl"``, the default of verl ``use_kl_in_reward`` and of
+    OpenRLHF; ``"k2"`` = verl ``"mse"``; ``"k3"`` = verl ``"low_var_kl"``), computed on
+    the behaviour policy's log-probabilities ``logp`` (verl ``apply_kl_penalty`` uses
+    ``old_log_probs``; OpenRLHF ``compute_approx_kl`` the rollout's). ``current_kl`` is
+    what verl feeds its controller (ray_trainer.py ``apply_kl_penalty``): the batch mean of
+    each sequence's token-mean KL. No gradient flows through either.
+    """
+    from grouprl.losses import kl as kl_fn  # losses never import advantages: no cycle
+
+    if not torch.isfinite(torch.as_tensor(coef)):
+        raise ValueError(f"coef must be finite, got {coef!r}")
+    m = mask.to(logp.dtype)
+    with torch.no_grad():
+        k = kl_fn(estimator, logp.detach(), ref_logp.detach()) * m  # [..., T]
+        seq = k.sum(-1) / (m.sum(-1) + 1e-8)  # verl masked_mean(axis=-1)
+        current = float(seq.mean()) if seq.numel() else 0.0
+    return -float(coef) * k, current
+
+
+def _token_result(token_values, mask, sample_valid, rewards, scale, collapsed, **stats):
+    p = rewards.shape[0]
+    keep_tok = mask & sample_valid[..., None]
+    token_values = token_values.masked_fill(~keep_tok, 0.0)
+    live = sample_valid.any(dim=1) & ~collapsed
+    return Advantages(
+        values=sequence_mean(token_values, keep_tok),
+        keep=torch.ones(p, dtype=torch.bool, device=rewards.device),
+        kl_weight=torch.ones(p, dtype=rewards.dtype, device=rewards.device),
+        scale=scale,
+        stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
+        updated=live,
+        token_values=token_values,
+    )
+
+
+def _sample_valid(rewards, valid):
+    return torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
+
+
+def _check_eps_mode(eps_mode: str) -> None:
+    if eps_mode not in EPS_MODES:
+        raise ValueError(f"unknown eps_mode {eps_mode!r}; valid: {', '.join(EPS_MODES)}")
+
+
+# --------------------------------------------------------------------------- REINFORCE++
+def reinforce_pp_global_tokens(
+    rewards: torch.Tensor,
+    valid: torch.Tensor | None,
+    mask: torch.Tensor,
+    token_rewards: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    eps_mode: str = "var",
+    eps: float = 1e-8,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """REINFORCE++ on tokens: returns of outcome + dense rewards, whitened over the batch.
+
+    The discounted returns are whitened over every valid token of the batch.
+
+    REINFORCE++ (arXiv 2501.03262 §3: A_t = r − β Σ_{s ≥ t} KL_s, then global
+    normalisation); verl ``reinforce_plus_plus`` (core_algos.py: returns with ``gamma``,
+    ``masked_whiten``: ``eps_mode="var"``, eps 1e-8, ddof 1 — the defaults here); OpenRLHF
+    0.11 ``reinforce`` (``get_cumulative_returns``, then ``eps_mode="var_clamp"``, ddof 0).
+    No group baseline: nothing is zeroed for a collapsed group. scale = the batch s.
+    """
+    _check_eps_mode(eps_mode)
+    sv = _sample_valid(rewards, valid)
+    tok = outcome_to_tokens(rewards, mask) + token_rewards * mask
+    returns = reward_to_go(tok, mask, gamma)
+    keep_tok = mask & sv[..., None]
+    values, mu, s = whiten(returns, keep_tok, ddof=ddof, eps=eps, eps_mode=eps_mode)
+    m = group_moments(rewards, valid, ddof, tau)
+    p = rewards.shape[0]
+    none = torch.zeros(p, dtype=torch.bool, device=rewards.device)
+    out = _token_result(values, mask, sv, rewards, s.expand(p).clone(), none, batch_mean=float(mu))
+    out.stats["collapsed_frac"] = float(m.collapsed.float().mean())
+    return out
+
+
+def reinforce_pp_baseline_tokens(
+    rewards: torch.Tensor,
+    valid: torch.Tensor | None,
+    mask: torch.Tensor,
+    token_rewards: torch.Tensor,
+    *,
+    token_rewards_as: str = "score",
+    eps_mode: str = "var",
+    eps: float = 1e-8,
+    zero_collapsed: bool = True,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """REINFORCE++-baseline on tokens: group-centred rewards + dense rewards, then whitened.
+
+    The whitening runs over every valid token of the batch.
+
+    Two readings of where the dense (KL) rewards enter, both peers': ``"score"`` (verl
+    ``reinforce_plus_plus_baseline``: u = score − mean_q score with score = r + Σ_t dense_t,
+    the same u on every token); ``"return"`` (OpenRLHF 0.11 ``reinforce_baseline``: u_t =
+    (r − mean_q r) + Σ_{s ≥ t} dense_s, γ = 1). Then token whitening (verl ``eps_mode="var"``
+    eps 1e-8 ddof 1 = the defaults; OpenRLHF ``"var_clamp"``, ddof 0). ``zero_collapsed``
+    [OURS]: a group whose scores (``"score"``) or outcome rewards (``"return"``) have
+    σ_q < tau gets 0 after whitening (the peers give it the whitening shift).
+    """
+    _check_eps_mode(eps_mode)
+    if token_rewards_as not in TOKEN_REWARDS_AS:
+        raise ValueError(
+            f"unknown token_rewards_as {token_rewards_as!r}; valid: {', '.join(TOKEN_REWARDS_AS)}"
+        )
+    sv = _sample_valid(rewards, valid)
+    dense = token_rewards * mask
+    if token_rewards_as == "score":
+        score = rewards + dense.sum(-1)  # NaN stays NaN
+        m = group_moments(score, valid, ddof, tau)
+        u = m.dev[..., None].expand(mask.shape).clone()  # [P, G, T]
+    else:
+        m = group_moments(rewards, valid, ddof, tau)
+        u = m.dev[..., None] + reward_to_go(dense, mask)
+    keep_tok = mask & sv[..., None]
+    values, mu, s = whiten(u, keep_tok, ddof=ddof, eps=eps, eps_mode=eps_mode)
+    collapsed = m.collapsed if zero_collapsed else torch.zeros_like(m.collapsed)
+    values = values.masked_fill(collapsed[:, None, None], 0.0)
+    p = rewards.shape[0]
+    out = _token_result(
+        values, mask, sv, rewards, s.expand(p).clone(), collapsed, batch_mean=float(mu)
+    )
+    out.stats["collapsed_frac"] = float(m.collapsed.float().mean())
+    return out
+
+
+# --------------------------------------------------------------------------- optimal token baseline
+def _compact(x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(order [..., T], compact mask)``: gather order putting each row's valid tokens first."""
+    t = mask.shape[-1]
+    pos = torch.arange(t, device=mask.device).expand(mask.shape)
+    key = torch.where(mask, pos, pos + t)  # valid tokens first, each kept in order
+    order = key.argsort(dim=-1)
+    n = mask.sum(-1, keepdim=True)  # [..., 1]
+    return order, pos < n
+
+
+def _zero_tail(baseline, lengths, sv):
+    """verl ``handle_zero_tail``: when one trajectory of a group is strictly the longest, its
+    baseline beyond the second-longest length is 0 (no other trajectory estimates it)."""
+    g, t = lengths.shape[1], baseline.shape[-1]
+    if g < 2:
+        return baseline
+    lens = torch.where(sv, lengths, torch.full_like(lengths, -1))  # [P, G]
+    top, idx = torch.topk(lens, 2, dim=1)  # [P, 2]
+    unique = (lens == top[:, :1]).sum(1) == 1  # [P]
+    unique = unique & (top[:, 0] > top[:, 1]) & (top[:, 1] >= 0)
+    pos = torch.arange(t, device=baseline.device)
+    tail = pos[None, :] >= top[:, 1:2]  # [P, T]
+    hit = torch.zeros_like(baseline, dtype=torch.bool)  # [P, G, T]
+    hit.scatter_(1, idx[:, :1, None].expand(-1, 1, t), (tail & unique[:, None])[:, None, :])
+    return baseline.masked_fill(hit, 0.0)
+
+
+def _otb(
+    rewards,
+    valid,
+    mask,
+    token_rewards,
+    old_logp,
+    sum_pi_squared,
+    is_weights,
+    handle_zero_tail,
+    eps,
+    zero_collapsed,
+    ddof,
+    tau,
+):
+    if old_logp is None or sum_pi_squared is None:
+        raise ValueError(
+            "the optimal token baseline needs old_logp [P, G, T] (behaviour log-probs of the "
+            "sampled tokens) and sum_pi_squared [P, G, T] (Σ_v π(v)² at each position; verl "
+            "actor.calculate_sum_pi_squared)"
+        )
+    for name, x in (
+        ("old_logp", old_logp),
+        ("sum_pi_squared", sum_pi_squared),
+        ("is_weights", is_weights),
+    ):
+        if x is not None and tuple(x.shape) != tuple(mask.shape):
+            raise ValueError(
+                f"{name} must have the mask's shape {tuple(mask.shape)}, got {tuple(x.shape)}"
+            )
+    sv = _sample_valid(rewards, valid)
+    keep_tok = mask & sv[..., None]  # NaN-reward samples leave the group
+    m_tok = keep_tok.to(rewards.dtype)
+    tok = outcome_to_tokens(rewards, mask) + token_rewards * mask
+    returns = reward_to_go(tok, mask)  # [P, G, T]
+    w = 1.0 - 2.0 * old_logp.to(rewards.dtype).exp() + sum_pi_squared.to(rewards.dtype)
+    if is_weights is not None:
+        w = w * is_weights.to(rewards.dtype).square()
+    wc = (w * m_tok).cumsum(-1)  # W_t = Σ_{j ≤ t} w_j  [P, G, T]
+    num = (returns * wc * m_tok).sum(1)  # [P, T]
+    den = (wc * m_tok).sum(1) + eps
+    baseline = (num / den)[:, None, :].expand(mask.shape)  # [P, G, T]
+    if handle_zero_tail:
+        baseline = _zero_tail(baseline, keep_tok.sum(-1), sv)
+    score = torch.where(sv, (tok * mask).sum(-1), torch.full_like(rewards, float("nan")))
+    m = group_moments(score, None if valid is None else sv, ddof, tau)
+    small = group_count(None if valid is None else sv, rewards) < 2  # no baseline: 0 [§0]
+    dead = (m.collapsed if zero_collapsed else small) | small
+    values = (returns - baseline).masked_fill(dead[:, None, None], 0.0)
+    return values, sv, dead, m.collapsed
+
+
+def optimal_token_baseline(
+    rewards: torch.Tensor,
+    valid: torch.Tensor | None,
+    mask: torch.Tensor,
+    token_rewards: torch.Tensor,
+    *,
+    old_logp: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    eps: float = OTB_EPS,
+    zero_collapsed: bool = True,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """Optimal token baseline: A_t = G_t − B_t, B_t = Σ_i G_t^i W_t^i / (Σ_i W_t^i + eps).
+
+    verl ``optimal_token_baseline`` (core_algos.py ``compute_optimal_token_baseline_advantage``;
+    docs/algo/otb.md): G_t the reward-to-go, W_t = Σ_{j ≤ t} (1 − 2π_j + Σ_v π_v²)_j the
+    cumulative logit-gradient energy (π_j = exp(old_logp_j) the sampled token's
+    probability, Σπ² from the logits), both over the group's trajectories at the same
+    *position* t; ``is_weights`` (rollout IS weights ρ̄) scale w by ρ̄²;
+    ``handle_zero_tail`` zeroes the baseline of a strictly-longest trajectory past the
+    second-longest length (verl default True). Deviations [OURS], ALGORITHMS.md §0: a group
+    with < 2 valid samples gets 0 (verl: its return); ``zero_collapsed``: a group whose
+    sequence scores have σ_q < tau gets 0 (verl: the zero tail of an all-correct group keeps
+    +r). NaN-reward samples leave their group. scale = 1.
+    """
+    values, sv, dead, collapsed = _otb(
+        rewards,
+        valid,
+        mask,
+        token_rewards,
+        old_logp,
+        sum_pi_squared,
+        is_weights,
+        handle_zero_tail,
+        eps,
+        zero_collapsed,
+        ddof,
+        tau,
+    )
+    out = _token_result(values, mask, sv, rewards, torch.ones_like(rewards[:, 0]), dead)
+    out.stats["collapsed_frac"] = float(collapsed.float().mean())
+    return out
+
+
+def tir_optimal_token_baseline(
+    rewards: torch.Tensor,
+    valid: torch.Tensor | None,
+    mask: torch.Tensor,
+    token_rewards: torch.Tensor,
+    *,
+    old_logp: torch.Tensor | None = None,
+    sum_pi_squared: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    handle_zero_tail: bool = True,
+    eps: float = OTB_EPS,
+    zero_collapsed: bool = True,
+    ddof: int = DEFAULT_DDOF,
+    tau: float = DEFAULT_TAU,
+) -> Advantages:
+    """The optimal token baseline aligned by *valid-token index* (multi-turn tool use).
+
+    verl ``tir_optimal_token_baseline`` (core_algos.py
+    ``compute_multi_turn_optimal_token_baseline_advantage``): each trajectory's valid tokens
+    are packed to the left (tool-output holes in the mask removed), the baseline of
+    :func:`optimal_token_baseline` is taken across the group at the k-th *generated* token,
+    and the advantages are scattered back. With masks that are a prefix (no holes) it
+    equals ``optimal_token_baseline``. Same parameters and deviations.
+    """
+    order, cmask = _compact(mask, mask)
+
+    def pack(x):
+        return None if x is None else x.gather(-1, order)
+
+    vals, sv, dead, collapsed = _otb(
+        rewards,
+        valid,
+        cmask,
+        pack(token_rewards * mask),
+        pack(old_logp),
+        pack(sum_pi_squared),
+        pack(is_weights),
+        handle_zero_tail,
+        eps,
+        zero_collapsed,
+        ddof,
+        tau,
+    )
+    values = torch.zeros_like(vals).scatter_(-1, order, vals)  # back to the original positions
+    out = _token_result(values, mask, sv, rewards, torch.ones_like(rewards[:, 0]), dead)
+    out.stats["collapsed_frac"] = float(collapsed.float().mean())
+    return out
+
+
+TOKEN_ESTIMATORS = {
+    "reinforce_pp_global": reinforce_pp_global_tokens,
+    "reinforce_pp_baseline": reinforce_pp_baseline_tokens,
+    "optimal_token_baseline": optimal_token_baseline,
+    "tir_optimal_token_baseline": tir_optimal_token_baseline,
+}
+"""Token-level estimator name -> ``fn(rewards [P, G], valid, mask [P, G, T] bool,
+token_rewards [P, G, T], **params) -> Advantages`` with ``token_values [P, G, T]``.
+Every name in :data:`grouprl.advantages.ESTIMATORS` also runs token-level through
+:func:`grouprl.advantages.compute_tokens` (broadcast, ``token_rewards_as``)."""

@@ -1,0 +1,152 @@
+"""The Policy owns every pass under one precision: step 1 is on-policy in fp32 and in bf16.
+
+Known answers: at the first step the policy *is* the behaviour policy and the reference, so
+the ratio is 1 and the KL to the reference 0. Measured on this model on the CPU: passes of
+one precision agree to the bit (max |Δ log p| = 0 under bf16 autocast, 5e-7 in fp32), and a
+pass at the other precision moves log-probs by 3.2e-3. The bf16 tolerance, 5e-4, sits far
+between, so one pass without the autocast fails these tests (shown by the planted cases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from train_toy import make
+
+from grouprl.train import loop
+from grouprl.train.batch import evaluate, sample_groups, sampling_at
+from grouprl.train.policy import PRECISIONS, Policy
+from grouprl.train.reference import FrozenCopy
+from grouprl.train.state import setup
+
+MODEL = "model.name=tiny:d=64,layers=2,heads=4,ctx=32"
+BIG = [MODEL, "sampling.prompts_per_step=8", "sampling.group_size=8", "sampling.max_new_tokens=8"]
+TOL = {"none": 1e-5, "bfloat16": 5e-4}
+"""max |ratio - 1| (≈ max |Δ log p|) allowed at step 1: fp32 rounding; bf16 (module docstring)."""
+KL_TOL = {k: v * v / 2 for k, v in TOL.items()}
+"""The KL's: k1/k3 per token are ≈ Δ²/2 at small Δ = log p - log p_ref, so Δ ≤ TOL gives KL ≤ TOL²/2."""
+
+
+def _run(tmp_path, precision, *extra):
+    cfg, inj = make(tmp_path, *BIG, f"model.autocast={precision}", "algorithm.beta=0.1", *extra)
+    run = setup(cfg, **inj)
+    run.step = 1
+    return run
+
+
+def _off_policy(m: dict[str, float]) -> float:
+    """How far step 1 is from on-policy: the ratio's distance from 1, |approx KL|."""
+    return max(abs(m["policy/ratio_max"] - 1), abs(m["policy/ratio_min"] - 1),
+               abs(m["policy/approx_kl"]))  # fmt: skip
+
+
+def _to_reference(m: dict[str, float]) -> float:
+    """The KL to the reference at step 1: in the loss (``kl/mean``) and behaviour's (``kl/max``)."""
+    return max(abs(m["kl/mean"]), abs(m["kl/max"]))
+
+
+@pytest.mark.parametrize("precision", ["none", "bfloat16"])
+def test_step_one_is_on_policy_and_at_the_reference(tmp_path, precision):
+    m = loop.train_step(_run(tmp_path, precision))
+    assert _off_policy(m) <= TOL[precision], m
+    assert _to_reference(m) <= KL_TOL[precision], m
+
+
+def _rollouts_at_fp32(monkeypatch):
+    real = Policy.generate
+    monkeypatch.setattr(Policy, "generate", lambda self, *a, **k: real(self, *a, **{**k, "precision": "none"}))  # fmt: skip
+
+
+def _training_forward_at_fp32(monkeypatch):
+    real = Policy.logprobs
+
+    def logprobs(self, *a, **k):
+        return real(self, *a, **({**k, "precision": "none"} if torch.is_grad_enabled() else k))
+
+    monkeypatch.setattr(Policy, "logprobs", logprobs)
+
+
+def _reference_at_fp32(monkeypatch):
+    monkeypatch.setattr(
+        FrozenCopy,
+        "logprobs",
+        lambda self, policy, batch: policy.batch_logprobs(batch, model=self.model, precision="none").logp,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("plant", "measure", "tol"),
+    [(_rollouts_at_fp32, _off_policy, TOL), (_training_forward_at_fp32, _off_policy, TOL),
+     (_reference_at_fp32, _to_reference, KL_TOL)],
+    ids=["rollouts", "training-forward", "reference"],
+)  # fmt: skip
+def test_one_pass_without_the_autocast_fails_the_tolerance(
+    tmp_path, monkeypatch, plant, measure, tol
+):
+    """The planted bug of issue 21 (autocast around the training forward only), pass by pass:
+    the tolerance above catches each."""
+    plant(monkeypatch)
+    m = loop.train_step(_run(tmp_path, "bfloat16"))
+    assert measure(m) > 2 * tol["bfloat16"], m
+
+
+def _dtypes_seen(model: torch.nn.Module, seen: list[torch.dtype]) -> None:
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(
+        lambda mod, args, out: seen.append(out.dtype)
+    )
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("none", torch.float32), ("bfloat16", torch.bfloat16)])  # fmt: skip
+def test_every_forward_of_an_agpo_step_and_an_evaluation_runs_at_the_precision(
+    tmp_path, precision, dtype
+):
+    """AGPO's step has every kind of pass: the probe and the training groups' rollouts, the
+    entropy pass, the training forwards (4 epochs), the frozen reference, the drift pass;
+    then a held-out evaluation."""
+    run = _run(tmp_path, precision, "algorithm.preset=agpo", "eval.prompts=2",
+               "eval.samples=2", "eval.ks=[1]")  # fmt: skip
+    seen: list[torch.dtype] = []
+    _dtypes_seen(run.model, seen)
+    _dtypes_seen(run.reference.model, seen)
+    loop.train_step(run)
+    evaluate(run.policy, run.scorer, run.cfg)
+    assert len(seen) > 20 and set(seen) == {dtype}
+
+
+def test_a_rollout_precision_per_call(tmp_path):
+    """``generate(precision=...)`` overrides the policy's precision for that call only."""
+    run = _run(tmp_path, "bfloat16")
+    seen: list[torch.dtype] = []
+    _dtypes_seen(run.model, seen)
+    examples = run.task.examples("train", 2, 0)
+    settings, _ = sampling_at(run.cfg.sampling, 1.0)
+    gen = torch.Generator().manual_seed(0)
+    sample_groups(run.policy, run.scorer, examples, 2, settings, gen)
+    assert set(seen) == {torch.bfloat16}
+    seen.clear()
+    roll = run.policy.generate(["<bos> q <sep>"], 2, settings, gen, precision="none")
+    assert set(seen) == {torch.float32} and run.policy.precision == "bfloat16"
+    assert roll.old_logp.dtype == torch.float32
+
+
+def test_policy_refuses_an_unknown_precision(tmp_path):
+    _, inj = make(tmp_path)
+    with pytest.raises(ValueError, match=r"unknown precision 'fp8'; valid: none, bfloat16, bf16"):
+        Policy(inj["model"], inj["tokenizer"], precision="fp8")
+    policy = Policy(inj["model"], inj["tokenizer"])
+    with pytest.raises(ValueError, match=r"unknown precision 'half'"):
+        policy.autocast("half")
+    assert set(PRECISIONS) == {"none", "bfloat16", "bf16"}
+
+
+def test_batch_logprobs_in_micro_batches_equal_one_forward(tmp_path):
+    """``micro_batch_size`` splits the no-gradient pass; the values do not depend on it."""
+    run = _run(tmp_path, "none")
+    batch, _ = loop.collect_batch(run, loop.Timer(run.device))
+    whole = run.policy.batch_logprobs(batch, entropy=True)
+    split = dataclasses.replace(run.policy, micro_batch_size=16).batch_logprobs(batch, entropy=True)
+    torch.testing.assert_close(split.logp, whole.logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(split.entropy, whole.entropy, atol=1e-6, rtol=0)
+    assert whole.logp.shape == batch.mask.shape and not whole.logp.requires_grad
