@@ -601,10 +601,10 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
     saving = _checkpoint_meter(loop)  # the final checkpoint: TRL runs with save_strategy="no"
     if _MEM is not None:
         from grouprl.rollout import hf
-        from grouprl.train import batch
+        from grouprl.train import batch, policy
 
         _MEM.wrap(hf, "generate", "generate")
-        for module in (loop, batch):  # the training forward (and the reference's, if any)
+        for module in (policy, loop, batch):  # where the log-prob kernel is called from
             if hasattr(module, "completion_logprobs"):
                 _MEM.wrap(module, "completion_logprobs", "forward")
     t0 = time.perf_counter()

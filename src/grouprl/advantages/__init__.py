@@ -16,6 +16,7 @@ Order of application (ALGORITHMS.md §2): reward combination → resolution → 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -270,6 +271,19 @@ def _check_inputs(
     return out
 
 
+def _sharing_moments(fn: Callable[..., Advantages]) -> Callable[..., Advantages]:
+    """Run ``fn`` inside :func:`shared_moments`: the virtual-sample trigger and the estimator
+    compute the group moments of one batch once."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Advantages:
+        with shared_moments():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_sharing_moments
 def compute(
     name: str,
     rewards: torch.Tensor,
@@ -328,24 +342,6 @@ def compute(
     if delta_res is not None and "tau_res" in (fn.__kwdefaults__ or {}):
         params.setdefault("tau_res", delta_res)
     _check_params(fn, name, params)
-    with shared_moments():  # the virtual trigger and the estimator share one pass
-        return _compute(fn, rewards, focal_gamma, delta_res, virtual, trigger, virtual_alpha,
-                        virtual_batch_groups, (r_lo, r_hi), params)  # fmt: skip
-
-
-def _compute(
-    fn: Callable[..., Advantages],
-    rewards: torch.Tensor,
-    focal_gamma: float,
-    delta_res: float | None,
-    virtual: str | None,
-    trigger: VirtualTrigger | None,
-    virtual_alpha: float,
-    virtual_batch_groups: int | None,
-    reward_range: tuple[float, float],
-    params: dict[str, Any],
-) -> Advantages:
-    r_lo, r_hi = reward_range
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
     inputs = _check_inputs(fn, name, rewards, lengths, baseline)
     reads = needs(name, **params)
