@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_trl import machine  # noqa: E402  (the same machine block as vs_trl's JSON)
+from vs_trl import machine  # the same machine block as vs_trl's JSON
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
