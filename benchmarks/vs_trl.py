@@ -842,6 +842,8 @@ def worker(args: argparse.Namespace) -> None:
     fn = run_grouprl if args.worker == "grouprl" else run_trl
     with tempfile.TemporaryDirectory() as tmp, _phase("setup"):
         res = fn(args, model, tok, task, Path(tmp))
+    if _MEM is not None:
+        _MEM.phase = "after"  # evaluation, checkpoint write
     res["settings"]["initial weights (float64 sum)"] = checksum
     res["settings"]["task"] = args.task
     if args.settings_only:
