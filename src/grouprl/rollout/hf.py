@@ -186,10 +186,11 @@ def sample_tokens(
         if temperature is None
         else _row_temperatures(temperature.to(logits.device), logits.shape[0])
     )  # float or [N, 1]
+    z = logits if isinstance(t, float) and t == 1.0 else logits / t  # x / 1.0 is x: one pass less
     if sampling.draw == "multinomial":
-        tokens, logp = _multinomial(logits / t, sampling.top_p, generator)
+        tokens, logp = _multinomial(z, sampling.top_p, generator)
     else:
-        tokens, logp = _draw_inverse_cdf(logits / t, sampling.top_p, generator)
+        tokens, logp = _draw_inverse_cdf(z, sampling.top_p, generator)
     if lp_t is not None and (temperature is not None or lp_t != sampling.temperature):
         logp_all = torch.log_softmax(logits / lp_t, dim=-1)  # e.g. AGPO: the raw logits (T = 1)
         logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
