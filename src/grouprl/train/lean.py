@@ -1,33 +1,42 @@
-"""A gated MLP that keeps half the activations for the backward, with the same gradients.
+"""Training forwards that keep less for the backward, with the same gradients bit for bit.
 
-A Llama-style MLP, ``down(silu(gate(x)) * up(x))``, under autograd keeps four ``[tokens,
-intermediate]`` tensors for the backward: the gate's output (for SiLU's derivative), SiLU's
-output and the up projection (for the product's), and the product (for ``down``'s weight).
-On SmolLM2 (intermediate 1536, hidden 576) that is 55 % of everything a training forward
-keeps per token and layer (measured with ``torch.autograd.graph.saved_tensors_hooks``:
-43.7 KB of 30 layers x 1.28 MB per token). :class:`_GatedMLP` keeps the gate and up outputs
-and recomputes ``silu(gate)`` and the product in the backward: two elementwise passes, no
-matmul, half the MLP's activations. [OURS] (the same trade as fused SwiGLU kernels, e.g.
-Liger-Kernel's ``LigerSiLUMulFunction``; not gradient checkpointing: no matmul is redone.)
+A transformers Llama-style decoder layer under autograd keeps, per token, the gated MLP's four
+``[tokens, intermediate]`` tensors (the gate's output for SiLU's derivative, SiLU's output and
+the up projection for the product's, the product for ``down``'s weight) and, in each
+RMSNorm, the input, ``rsqrt(mean(x²) + eps)`` and the normalised input. On SmolLM2
+(intermediate 1536, hidden 576) that is 43.7 KB per token and layer, 1.28 MB per token over
+30 layers (measured with ``torch.autograd.graph.saved_tensors_hooks``), the MLP 55 % of it.
 
-The backward calls the same ATen operations on the same operands, in the order autograd
-does for ``nn.Linear`` (without bias) on a 3-D input (``mm`` on the flattened rows; the
-weight's gradient as the transpose of ``input^T @ grad``) and for SiLU (``silu_backward``),
-so outputs and gradients equal the module's own bit for bit (tests/train/test_lean.py).
+- :class:`_GatedMLP` keeps the MLP's input and the gate and up outputs and recomputes
+  ``silu(gate)`` and the product in the backward (two elementwise passes, no matmul).
+- :class:`_RMSNorm` keeps the input and ``rsqrt(...)`` and recomputes the normalised input.
 
-:func:`lean_mlp` switches every such MLP of a model to it for the duration of a block (the
-training forward of ``completion_logprobs``); other MLPs are left alone.
+[OURS] The trade of fused SwiGLU / RMSNorm kernels (e.g. Liger-Kernel's), not gradient
+checkpointing: no matmul is redone. The backwards call the ATen operations autograd calls, on
+the same operands, in its order: ``nn.Linear`` without bias on a 3-D input (``mm`` on the
+flattened rows, the weight's gradient as the transpose of ``input^T @ grad``), SiLU
+(``silu_backward``), and RMSNorm's chain (mul, rsqrt ``-0.5 * grad * r^3``, mean, pow). The
+norm hands back the two gradients of its input on two edges (the input passed twice), so that
+autograd adds them to the residual stream's gradient in the order it does for the module:
+outputs and every gradient equal the modules' own bit for bit (tests/train/test_lean.py,
+scripts/golden_runs.py).
+
+:func:`lean_activations` switches the modules whose ``forward`` is transformers' Llama form
+(compared by source) for the duration of a block: the training forward of
+``completion_logprobs``, with gradient, without autocast, in fp32 for the norm.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+import inspect
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["lean_mlp", "lean_mlps"]
+__all__ = ["lean_activations", "lean_modules"]
 
 F = torch.nn.functional
 
@@ -63,44 +72,104 @@ class _GatedMLP(torch.autograd.Function):
         )
 
 
-def _is_gated_silu(module: torch.nn.Module) -> bool:
-    """A transformers gated MLP this function reproduces: ``gate_proj``, ``up_proj`` and
-    ``down_proj`` plain bias-free ``nn.Linear`` layers of one dtype and ``act_fn`` SiLU."""
-    layers = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-    if not all(type(lin) is torch.nn.Linear and lin.bias is None for lin in layers):
-        return False
-    if len({lin.weight.dtype for lin in layers}) != 1:
-        return False
-    act = getattr(module, "act_fn", None)
-    return isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+class _RMSNorm(torch.autograd.Function):
+    """``weight * (x * rsqrt(mean(x²) + eps))``, keeping x and the rsqrt; x is passed twice
+    (``x_pow``: its gradient through ``mean(x²)``, on a second edge, as autograd's)."""
+
+    @staticmethod
+    def forward(ctx, x, x_pow, weight, eps):  # x [..., D], weight [D]
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)  # [..., 1]
+        ctx.save_for_backward(x, r, weight)
+        return weight * (x * r)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, r, weight = ctx.saved_tensors
+        grad_w = None
+        if ctx.needs_input_grad[2]:
+            dims = tuple(range(grad.dim() - 1))
+            grad_w = (grad * (x * r)).sum(dims, keepdim=True).view(weight.shape)
+        grad_n = grad * weight
+        grad_r = (grad_n * x).sum(-1, keepdim=True)  # [..., 1]
+        grad_sq = (-0.5 * grad_r * r.pow(3)).expand(x.shape) / x.shape[-1]
+        return grad_n * r, grad_sq * (2 * x.pow(1)), grad_w, None
 
 
-def lean_mlps(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's MLPs that :func:`lean_mlp` switches (see :func:`_is_gated_silu`)."""
-    return [m for m in model.modules() if _is_gated_silu(m)]
+@functools.cache
+def _llama_sources() -> dict[str, str]:
+    """The source of transformers' LlamaMLP / LlamaRMSNorm ``forward`` (empty without them)."""
+    try:
+        from transformers.models.llama import modeling_llama as llama
+    except ImportError:
+        return {}
+    return {kind: _source(cls.forward) for kind, cls in
+            (("mlp", llama.LlamaMLP), ("norm", llama.LlamaRMSNorm))}  # fmt: skip
 
 
-def _forward(module: torch.nn.Module):
-    def forward(x: torch.Tensor) -> torch.Tensor:
+@functools.cache
+def _source(fn: Callable) -> str:
+    try:
+        return inspect.getsource(fn).strip()
+    except (OSError, TypeError):
+        return ""
+
+
+def _kind(module: torch.nn.Module) -> str | None:
+    """``"mlp"`` / ``"norm"`` when the module's forward is transformers' Llama form (and its
+    layers are the plain ones that form assumes), else None."""
+    sources = _llama_sources()
+    src = _source(type(module).forward) if sources else ""
+    if src and src == sources.get("mlp"):
+        layers = [getattr(module, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
+        act = getattr(module, "act_fn", None)
+        plain = all(type(lin) is torch.nn.Linear and lin.bias is None for lin in layers)
+        silu = isinstance(act, torch.nn.SiLU) or type(act).__name__ == "SiLUActivation"
+        if plain and silu and len({lin.weight.dtype for lin in layers}) == 1:
+            return "mlp"
+    if (
+        src
+        and src == sources.get("norm")
+        and isinstance(getattr(module, "weight", None), torch.Tensor)
+    ):
+        return "norm"
+    return None
+
+
+def lean_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's modules that :func:`lean_activations` switches."""
+    return [m for m in model.modules() if _kind(m) is not None]
+
+
+def _forward(module: torch.nn.Module, kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    plain = type(module).forward
+
+    def mlp(x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type):
-            return type(module).forward(module, x)  # no backward, or autocast's own casts
+            return plain(module, x)  # no backward, or autocast's own casts
         return _GatedMLP.apply(
             x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight
         )
 
-    return forward
+    def norm(x: torch.Tensor) -> torch.Tensor:
+        fp32 = x.dtype == module.weight.dtype == torch.float32
+        if not fp32 or not torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type):
+            return plain(module, x)
+        return _RMSNorm.apply(x, x, module.weight, module.variance_epsilon)
+
+    return mlp if kind == "mlp" else norm
 
 
 @contextlib.contextmanager
-def lean_mlp(model: Any) -> Iterator[int]:
-    """Within the block, the model's gated SiLU MLPs keep half their activations (module
-    docstring); yields how many were switched. The switch is an instance attribute, removed
-    on exit, also on an exception; nested blocks leave the outer switch in place."""
+def lean_activations(model: Any) -> Iterator[int]:
+    """Within the block, the model's Llama-form MLPs and RMSNorms keep less for the backward
+    (module docstring); yields how many modules were switched. The switch is an instance
+    attribute, removed on exit, also on an exception; a nested block leaves the outer one."""
     switched = []
-    for module in lean_mlps(model) if isinstance(model, torch.nn.Module) else []:
-        if "forward" in vars(module):  # already switched (a nested block) or user-patched
+    for module in model.modules() if isinstance(model, torch.nn.Module) else []:
+        kind = _kind(module)
+        if kind is None or "forward" in vars(module):  # not ours, switched, or user-patched
             continue
-        module.forward = _forward(module)
+        module.forward = _forward(module, kind)
         switched.append(module)
     try:
         yield len(switched)
