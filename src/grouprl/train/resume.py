@@ -114,6 +114,7 @@ BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "run.wandb",
     "run.report",
     "run.threads",  # speed; rounding only
+    "run.mmap_threshold_kib",  # where freed memory goes; no number changes
     "run.save_final",  # what is exported at the end (final/)
     "run.merge_lora",
 )

@@ -30,6 +30,7 @@ from grouprl.train import resume
 from grouprl.train.batch import Scorer
 from grouprl.train.config import RunConfig
 from grouprl.train.controllers import Controller, make_controller
+from grouprl.train.malloc import map_large_blocks
 from grouprl.train.policy import Policy
 from grouprl.train.prompts import Prompts
 from grouprl.train.reference import Reference, make_reference
@@ -219,6 +220,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     device = resolve_device(cfg.model.device)
     if cfg.run.threads > 0:  # 0: torch's own default
         torch.set_num_threads(cfg.run.threads)
+    map_large_blocks(cfg.run.mmap_threshold_kib * 1024)  # 0: glibc's default
     _seed_everything(cfg.run.seed)
     preset = cfg.algorithm.resolve()
     if task is None:
