@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -244,6 +245,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="completion tokens T")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    load0 = [round(x, 2) for x in os.getloadavg()]
     rewards = make_rewards(args.prompts, args.group)
     with_nan = rewards.clone()
     with_nan[torch.rand(rewards.shape, generator=torch.Generator().manual_seed(1)) < 0.05] = float(
@@ -305,6 +307,10 @@ def main() -> None:
                 "seconds": seconds,
                 "ratios": ratios,
                 "targets_met": targets,
+                "below_2x_verl_grpo_vectorized": [
+                    k for k in direct if ratios[k].get("speedup_vs_verl_grpo_vectorized", 9) < 2
+                ],
+                "load_average": [load0, [round(x, 2) for x in os.getloadavg()]],
                 "methods": {
                     k: {
                         **v,

@@ -65,7 +65,8 @@ def test_dynamic_sampling_refills_the_batch_with_the_first_informative_groups(tm
 
     task = HandTask(tables, plan=plan)
     result, policy, theta0 = train_hand(
-        tmp_path, task, "algorithm.preset=dapo", "algorithm.overlong=null", "optim.minibatches=1"
+        tmp_path, task, "algorithm.preset=dapo", "algorithm.overlong=null", "optim.minibatches=1",
+        "run.seed=2",
     )
     drawn = groups(task.calls, G)
     assert [grp[0].table for grp in drawn] == ["const", "ab", "ba", "ab"]
@@ -103,13 +104,14 @@ def _entropy(theta) -> float:
 AGPO_TABLES = {"ab": first_is("a", empty=0.5), "quarter": first_is("a", other=0.25)}
 
 
-def _agpo_step(tmp_path, theta0, seed, lr=0.1, g=G, max_new=1):
+def _agpo_step(tmp_path, theta0, seed, lr=0.1, g=G, max_new=1, draw="inverse_cdf"):
     """One AGPO step on prompts with the tables ab and quarter, groups of ``g``; (result,
     policy, task, the probe's σ and E per prompt, τ per prompt derived by hand)."""
     task = HandTask(AGPO_TABLES, plan=lambda split, s, i: ("q", ["ab", "quarter"][i]))
     result, policy, _ = train_hand(
         tmp_path, task, "algorithm.preset=agpo", f"optim.lr={lr}", f"run.seed={seed}",
-        f"sampling.group_size={g}", f"sampling.max_new_tokens={max_new}", theta=theta0,
+        f"sampling.group_size={g}", f"sampling.max_new_tokens={max_new}", f"sampling.draw={draw}",
+        theta=theta0,
     )  # fmt: skip
     probe = groups(task.calls[: 2 * g], g)
     assert len(task.calls) == 4 * g  # the probe, then the training groups
@@ -128,9 +130,13 @@ def _agpo_step(tmp_path, theta0, seed, lr=0.1, g=G, max_new=1):
 
 
 def test_agpo_samples_each_training_group_at_its_probes_temperature(tmp_path):
-    # groups of 8 completions of up to 3 tokens: enough draws for τ to change some of them
-    theta0, seed, g, max_new = (-1.0, 1.5, 0.0), 2, 8, 3
-    result, _, task, _, _, tau = _agpo_step(tmp_path, theta0, seed, g=g, max_new=max_new)
+    # groups of 8 completions of up to 3 tokens: enough draws for τ to change some of them.
+    # torch.multinomial's draw: the inverse-CDF draw (one uniform per token) couples the
+    # samples at nearby temperatures so tightly that τ here changes none of them
+    theta0, seed, g, max_new, draw = (-1.0, 1.5, 0.0), 2, 8, 3, "multinomial"
+    result, _, task, _, _, tau = _agpo_step(
+        tmp_path, theta0, seed, g=g, max_new=max_new, draw=draw
+    )
     m = result.metrics
     assert m["sampling/temperature"] == pytest.approx(sum(tau) / 2, abs=1e-6)
     assert (m["agpo/temperature_min"], m["agpo/temperature_max"]) == pytest.approx(
@@ -140,15 +146,15 @@ def test_agpo_samples_each_training_group_at_its_probes_temperature(tmp_path):
     # generator (seeded by run.seed), the probe drawn first at τ_base
     gen = torch.Generator().manual_seed(seed)
     tok, model = HandTokenizer(), HandPolicy(theta0)
-    probe = hf.generate(model, tok, ["q", "q"], g, hf.Sampling(1.0, 1.0, max_new), gen)
+    probe = hf.generate(model, tok, ["q", "q"], g, hf.Sampling(1.0, 1.0, max_new, draw=draw), gen)
     assert probe.texts == [c.text for c in task.calls[: 2 * g]]
     state = gen.get_state()
-    sampling = hf.Sampling(sum(tau) / 2, 1.0, max_new, logprob_temperature=1.0)
+    sampling = hf.Sampling(sum(tau) / 2, 1.0, max_new, logprob_temperature=1.0, draw=draw)
     at_tau = hf.generate(model, tok, ["q", "q"], g, sampling, gen, temperatures=torch.tensor(tau))
     trained = [c.text for c in task.calls[2 * g :]]
     assert at_tau.texts == trained
     gen.set_state(state)
-    sampling = hf.Sampling(1.0, 1.0, max_new, logprob_temperature=1.0)
+    sampling = hf.Sampling(1.0, 1.0, max_new, logprob_temperature=1.0, draw=draw)
     at_base = hf.generate(model, tok, ["q", "q"], g, sampling, gen)
     assert at_base.texts != trained  # the seed is chosen so that τ changes some samples
 

@@ -85,7 +85,7 @@ def test_gradient_clip_rescales_the_gradient_to_the_bound_before_adamw(tmp_path)
 # ---- the per-group KL weight ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("seed", [1, 4])  # a collapsed and a live group; two live σ
+@pytest.mark.parametrize("seed", [5, 21])  # a collapsed and a live group; two live σ
 def test_grpo_beta_comp_weighs_each_groups_kl_gradient_by_one_over_its_sigma(tmp_path, seed):
     # group 0: a -> 1, else 0; group 1: a -> 1, b -> 0.25, <eos> -> 0
     tables = {"ab": first_is("a"), "quarter": first_is("a", other=0.25)}
@@ -96,8 +96,8 @@ def test_grpo_beta_comp_weighs_each_groups_kl_gradient_by_one_over_its_sigma(tmp
     )  # fmt: skip
     calls = groups(task.calls, G)
     sigma = [group_std([c.reward for c in grp]) for grp in calls]
-    if seed == 1:
-        assert sigma[0] > 0.1 and sigma[1] == 0.0, sigma
+    if seed == 5:
+        assert sorted(sigma)[0] == 0.0 and sorted(sigma)[1] > 0.1, sigma
     else:
         assert min(sigma) > 0.1 and abs(sigma[0] - sigma[1]) > 0.1, sigma
     # kl_weight_q = 1/(σ_q + 1e-6), 1 for a collapsed group (σ < 1e-6); with k1 = log π −

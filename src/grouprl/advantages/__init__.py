@@ -16,6 +16,7 @@ Order of application (ALGORITHMS.md §2): reward combination → resolution → 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,9 +35,9 @@ from grouprl.advantages import (
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
     check_positive,
-    dense_valid,
     group_moments,
     keyword_defaults,
+    shared_moments,
     validate_rewards,
 )
 from grouprl.advantages.combine import REWARD_COMBINATIONS, weighted_sum
@@ -298,6 +299,19 @@ def _weighted(values: torch.Tensor, group_weight: Any, stats: dict[str, float]) 
     return values * gw.to(values.dtype)[:, None]
 
 
+def _sharing_moments(fn: Callable[..., Advantages]) -> Callable[..., Advantages]:
+    """Run ``fn`` inside :func:`shared_moments`: the virtual-sample trigger and the estimator
+    compute the group moments of one batch once."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Advantages:
+        with shared_moments():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+@_sharing_moments
 def compute(
     name: str,
     rewards: torch.Tensor,
@@ -393,8 +407,6 @@ def compute(
     if how is not None:
         stats[f"combine/{how}"] = 1.0
     keep = None  # [P] bool; None = every group kept
-    if valid is None and delta_res is not None:  # the resolution protocol sorts with a mask
-        valid = dense_valid(rewards, valid)
 
     # -- resolution: merge sub-resolution gaps, skip one-bin groups for both branches
     if delta_res is not None:

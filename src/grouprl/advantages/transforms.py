@@ -11,7 +11,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, dense_valid, group_mean, group_moments
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    SORT_NETWORK_MAX,
+    dense_valid,
+    group_mean,
+    group_moments,
+    select,
+    sort_columns,
+    transposed,
+    zero_where,
+)
 
 DEFAULT_DELTA_RES = 1e-2
 """Resolution of a reward in [0, 1] (MaxNorm paper's Reward-Resolution Protocol)."""
@@ -21,7 +31,7 @@ VIRTUAL_MODES = ("symmetric", "paper", "code")
 
 # --------------------------------------------------------------------------- resolution
 def resolution(
-    rewards: torch.Tensor, valid: torch.Tensor, delta_res: float = DEFAULT_DELTA_RES
+    rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float = DEFAULT_DELTA_RES
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reward-Resolution Protocol: merge sub-resolution gaps, skip one-bin groups.
 
@@ -31,8 +41,14 @@ def resolution(
     is unchanged). A group whose valid rewards fall in one bin (or that has none) gets
     ``keep = False``: it is skipped for both the reward and the KL update.
 
-    Returns ``(binned_rewards [P, G], keep [P])``; NaN entries stay NaN.
+    ``valid``: ``[P, G]`` mask of the non-NaN rewards, or None when every reward is valid.
+    Returns ``(binned_rewards [P, G], keep [P])``; NaN entries stay NaN. A bin's mean is its
+    members' sum, in ascending order from 0, over their count (the same floats for every
+    group size). Groups of up to ``SORT_NETWORK_MAX`` samples: :func:`_resolution_columns`.
     """
+    if rewards.shape[1] <= SORT_NETWORK_MAX:
+        return _resolution_columns(rewards, valid, delta_res)
+    valid = dense_valid(rewards, valid)
     p, g = rewards.shape
     sorted_r, order = torch.sort(rewards, dim=1)  # NaN sort last  # [P, G]
     sorted_valid = torch.gather(valid, 1, order)  # [P, G]
@@ -52,6 +68,45 @@ def resolution(
     n_bins = (bin_id * sorted_valid).amax(dim=1) + 1  # [P]
     keep = (n_bins > 1) & (valid.sum(dim=1) > 1)
     return binned, keep
+
+
+def _resolution_columns(
+    rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`resolution` on the G columns ``[P]``: a sorting network that carries each
+    reward's position, bins by one scan over the sorted columns, and puts the means back.
+
+    [OURS] the same numbers as sorting each row (``torch.sort``, the branch above): a bin's
+    running sum restarts at each bin's first member, ``0 + s_a + s_{a+1} + ...``, in
+    ascending order, and its count is exact.
+    """
+    g = rewards.shape[1]
+    cols = transposed(rewards)  # [G, P]
+    if valid is not None:
+        cols = cols.nan_to_num_(nan=math.inf)  # NaN (the invalid entries) sort last
+    index = torch.arange(g, dtype=torch.uint8, device=rewards.device)[:, None]
+    s, order = sort_columns(list(cols.unbind(0)), list(index.expand_as(cols).unbind(0)))
+    ok = None if valid is None else [x != math.inf for x in s]  # G x [P] valid, sorted
+    acc, cnt = [s[0] + 0.0], [torch.ones_like(s[0])]  # running sum and count of each bin
+    starts = []  # G-1 x [P]: position k starts a new bin
+    for k in range(1, g):
+        start = (s[k] - s[k - 1]) >= delta_res  # [P]
+        if ok is not None:
+            start &= ok[k]
+        starts.append(start)
+        acc.append(select(start, s[k] + 0.0, acc[k - 1] + s[k]))
+        cnt.append(zero_where(cnt[k - 1].clone(), start).add_(1.0))
+    mean = [a / c for a, c in zip(acc, cnt)]  # the bin mean at each bin's last position
+    for k in range(g - 2, -1, -1):  # carry it back to the bin's other members
+        last = starts[k] if ok is None else starts[k] | ~ok[k + 1]
+        mean[k] = select(last, mean[k], mean[k + 1])
+    if ok is not None:
+        mean = [select(v, m, math.nan) for v, m in zip(ok, mean)]
+    binned = torch.empty_like(cols).scatter_(0, torch.stack(order).long(), torch.stack(mean))
+    keep = torch.zeros_like(s[0], dtype=torch.bool)  # [P] two bins or more
+    for start in starts:
+        keep |= start
+    return transposed(binned), keep
 
 
 # --------------------------------------------------------------------------- virtual samples
@@ -201,19 +256,28 @@ def _code_trigger(
     r_hi in each of its groups, all r_hi gets r_lo (a batch with no valid reward: all r_lo,
     as the authors' ``torch.all`` over an empty batch) [CODE grpo_trainer.py:1515-1536].
     """
-    p = rewards.shape[0]
-    ok = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid  # [P, G]
-    lo = ((rewards <= r_lo + atol) | ~ok).all(1)  # [P] every valid reward is r_lo
-    hi = ((rewards >= r_hi - atol) | ~ok).all(1) & ok.any(1)  # [P] every valid reward is r_hi
-    batch = torch.arange(p, device=rewards.device) // width  # [P] generation batch of each group
-    n_batches = int(batch[-1]) + 1 if p else 0
-    ones = torch.ones(n_batches, dtype=torch.long, device=rewards.device)
-    size = torch.zeros_like(ones).index_add_(0, batch, torch.ones_like(batch))  # [B]
-    batch_lo = torch.zeros_like(ones).index_add_(0, batch, lo.long()) == size  # [B]
-    batch_hi = torch.zeros_like(ones).index_add_(0, batch, hi.long()) == size  # [B]
-    batch_hi &= ~batch_lo
-    triggered = (batch_lo | batch_hi)[batch]  # [P]
-    fill = torch.where(batch_lo[batch], r_hi, r_lo).to(rewards.dtype)  # [P]
+    p, g = rewards.shape
+    width = max(1, min(width, p))
+    n_batches = -(-p // width)
+    # each batch's extremes over its valid rewards (NaN left out; an empty batch: -inf / +inf),
+    # one reduction per batch over its width·G rewards (one over the whole tensor by default)
+    top = rewards if valid is None else rewards.nan_to_num(nan=-math.inf)  # [P, G]
+    low = rewards if valid is None else rewards.nan_to_num(nan=math.inf)
+    missing = n_batches * width - p  # rows that pad the last batch
+    if missing:
+        top = torch.cat([top, top.new_full((missing, g), -math.inf)])
+        low = torch.cat([low, low.new_full((missing, g), math.inf)])
+    top = top.reshape(n_batches, width * g).amax(1)  # [B]
+    low = low.reshape(n_batches, width * g).amin(1)  # [B]
+    batch_lo = top <= r_lo + atol  # [B] every valid reward is r_lo (true for an empty batch)
+    batch_hi = (low >= r_hi - atol) & ~batch_lo  # [B] every valid reward is r_hi ...
+    if valid is not None:  # ... and every group of the batch has one (an empty group is not hi)
+        empty = ~valid.any(1)  # [P]
+        if missing:
+            empty = torch.cat([empty, empty.new_zeros(missing)])
+        batch_hi &= ~empty.reshape(n_batches, width).any(1)
+    triggered = (batch_lo | batch_hi).repeat_interleave(width)[:p]  # [P]
+    fill = torch.where(batch_lo, r_hi, r_lo).to(rewards.dtype).repeat_interleave(width)[:p]
     return triggered, fill
 
 

@@ -43,7 +43,16 @@ import torch
 
 from grouprl.types import Rollouts
 
-__all__ = ["Sampling", "generate", "gqa_attention", "sample_tokens"]
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # transformers without per-layer caches: caches stay as the model builds them
+    DynamicLayer = object
+
+__all__ = ["DRAWS", "Sampling", "generate", "gqa_attention", "sample_tokens"]
+
+
+DRAWS = ("inverse_cdf", "multinomial")
+"""The ways :func:`sample_tokens` draws a token (``Sampling.draw``)."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +65,18 @@ class Sampling:
     default) = the sampling temperature (TRL, verl), 1.0 = the raw logits (AGPO's code,
     ``src/llamafactory/train/agpo/trainer.py:304``: ``log_softmax(logits)`` with no division,
     used for the old log-probs at :683 and the new ones at :765).
+    ``draw``: how a token is drawn from the (truncated) distribution, one of :data:`DRAWS`:
+    ``"inverse_cdf"`` (the default, [OURS]: one float64 uniform per row against the running
+    sum of the probabilities) or ``"multinomial"`` (``torch.multinomial``, as HF's
+    ``generate`` and TRL: V exponential draws per row, ~ the cost of the lm-head matmul on
+    SmolLM2's 49,152-token vocabulary). Same distribution, different draws for one seed.
     """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 64
     logprob_temperature: float | None = None
+    draw: str = "inverse_cdf"
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -74,6 +89,8 @@ class Sampling:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
             raise ValueError(
                 f"max_new_tokens must be a positive integer, got {self.max_new_tokens}"
@@ -93,6 +110,7 @@ class Sampling:
             top_p=float(getattr(sampling, "top_p", 1.0)),
             max_new_tokens=int(sampling.max_new_tokens),
             logprob_temperature=getattr(sampling, "logprob_temperature", None),
+            draw=getattr(sampling, "draw", "inverse_cdf"),
         )
 
 
@@ -111,6 +129,33 @@ def _row_temperatures(temperature: torch.Tensor, n: int) -> torch.Tensor:
     return temperature.float()[:, None]  # [N, 1]
 
 
+def _row_uniforms(n: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """``[N, 1]`` float64 uniforms in [0, 1), one per row, drawn in row order from ``generator``."""
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(n, 1, dtype=torch.float64, generator=generator, device=gen_device)
+    return u.to(device)
+
+
+def _inverse_cdf(
+    weights: torch.Tensor, cdf: torch.Tensor, count: torch.Tensor, u: torch.Tensor
+) -> torch.Tensor:
+    """``[N]`` index of the first position where ``cdf > u · cdf[count - 1]``, at most ``count - 1``.
+
+    ``weights`` ``[N, V]`` non-negative, ``cdf`` ``[N, V]`` their float64 running sum, ``count``
+    ``[N, 1]`` how many leading positions may be drawn (V, or the nucleus size), ``u`` ``[N, 1]``
+    uniforms in [0, 1). A position of weight 0 has ``cdf`` equal to the one before it, so the
+    strict ``>`` never lands on it; the clamp covers ``u · total`` rounding up to ``total``, and
+    then a zero-weight last position is replaced by the last position of positive weight.
+    """
+    total = cdf.gather(-1, count - 1)  # [N, 1]
+    idx = torch.searchsorted(cdf, u * total, right=True).clamp_(max=count - 1)  # [N, 1]
+    empty = weights.gather(-1, idx) == 0  # [N, 1] only when u · total rounded up to total
+    if bool(empty.any()):
+        last = torch.searchsorted(cdf, total, right=False)  # first position reaching the total
+        idx = torch.where(empty, last, idx)
+    return idx.squeeze(-1)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     sampling: Sampling,
@@ -123,10 +168,12 @@ def sample_tokens(
     (> 0) that replace ``sampling.temperature`` (AGPO's per-prompt τ_t, repeated over the
     group). Row n is drawn from ``softmax(logits[n] / τ_n)``, truncated by top-p (the
     smallest set of most probable tokens whose mass reaches ``top_p``, the first token always
-    kept, as HF's ``TopPLogitsWarper``), with ``torch.multinomial`` and ``generator``. The
-    returned log-probs are ``log_softmax(logits / T_lp)`` at the drawn token, before top-p,
-    with ``T_lp = sampling.logprob_temperature`` or, when None, the row's sampling
-    temperature (module docstring).
+    kept, as HF's ``TopPLogitsWarper``), with ``generator`` as ``sampling.draw`` says:
+    ``"inverse_cdf"`` (one float64 uniform per row, :func:`_inverse_cdf`) or
+    ``"multinomial"`` (``torch.multinomial``, V exponential draws per row). The returned
+    log-probs are ``log_softmax(logits / T_lp)`` at the drawn token, before top-p, with
+    ``T_lp = sampling.logprob_temperature`` or, when None, the row's sampling temperature
+    (module docstring).
     """
     logits = logits.float()
     lp_t = sampling.logprob_temperature
@@ -139,19 +186,58 @@ def sample_tokens(
         if temperature is None
         else _row_temperatures(temperature.to(logits.device), logits.shape[0])
     )  # float or [N, 1]
-    logp = torch.log_softmax(logits / t, dim=-1)  # [N, V] the sampling distribution
+    z = logits if isinstance(t, float) and t == 1.0 else logits / t  # x / 1.0 is x: one pass less
+    if sampling.draw == "multinomial":
+        tokens, logp = _multinomial(z, sampling.top_p, generator)
+    else:
+        tokens, logp = _draw_inverse_cdf(z, sampling.top_p, generator)
+    if lp_t is not None and (temperature is not None or lp_t != sampling.temperature):
+        logp_all = torch.log_softmax(logits / lp_t, dim=-1)  # e.g. AGPO: the raw logits (T = 1)
+        logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
+    return tokens, logp
+
+
+def _draw_inverse_cdf(
+    z: torch.Tensor, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``[N]`` drawn from ``softmax(z)`` (top-p truncated) by inverse CDF, and
+    ``log_softmax(z)`` ``[N]`` at them. [OURS] One uniform per row instead of
+    ``torch.multinomial``'s V exponentials (its Gumbel-max trick, ``argmax(p / q)``,
+    ``q ~ Exp(1)``): the same distribution, sampled through float64 running sums."""
+    top = z.amax(-1, keepdim=True)  # [N, 1]
+    w = (z - top).exp_()  # [N, V] unnormalised probabilities, the largest 1
+    u = _row_uniforms(w.shape[0], generator, w.device)  # [N, 1]
+    if top_p < 1.0:
+        w_sorted, order = w.sort(dim=-1, descending=True)  # [N, V]
+        cdf = w_sorted.cumsum(-1, dtype=torch.float64)  # [N, V]
+        # the nucleus: tokens whose mass strictly above them is below top_p (a prefix, >= 1)
+        count = ((cdf - w_sorted) < top_p * cdf[:, -1:]).sum(-1, keepdim=True)  # [N, 1]
+        tokens = order.gather(-1, _inverse_cdf(w_sorted, cdf, count, u)[:, None]).squeeze(-1)
+    else:
+        cdf = w.cumsum(-1, dtype=torch.float64)  # [N, V]
+        count = torch.full_like(u, w.shape[-1], dtype=torch.long)  # [N, 1]
+        tokens = _inverse_cdf(w, cdf, count, u)
+    log_total = cdf[:, -1].log().float()  # [N] log Σ exp(z - top)
+    logp = (z.gather(-1, tokens[:, None]) - top).squeeze(-1) - log_total
+    return tokens, logp
+
+
+def _multinomial(
+    z: torch.Tensor, top_p: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.multinomial`` over ``softmax(z)`` (top-p truncated), as HF's sampler and this
+    module before the inverse-CDF draw: tokens ``[N]`` and ``log_softmax(z)`` at them."""
+    logp = torch.log_softmax(z, dim=-1)  # [N, V] the sampling distribution
     probs = logp.exp()
-    if sampling.top_p < 1.0:
+    if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= sampling.top_p, 0.0)
+        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     if generator is not None and generator.device != probs.device:
         tokens = torch.multinomial(probs.cpu(), 1, generator=generator).to(probs.device)
     else:
         tokens = torch.multinomial(probs, 1, generator=generator)  # [N, 1]
-    if lp_t is not None and (temperature is not None or lp_t != sampling.temperature):
-        logp = torch.log_softmax(logits / lp_t, dim=-1)  # e.g. AGPO: the raw logits (T = 1)
     return tokens.squeeze(-1), logp.gather(-1, tokens).squeeze(-1)
 
 
@@ -259,15 +345,14 @@ def generate(
         use_cache=True,
         logits_to_keep=1,
     )
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(group_size)
+    t_max = sampling.max_new_tokens
+    cache = _preallocate(out.past_key_values, group_size, prompt_ids.shape[1] + t_max - 1)
     logits = out.logits[:, -1].repeat_interleave(group_size, dim=0)  # [N, V]
     n = logits.shape[0]
     mask = prompt_mask.repeat_interleave(group_size, dim=0)  # [N, Tp]
     next_pos = prompt_mask.sum(-1).repeat_interleave(group_size)  # [N]
 
     # ---- decode all rows together; rows that have stopped leave the batch (compaction)
-    t_max = sampling.max_new_tokens
     completion_ids = torch.full((n, t_max), pad_id, dtype=torch.long, device=device)  # [N, T]
     completion_mask = torch.zeros((n, t_max), dtype=torch.long, device=device)  # [N, T]
     old_logp = torch.zeros((n, t_max), dtype=torch.float32, device=device)  # [N, T]
@@ -326,6 +411,85 @@ def generate(
         texts=texts,
         group_size=int(group_size),
     )
+
+
+# ---- the KV cache: written in place, never re-concatenated ----------------------------------
+
+
+class _InPlaceLayer(DynamicLayer):  # type: ignore[misc,valid-type]
+    """A transformers ``DynamicLayer`` whose keys and values live in a buffer of ``capacity``
+    positions allocated once; ``keys`` / ``values`` are views of its filled prefix.
+
+    [OURS] ``DynamicLayer.update`` concatenates the whole cache with each new token (SmolLM2
+    at batch 64: ~90 MB copied per decode step at 100 cached positions); here a step writes
+    its one position. The views hold the same values as the concatenated tensors, so
+    attention sees the same keys and values. Built by :func:`_preallocate`.
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, repeats: int, capacity: int):
+        super().__init__()
+        t = keys.shape[2]
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._k = self._filled(keys, repeats, max(capacity, t))  # [B·r, H, C, D]
+        self._v = self._filled(values, repeats, max(capacity, t))
+        self._t = t
+        self._views()
+
+    @staticmethod
+    def _filled(x: torch.Tensor, repeats: int, capacity: int) -> torch.Tensor:
+        b, h, t, d = x.shape
+        buf = x.new_empty((b * repeats, h, capacity, d))
+        buf.view(b, repeats, h, capacity, d)[:, :, :, :t] = x[:, None]  # row b·r + i = row b
+        return buf
+
+    def _views(self) -> None:
+        self.keys, self.values = self._k[:, :, : self._t], self._v[:, :, : self._t]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        t, n = self._t, key_states.shape[-2]
+        if t + n > self._k.shape[2]:  # past the capacity: grow (never in generate)
+            grow = max(t + n, 2 * self._k.shape[2]) - self._k.shape[2]
+            self._k = torch.nn.functional.pad(self._k, (0, 0, 0, grow))
+            self._v = torch.nn.functional.pad(self._v, (0, 0, 0, grow))
+        self._k[:, :, t : t + n] = key_states
+        self._v[:, :, t : t + n] = value_states
+        self._t = t + n
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._t
+
+    def crop(self, max_length: int) -> None:
+        self._t = min(self._t, max_length if max_length >= 0 else self._t + max_length)
+        self._views()
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._k = self._k.repeat_interleave(repeats, dim=0)
+        self._v = self._v.repeat_interleave(repeats, dim=0)
+        self._views()
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._k, self._v = self._k[indices], self._v[indices]
+        self._views()
+
+
+def _preallocate(cache: Any, group_size: int, capacity: int) -> Any:
+    """The prefill's cache repeated ``group_size`` times along the batch, each plain
+    ``DynamicLayer`` moved into an :class:`_InPlaceLayer` of ``capacity`` positions (others,
+    e.g. sliding-window layers, repeated as they are)."""
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        cache.batch_repeat_interleave(group_size)
+        return cache
+    for i, layer in enumerate(layers):
+        if DynamicLayer is not object and type(layer) is DynamicLayer and layer.get_seq_length():
+            layers[i] = _InPlaceLayer(layer.keys, layer.values, group_size, capacity)
+        else:
+            layer.batch_repeat_interleave(group_size)
+    return cache
 
 
 # ---- attention: SDPA with the key/value heads shared in the kernel --------------------------

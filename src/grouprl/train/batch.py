@@ -132,6 +132,7 @@ def sampling_at(
         top_p=s.top_p,
         max_new_tokens=s.max_new_tokens,
         logprob_temperature=logprob_temperature,
+        draw=s.draw,
     )
     return settings, temperature if per_prompt else None
 

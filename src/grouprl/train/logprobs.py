@@ -36,6 +36,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from grouprl.rollout.hf import gqa_attention
+from grouprl.train.lean import lean_activations
 
 __all__ = ["TokenLogProbs", "completion_logprobs", "length_buckets", "position_ids"]
 
@@ -349,9 +350,10 @@ def completion_logprobs(
     Padding positions get log-prob 0 and entropy 0. Models that are not Hugging Face causal
     LMs (no separate decoder / output head) fall back to ``model(...).logits``, which holds
     ``[N, T, V]`` for the duration of the call. SDPA models with grouped key/value heads
-    run under :func:`grouprl.rollout.hf.gqa_attention`.
+    run under :func:`grouprl.rollout.hf.gqa_attention`; Llama-form MLPs and RMSNorms keep less
+    for the backward (:func:`grouprl.train.lean.lean_activations`, the same gradients).
     """
-    with gqa_attention(model):
+    with gqa_attention(model), lean_activations(model):
         return _completion_logprobs(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
             chunk, entropy, recompute, group_size, trim, bucket_overhead, keep_bytes,

@@ -63,6 +63,7 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     "sampling.group_size",
     "sampling.temperature",
     "sampling.top_p",
+    "sampling.draw",  # other draws for the same seed
     "sampling.max_new_tokens",
     "sampling.verify_timeout_s",  # a completion that times out scores NaN
     "sampling.overlong_cache",
@@ -116,6 +117,7 @@ BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "run.wandb",
     "run.report",
     "run.threads",  # speed; rounding only
+    "run.mmap_threshold_kib",  # where freed memory goes; no number changes
     "run.save_final",  # what is exported at the end (final/)
     "run.merge_lora",
 )

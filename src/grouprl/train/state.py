@@ -31,6 +31,7 @@ from grouprl.train import resume
 from grouprl.train.batch import Scorer
 from grouprl.train.config import RunConfig
 from grouprl.train.controllers import Controller, make_controller
+from grouprl.train.malloc import map_large_blocks
 from grouprl.train.policy import Policy
 from grouprl.train.prompts import Prompts
 from grouprl.train.reference import Reference, make_reference
@@ -227,6 +228,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
     cfg.validate(check_names=task is None or model is None)
     device = resolve_device(cfg.model.device)
     torch.set_num_threads(choose_threads(cfg.run.threads, cap=TORCH_THREADS)[0])
+    map_large_blocks(cfg.run.mmap_threshold_kib * 1024)  # 0: glibc's default
     _seed_everything(cfg.run.seed)
     preset = cfg.algorithm.resolve()
     if task is None:

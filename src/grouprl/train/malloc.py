@@ -1,0 +1,47 @@
+"""Give freed tensor memory back to the operating system (glibc's ``mallopt``).
+
+PyTorch's CPU tensors come from ``malloc``. glibc maps a block of at least
+``M_MMAP_THRESHOLD`` bytes on its own, and returns it to the OS when it is freed; smaller
+blocks come from the heap, which keeps freed memory for reuse. The threshold starts at 128 KiB
+but *grows* to the size of each mapped block freed, up to 32 MiB (``mallopt(3)``, "dynamic
+mmap threshold"): after the first training step, activations and logits of a few MiB each are
+carved from the heap, and a heap that served the rollouts' KV cache, then the training
+forward's activations, holds the high-water mark of both. Setting the threshold fixes it (the
+dynamic adjustment stops): every block of that size or more is mapped and unmapped, so the
+resident memory follows the live tensors.
+
+[OURS] measured on one SmolLM2-135M step (8 x 8 rollouts of 64 tokens, micro-batch 16, fused
+AdamW; benchmarks/vs_trl.py's memory breakdown): peak RSS 4.53 GB with glibc's default,
+4.10 GB with a fixed 128 KiB threshold, no measurable slowdown; ``malloc_trim`` after each
+phase instead: 4.40 GB.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+__all__ = ["M_MMAP_THRESHOLD", "map_large_blocks"]
+
+M_MMAP_THRESHOLD = -3
+"""``mallopt`` parameter number of the mmap threshold (glibc ``malloc.h``)."""
+
+
+def map_large_blocks(threshold_bytes: int) -> bool:
+    """Fix glibc's mmap threshold at ``threshold_bytes`` for this process; True when set.
+
+    False where there is no glibc ``mallopt`` (not Linux, musl, a sandbox without libc) or
+    it refuses the value (glibc accepts at most 32 MiB on 64-bit): nothing changes then.
+    """
+    if not sys.platform.startswith("linux") or threshold_bytes <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))

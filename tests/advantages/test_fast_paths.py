@@ -1,0 +1,277 @@
+"""The advantage layer's fast paths (issue 26) against the implementations they replaced.
+
+Each ``old_*`` function below is the previous implementation, kept here as the reference:
+the new code must give the same bits (``torch.equal``: same values, NaN where NaN) on random
+batches with NaN entries, ties, collapsed and empty groups, at several group sizes, both
+sides of ``SORT_NETWORK_MAX``. The sorting network is checked by the 0-1 principle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from grouprl import advantages
+from grouprl.advantages import _groups, ranking, scale, transforms
+
+
+def batch(p: int, g: int, seed: int, nan: float = 0.0) -> torch.Tensor:
+    """Binary, 5-level, continuous and sub-resolution rows; constant, singleton, empty rows."""
+    gen = torch.Generator().manual_seed(seed)
+    kind = torch.randint(0, 4, (p, 1), generator=gen)
+    binary = torch.randint(0, 2, (p, g), generator=gen).float()
+    levels = torch.randint(0, 5, (p, g), generator=gen).float() / 4
+    cont = torch.rand(p, g, generator=gen)
+    jitter = 0.5 + 1e-3 * torch.rand(p, g, generator=gen)
+    r = torch.where(
+        kind == 0, binary, torch.where(kind == 1, levels, torch.where(kind == 2, cont, jitter))
+    )
+    r[0], r[1] = 1.0, 0.0
+    if nan:
+        r[torch.rand(p, g, generator=gen) < nan] = math.nan
+        r[2, 1:] = math.nan  # singleton
+        r[3] = math.nan  # empty
+    return r
+
+
+# ---- the replaced implementations (as they were before issue 26) -----------------------------
+
+
+def old_sign_sums(rewards, valid):
+    total = torch.zeros_like(rewards)
+    step = torch.empty_like(rewards)
+    for j in range(rewards.shape[1]):
+        torch.sub(rewards, rewards[:, j : j + 1], out=step).sign_()
+        total += step if valid is None else step.nan_to_num_(0.0)
+    return total
+
+
+def old_row_quantile(x, valid, count, q):
+    keyed = x if valid is None else x.masked_fill(~valid, float("inf"))
+    ordered = keyed.sort(dim=1).values
+    pos = q * (count - 1).clamp_min(0).to(x.dtype)
+    lo = pos.floor().long()
+    hi = torch.minimum(lo + 1, (count - 1).clamp_min(0))
+    a = ordered.gather(1, lo[:, None]).squeeze(1)
+    b = ordered.gather(1, hi[:, None]).squeeze(1)
+    out = a + (pos - lo.to(x.dtype)) * (b - a)
+    return out.masked_fill(count == 0, 0.0)
+
+
+def old_resolution(rewards, valid, delta_res):
+    p, g = rewards.shape
+    sorted_r, order = torch.sort(rewards, dim=1)
+    sorted_valid = torch.gather(valid, 1, order)
+    gaps = sorted_r[:, 1:] - sorted_r[:, :-1]
+    new_bin = (gaps >= delta_res) & sorted_valid[:, 1:]
+    bin_id = torch.cat([torch.zeros_like(new_bin[:, :1]), new_bin], 1).long().cumsum(1)
+    flat = bin_id + torch.arange(p)[:, None] * g
+    w = sorted_valid.to(rewards.dtype)
+    filled = torch.where(sorted_valid, sorted_r, torch.zeros_like(sorted_r))
+    sums = torch.zeros(p * g, dtype=rewards.dtype)
+    counts = torch.zeros(p * g, dtype=rewards.dtype)
+    sums.scatter_add_(0, flat.reshape(-1), filled.reshape(-1))
+    counts.scatter_add_(0, flat.reshape(-1), w.reshape(-1))
+    means = (sums / counts.clamp_min(1)).reshape(p * g)[flat]
+    binned_sorted = torch.where(sorted_valid, means, sorted_r)
+    binned = torch.empty_like(rewards).scatter_(1, order, binned_sorted)
+    n_bins = (bin_id * sorted_valid).amax(dim=1) + 1
+    return binned, (n_bins > 1) & (valid.sum(dim=1) > 1)
+
+
+def old_code_trigger(rewards, valid, r_lo, r_hi, atol, width):
+    p = rewards.shape[0]
+    ok = torch.ones_like(rewards, dtype=torch.bool) if valid is None else valid
+    lo = ((rewards <= r_lo + atol) | ~ok).all(1)
+    hi = ((rewards >= r_hi - atol) | ~ok).all(1) & ok.any(1)
+    batch = torch.arange(p) // width
+    ones = torch.ones(int(batch[-1]) + 1, dtype=torch.long)
+    size = torch.zeros_like(ones).index_add_(0, batch, torch.ones_like(batch))
+    batch_lo = torch.zeros_like(ones).index_add_(0, batch, lo.long()) == size
+    batch_hi = torch.zeros_like(ones).index_add_(0, batch, hi.long()) == size
+    batch_hi &= ~batch_lo
+    return (batch_lo | batch_hi)[batch], torch.where(batch_lo[batch], r_hi, r_lo).to(rewards.dtype)
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values and NaN at the same places (torch.equal treats NaN as unequal)."""
+    return (
+        a.shape == b.shape
+        and torch.equal(torch.isnan(a), torch.isnan(b))
+        and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
+    )
+
+
+GROUPS = [1, 2, 3, 5, 8, 16, 33]  # 33: beyond SORT_NETWORK_MAX, the torch.sort branch
+DTYPES = [torch.float32, torch.float64]
+
+
+# ---- the sorting network ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_merge_network_sorts_every_0_1_input(n):
+    # Knuth's 0-1 principle (TAOCP vol. 3, §5.3.4, exercise 5.3.4-11): a comparator network
+    # sorts every input iff it sorts all 2^n sequences of zeros and ones.
+    cols = torch.tensor(list(itertools.product([0.0, 1.0], repeat=n))).t().contiguous()  # [n, 2^n]
+    out, _ = _groups.sort_columns(list(cols.unbind(0)))
+    assert torch.equal(torch.stack(out), cols.sort(dim=0).values)
+    assert all(a < b < n for a, b in _groups.merge_network(n))
+
+
+def test_merge_network_sizes():
+    # Batcher's odd-even merge sort: 19 compare-exchanges for 8 inputs, 63 for 16
+    assert len(_groups.merge_network(8)) == 19 and len(_groups.merge_network(16)) == 63
+
+
+@pytest.mark.parametrize("g", [2, 5, 8, 13])
+def test_sort_columns_carries_the_positions(g):
+    x = batch(300, g, seed=g)
+    idx = torch.arange(g, dtype=torch.uint8)[:, None].expand(g, 300)
+    vals, order = _groups.sort_columns(list(x.t().unbind(0)), list(idx.unbind(0)))
+    vals, order = torch.stack(vals), torch.stack(order).long()  # [G, P]
+    assert torch.equal(vals, x.t().sort(dim=0).values)
+    assert torch.equal(x.t().gather(0, order), vals)  # each slot names where its value was
+    assert torch.equal(order.sort(dim=0).values, torch.arange(g)[:, None].expand(g, 300))
+
+
+# ---- exact selects -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_select_and_zero_where_are_torch_where_bit_for_bit(dtype):
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(1000, generator=gen).to(dtype)
+    b = torch.randn(1000, generator=gen).to(dtype)
+    a[:4] = torch.tensor([-0.0, math.nan, math.inf, -math.inf], dtype=dtype)
+    b[4:8] = torch.tensor([-0.0, math.nan, math.inf, -math.inf], dtype=dtype)
+    cond = torch.rand(1000, generator=gen) < 0.5
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    assert torch.equal(_groups.select(cond, a, b).view(bits), torch.where(cond, a, b).view(bits))
+    assert torch.equal(
+        _groups.select(cond, a, 2.5).view(bits), torch.where(cond, a, 2.5).view(bits)
+    )
+    zeroed = _groups.zero_where(a.clone(), cond)
+    assert torch.equal(zeroed.view(bits), a.masked_fill(cond, 0.0).view(bits))  # +0.0, not -0.0
+    # broadcasting, other dtypes: torch's own kernels
+    assert same(_groups.select(cond[:1], a, b), torch.where(cond[:1], a, b))
+
+
+def test_transposed_is_the_transpose():
+    for x in (batch(50, 8, 0), batch(50, 1, 0), batch(50, 8, 1)[:1]):
+        for t in (x, x.double(), x.half()):
+            y = _groups.transposed(t)
+            assert y.is_contiguous() and torch.equal(y, t.t())
+            y.fill_(7.0)  # a copy, also where x.t() is already contiguous
+            assert not (t == 7.0).any()
+
+
+# ---- the estimators and transforms, old vs new -----------------------------------------------
+
+
+@pytest.mark.parametrize("g", GROUPS)
+@pytest.mark.parametrize("nan", [0.0, 0.2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gopo_sign_sums_equal_the_g_pass_loop(g, nan, dtype):
+    r = batch(200, g, seed=10 + g, nan=nan).to(dtype)
+    valid = _groups.validate_rewards(r)
+    assert same(ranking._sign_sums(r, valid), old_sign_sums(r, valid))
+
+
+@pytest.mark.parametrize("g", GROUPS)
+@pytest.mark.parametrize("nan", [0.0, 0.2])
+@pytest.mark.parametrize("q", [0.9, 0.5, 1.0, 0.01])
+def test_row_quantile_equals_the_sort(g, nan, q):
+    r = batch(200, g, seed=20 + g, nan=nan)
+    valid = _groups.validate_rewards(r)
+    count = _groups.group_count(valid, r)
+    x = (r - r.nanmean(1, keepdim=True)).abs()
+    assert same(scale._row_quantile(x, valid, count, q), old_row_quantile(x, valid, count, q))
+
+
+@pytest.mark.parametrize("g", GROUPS)
+@pytest.mark.parametrize("nan", [0.0, 0.2])
+@pytest.mark.parametrize("delta", [1e-2, 0.3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resolution_equals_the_sort(g, nan, delta, dtype):
+    r = batch(200, g, seed=30 + g, nan=nan).to(dtype)
+    r[5] = torch.tensor([-0.0, 0.0] * g)[:g].to(dtype)  # signed zeros: one bin
+    valid = _groups.validate_rewards(r)
+    binned, keep = transforms.resolution(r, valid, delta)
+    if g == 1:  # the old code failed on one sample per group; one sample is one bin
+        assert same(binned, r) and not keep.any()
+        return
+    ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, valid), delta)
+    assert same(binned, ref_binned) and torch.equal(keep, ref_keep)
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 7, 200, 1000])
+@pytest.mark.parametrize("nan", [0.0, 0.3])
+def test_code_trigger_equals_the_row_rule(width, nan):
+    r = batch(200, 4, seed=width, nan=nan)
+    r[42:84] = 0.0  # all-wrong batches at the small widths
+    r[84:112] = 1.0  # all-correct ones
+    r[85, 1:] = math.nan  # an all-correct group with NaN entries
+    r[100] = math.nan  # an empty group inside the all-correct run
+    valid = _groups.validate_rewards(r)
+    got = transforms._code_trigger(r, valid, 0.0, 1.0, 1e-6, width)
+    want = old_code_trigger(r, valid, 0.0, 1.0, 1e-6, width)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[0].any() or width >= 200  # the planted batches fire at small widths
+    for one in (torch.zeros(6, 3), torch.ones(6, 3)):  # every batch fires, each direction
+        got = transforms._code_trigger(one, None, 0.0, 1.0, 1e-6, width)
+        assert torch.equal(got[0], old_code_trigger(one, None, 0.0, 1.0, 1e-6, width)[0])
+        assert got[0].all() and torch.equal(got[1], 1.0 - one[:, 0])
+
+
+# ---- the shared moments -------------------------------------------------------------------
+
+
+def test_shared_moments_compute_once_and_hand_out_fresh_dev(monkeypatch):
+    r = batch(100, 8, 1)
+    calls = []
+    real = _groups._moments
+    monkeypatch.setattr(_groups, "_moments", lambda *a: calls.append(1) or real(*a))
+    with _groups.shared_moments():
+        a = _groups.group_moments(r, None)
+        a.dev.mul_(0.0)  # an estimator changes its dev in place
+        b = _groups.group_moments(r, None)
+        c = _groups.group_moments(r, None, ddof=0)  # other parameters: computed again
+        r2 = r.clone()
+        d = _groups.group_moments(r2, None)  # another tensor: computed again
+        r2.add_(1.0)  # changed in place: its version moves on, computed again
+        e = _groups.group_moments(r2, None)
+    assert len(calls) == 4
+    fresh = real(r, None, 1, _groups.DEFAULT_TAU)
+    assert torch.equal(b.dev, fresh.dev) and torch.equal(b.std, fresh.std)
+    assert torch.equal(d.mean, fresh.mean) and torch.equal(e.mean, real(r2, None, 1, 1e-6).mean)
+    assert not torch.equal(c.std, fresh.std)
+    _groups.group_moments(r, None)
+    assert len(calls) == 5  # outside the block nothing is kept
+
+
+@pytest.mark.parametrize("virtual", ["symmetric", "paper", "code"])
+def test_virtual_path_equals_the_estimator_on_the_augmented_batch(virtual):
+    # compute() with the shared moments == the transform and the estimator run separately
+    r = batch(64, 8, 3, nan=0.1)
+    r[:40] = 1.0  # ACR above the trigger: the virtual columns are added
+    for rewards in (r, batch(64, 8, 4)):
+        out = advantages.compute("grpo", rewards, virtual=virtual)
+        valid = _groups.validate_rewards(rewards)
+        aug, aug_valid, _ = transforms.virtual_samples(rewards, valid, mode=virtual)
+        ref = advantages.ESTIMATORS["grpo"](aug, aug_valid)
+        assert torch.equal(out.values, ref.values[:, :8]) and torch.equal(out.scale, ref.scale)
+
+
+def test_validation_with_nan_still_finds_inf_and_allows_huge_values():
+    r = batch(10, 4, 0, nan=0.2)
+    r[5, 0] = math.inf
+    with pytest.raises(ValueError, match="infinite"):
+        advantages.compute("grpo", r)
+    huge = batch(10, 4, 0, nan=0.2)
+    huge[huge == huge] = 3e38  # finite; its nansum overflows to inf
+    out = advantages.compute("dr_grpo", huge)
+    assert out.stats["nan_frac"] > 0 and torch.isfinite(out.values).all()
