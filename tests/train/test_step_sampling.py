@@ -65,7 +65,11 @@ def test_dynamic_sampling_refills_the_batch_with_the_first_informative_groups(tm
 
     task = HandTask(tables, plan=plan)
     result, policy, theta0 = train_hand(
-        tmp_path, task, "algorithm.preset=dapo", "algorithm.overlong=null", "optim.minibatches=1",
+        tmp_path,
+        task,
+        "algorithm.preset=dapo",
+        "algorithm.overlong=null",
+        "optim.minibatches=1",
         "run.seed=2",
     )
     drawn = groups(task.calls, G)
@@ -134,9 +138,7 @@ def test_agpo_samples_each_training_group_at_its_probes_temperature(tmp_path):
     # torch.multinomial's draw: the inverse-CDF draw (one uniform per token) couples the
     # samples at nearby temperatures so tightly that τ here changes none of them
     theta0, seed, g, max_new, draw = (-1.0, 1.5, 0.0), 2, 8, 3, "multinomial"
-    result, _, task, _, _, tau = _agpo_step(
-        tmp_path, theta0, seed, g=g, max_new=max_new, draw=draw
-    )
+    result, _, task, _, _, tau = _agpo_step(tmp_path, theta0, seed, g=g, max_new=max_new, draw=draw)
     m = result.metrics
     assert m["sampling/temperature"] == pytest.approx(sum(tau) / 2, abs=1e-6)
     assert (m["agpo/temperature_min"], m["agpo/temperature_max"]) == pytest.approx(
