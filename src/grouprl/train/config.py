@@ -276,11 +276,15 @@ class RunSectionConfig:
     cores, 20 maze steps took 11 s idle at torch's two threads and 12 s at one, but beside four
     busy processes 105 s at two and 37 s at one (2.8x); ``benchmarks/train_step.py``
     measures a given count."""
-    mmap_threshold_kib: int = 128
+    mmap_threshold_kib: int = 0
     """glibc: blocks of at least this many KiB are mapped on their own and given back to the
     OS when freed (``grouprl.train.malloc``), so the resident memory follows the live tensors
-    instead of the heap's high-water mark; 0 = glibc's growing default. [OURS, measured: one
-    SmolLM2 step peaks at 4.10 GB instead of 4.53 GB, no slowdown measured]"""
+    instead of the heap's high-water mark; 0 = glibc's growing default (nothing set). [OURS,
+    measured] 128 makes one SmolLM2 step peak at 4.10 GB instead of 4.53 GB, but every freed
+    block of 128 KiB or more is a munmap and its next use page faults: the default maze run
+    took 132 s instead of 75 s from an empty cache (54.8 s instead of 1.1 s of system time; 2
+    idle cores, load 0.7-1.2, torch 2.13), so it is opt-in: ``--set run.mmap_threshold_kib=128``
+    where the peak memory matters more than the time."""
     save_final: bool = True
     """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
     of a finished run (``grouprl.train.export``), loadable by transformers, TRL and vLLM."""
