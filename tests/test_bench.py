@@ -226,11 +226,18 @@ def test_installed_package_without_benchmarks_says_where_they_are(tmp_path, monk
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _vs_trl_module():
-    spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "benchmarks" / "vs_trl.py")
+def _bench_module(name: str):
+    """A script of benchmarks/ as a module (its sibling imports resolved)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline imports vs_trl's machine block
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _vs_trl_module():
+    return _bench_module("vs_trl")
 
 
 def test_vs_trl_compare_lists_every_differing_row_and_missing_rows():
@@ -304,16 +311,8 @@ def test_rollout_correction_rows_judge_the_share_of_a_step():
 # ---- benchmarks/roofline.py: the decode step's own GEMM limit (issue 26) ---------------------
 
 
-def _roofline_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline imports vs_trl's machine block
-    spec = importlib.util.spec_from_file_location("roofline", ROOT / "benchmarks" / "roofline.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_shape_bound_is_the_flop_weighted_harmonic_mean_of_the_shape_rates():
-    roof = _roofline_module()
+    roof = _bench_module("roofline")
     names = [f"linear_{k}" for k in roof.SMOLLM2_DECODE_SHAPES]
     # every shape at one rate: the step runs at that rate, whatever the layer count
     assert roof.shape_bound(dict.fromkeys(names, 37.0), 30) == pytest.approx(37.0)
