@@ -42,6 +42,18 @@ def timeit(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def profile_call(fn, top: int = 8) -> dict[str, float]:
+    """Share of self CPU time of the ``top`` operators of one call (after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in rows) or 1.0
+    return {e.key: round(e.self_cpu_time_total / total, 3) for e in rows[:top]}
+
+
 def make_rewards(p: int, g: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     binary = (torch.rand(p, g, generator=gen) < torch.rand(p, 1, generator=gen)).float()
@@ -249,6 +261,8 @@ def main() -> None:
     ap.add_argument("--token-prompts", type=int, default=16_384, help="token-level batch P")
     ap.add_argument("--tokens", type=int, default=16, help="completion tokens T")
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
+    ap.add_argument("--profile", nargs="*", default=[], metavar="NAME",
+                    help="estimators whose operators to profile (torch.profiler, one call)")  # fmt: skip
     args = ap.parse_args()
     _CLOCK[0] = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
@@ -285,6 +299,13 @@ def main() -> None:
         else peer_methods(rewards, args.repeat, args.token_prompts, args.tokens)
     )
 
+    profiles = {
+        name: profile_call(lambda n=name: advantages.compute(n, rewards)) for name in args.profile
+    }
+    if args.profile:
+        profiles["maxnorm_rloo+delta_res"] = profile_call(
+            lambda: advantages.compute("maxnorm_rloo", rewards, delta_res=1e-2)
+        )
     ours = [k for k in seconds if not k.startswith(("floor", "verl"))]
     direct = [k for k in ours if not k.startswith("adapter")]  # the targets are for these
     floor = seconds["floor_mean"]
@@ -333,6 +354,7 @@ def main() -> None:
                     }
                     for k, v in methods.items()
                 },
+                "profiles": profiles,
                 "token_prompts": args.token_prompts,
                 "tokens": args.tokens,
             },
