@@ -274,8 +274,8 @@ def main() -> None:
     )
 
     seconds: dict[str, float] = {"floor_mean": timeit(lambda: rewards.mean(1), args.repeat)}
-    # the order-statistic members' own floor: one sort of every group (p90's quantile, the
-    # resolution protocol's distinct levels); a lower bound for them, not a target
+    # torch.sort of every group: what an order statistic costs through torch's sort (p90 uses
+    # a sorting network instead, advantages.scale._row_quantile); a reference, not a target
     seconds["floor_sort"] = timeit(lambda: rewards.sort(1), args.repeat)
     for name in advantages.names():
         if advantages.needs(name):  # opo, remax: timed with their inputs in ``methods``
