@@ -28,7 +28,7 @@ for kib in 0 128; do  # grouprl alone: peak RSS and CPU seconds at glibc's defau
   "$py" benchmarks/vs_trl.py --model smollm2 --precision fp32 --steps "$steps" --only grouprl \
     --grouprl-set "run.mmap_threshold_kib=$kib" > "$out/vs_trl_smollm2_mmap$kib.json"
 done
-"$py" benchmarks/vs_trl.py --model tiny > "$out/vs_trl.json"
+"$py" benchmarks/vs_trl.py --model tiny > "$out/vs_trl.json"  # vs_trl_tiny_run2.json: a second run
 "$py" benchmarks/advantages.py --threads 1 --no-verl-loop --no-methods --repeat 9 --clock "$clock" \
   --profile gopo gdpo grpo_passk reinforce_pp_baseline grpo > "$out/advantages.json"
 "$py" benchmarks/rollout_speed.py > "$out/rollout_speed.json"
