@@ -92,3 +92,20 @@ def test_reinforce_pp_global_on_tokens_by_hand():
         (p, g, t): float(R[p, g]) * 0.5 ** (LENGTHS[p][g] - 1 - t) for p, g, t in _valid_tokens()
     }
     torch.testing.assert_close(half.token_values, _tokens_of(_whiten(disc)[0]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baseline_zeroes_a_collapsed_group_by_default(name):
+    # one all-correct group r = [1, 1, 1], lengths 4, 2, 2 (a unique longest): every return is
+    # 1; verl's zero tail sets the baseline of the longest beyond the second-longest length
+    # (positions 2, 3) to 0, so the peers give those tokens A = 1 - 0 = 1. zero_collapsed
+    # (the default, [OURS]) zeroes the whole group (σ of its scores is 0 < tau); scale is 1.
+    r = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]], dtype=torch.bool)
+    old_logp = torch.full(mask.shape, math.log(0.5), dtype=torch.float64)
+    kw = dict(old_logp=old_logp, sum_pi_squared=torch.full(mask.shape, 0.5, dtype=torch.float64))
+    out = advantages.compute_tokens(name, r, mask, **kw)
+    assert out.token_values.abs().sum().item() == 0.0
+    assert out.scale.tolist() == [1.0]
+    peer = advantages.compute_tokens(name, r, mask, zero_collapsed=False, **kw)
+    assert peer.token_values[0, 0, 2:].tolist() == [1.0, 1.0]
