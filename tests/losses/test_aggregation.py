@@ -266,3 +266,22 @@ def test_nan_and_inf_in_the_padding_never_reach_the_loss_or_its_gradient(
     want.update(token_sum=10.0, seq_mean_token_sum=2.5, micro_token_mean=1.25)
     out = losses.aggregate(agg, per_token.detach(), mask, totals)
     assert float(out) == pytest.approx(want[agg], rel=1e-6)
+
+
+def test_the_steps_entropy_threshold_counts_only_kept_valid_tokens():
+    # kept valid tokens: row 0 {0.5, 0.25}, row 2 {1.0} (row 1 dropped, 4.0 and 2.0 padding):
+    # the median (ρ = 0.5) of {0.25, 0.5, 1.0} is 0.5; with row 1's 8s or the padding it moves
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    keep = torch.tensor([True, False, True])
+    ent = torch.tensor([[0.5, 0.25, 4.0], [8.0, 8.0, 8.0], [1.0, 2.0, 2.0]])
+    one = step_totals(mask, keep=keep, entropies=ent, top_entropy_quantile=0.5)
+    assert one.entropy_threshold == 0.5
+    split = step_totals(
+        [mask[:2], mask[2:]], keep=[keep[:2], keep[2:]], entropies=[ent[:2], ent[2:]],
+        top_entropy_quantile=0.5,
+    )  # fmt: skip
+    assert split.entropy_threshold == 0.5
+    # ρ = 1 (every token kept, the default) or no entropies: no threshold
+    assert step_totals(mask, keep=keep, entropies=ent).entropy_threshold is None
+    assert step_totals(mask, entropies=ent, top_entropy_quantile=1.0).entropy_threshold is None
+    assert step_totals(mask, top_entropy_quantile=0.5).entropy_threshold is None

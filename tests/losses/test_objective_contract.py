@@ -151,3 +151,68 @@ def test_tensors_follow_the_inputs_device_and_dtype_not_torchs_defaults():
     for t in (out.loss, out.per_token, out.kl_loss, out.entropy_bonus, out.kl_unweighted):
         assert t.device.type == "cpu" and t.dtype == torch.float32, (t.device, t.dtype)
     assert empty.loss.device.type == "cpu" and math.isfinite(float(out.loss))
+
+
+def _one_token(old: float):
+    """One token, logp = log 0.5, ref = logp − 0.5, A = 0 (no surrogate gradient)."""
+    logp = torch.tensor([[math.log(0.5)]], dtype=torch.float64, requires_grad=True)
+    ref = logp.detach() - 0.5
+    return logp, torch.tensor([[old]], dtype=torch.float64), ref
+
+
+def test_the_straight_through_kl_correction_by_hand():
+    # ρ = π/π_old = 0.5/0.25 = 2; value: k3 of ref − logp = −0.5, e^(−0.5) + 0.5 − 1; gradient
+    # (OpenRLHF unbiased_gradient): min(ρ, clip)·(logp − ref) = 2·0.5 = 1 under the default
+    # cap (10), or 1.5·0.5 = 0.75 with the weight capped at 1.5
+    k3 = math.exp(-0.5) - 0.5
+    for clip, grad in (({}, 1.0), ({"kl_weight_clip": 1.5}, 0.75)):
+        logp, old, ref = _one_token(math.log(0.25))
+        out = losses.objective(
+            logp, old, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), ref_logp=ref,
+            beta=1.0, kl_correction="straight_through", **clip,
+        )  # fmt: skip
+        assert float(out.kl_loss) == pytest.approx(k3, rel=1e-12)
+        out.loss.backward()
+        assert float(logp.grad) == pytest.approx(grad, rel=1e-12)
+    # the cap must be positive for the straight-through weight, and is not read by the others
+    logp, old, ref = _one_token(math.log(0.25))
+    kw = dict(ref_logp=ref, beta=1.0, kl_weight_clip=0.0)
+    adv, mask = torch.zeros(1, dtype=torch.float64), torch.ones(1, 1)
+    with pytest.raises(ValueError, match="kl_weight_clip must be > 0, got 0.0"):
+        losses.objective(logp, old, adv, mask, kl_correction="straight_through", **kw)
+    ratio = losses.objective(logp, old, adv, mask, kl_correction="ratio", **kw)
+    assert float(ratio.kl_loss) == pytest.approx(2 * k3, rel=1e-12)  # ρ·k3
+
+
+@pytest.mark.parametrize("correction", [None, "ratio", "sequence_ratio", "straight_through"])
+def test_wider_reference_and_entropy_tensors_do_not_widen_a_float32_loss(correction):
+    # float64 ref_logp / old_logp / entropy beside a float32 logp: every branch is computed in
+    # the loss's dtype (float32), so the loss stays float32
+    logp, ref, adv, mask, ent = _inputs()
+    logp32 = logp.detach().float().requires_grad_()
+    out = losses.objective(
+        logp32, logp.detach() - 0.1, adv.float(), mask.float(), ref_logp=ref, beta=0.1,
+        kl_correction=correction, entropy=ent, entropy_coeff=0.01,
+    )  # fmt: skip
+    for part in ("loss", "kl_loss", "kl_unweighted", "entropy_bonus", "per_token"):
+        assert getattr(out, part).dtype == torch.float32, (part, getattr(out, part).dtype)
+
+
+def test_a_reference_of_the_wrong_shape_or_type_is_refused_and_named():
+    logp, ref, adv, mask, _ = _inputs()
+    with pytest.raises(ValueError, match=r"shape of logp \(4, 3\), got \(4, 2\)"):
+        losses.objective(logp, None, adv, mask, ref_logp=ref[:, :2], beta=0.1)
+    with pytest.raises(ValueError, match=r"ref_logp must have the shape .* got <class 'list'>"):
+        losses.objective(logp, None, adv, mask, ref_logp=ref.tolist(), beta=0.1)
+
+
+@pytest.mark.parametrize("correction", ["ratio", "sequence_ratio", "straight_through"])
+def test_a_kl_correction_without_old_logp_is_on_policy(correction):
+    # old_logp=None means π_old = π: ρ = 1 (its value), so every correction's value is k3's,
+    # e^(−0.5) + 0.5 − 1 for the one token
+    logp, _, ref = _one_token(0.0)
+    out = losses.objective(
+        logp, None, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), ref_logp=ref,
+        beta=1.0, kl_correction=correction,
+    )  # fmt: skip
+    assert float(out.kl_loss) == pytest.approx(math.exp(-0.5) - 0.5, rel=1e-12)
