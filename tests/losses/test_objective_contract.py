@@ -178,7 +178,7 @@ def test_the_straight_through_kl_correction_by_hand():
     logp, old, ref = _one_token(math.log(0.25))
     kw = dict(ref_logp=ref, beta=1.0, kl_weight_clip=0.0)
     adv, mask = torch.zeros(1, dtype=torch.float64), torch.ones(1, 1)
-    with pytest.raises(ValueError, match="kl_weight_clip must be > 0, got 0.0"):
+    with pytest.raises(ValueError, match=r"kl_weight_clip must be > 0, got 0\.0"):
         losses.objective(logp, old, adv, mask, kl_correction="straight_through", **kw)
     ratio = losses.objective(logp, old, adv, mask, kl_correction="ratio", **kw)
     assert float(ratio.kl_loss) == pytest.approx(2 * k3, rel=1e-12)  # ρ·k3
