@@ -163,9 +163,9 @@ def _one_token(old: float):
 def test_the_straight_through_kl_correction_by_hand():
     # ρ = π/π_old = 0.5/0.25 = 2; value: k3 of ref − logp = −0.5, e^(−0.5) + 0.5 − 1; gradient
     # (OpenRLHF unbiased_gradient): min(ρ, clip)·(logp − ref) = 2·0.5 = 1 under the default
-    # cap (10), or 1.5·0.5 = 0.75 with the weight capped at 1.5
+    # cap (10), or 0.5·0.5 = 0.25 with the weight capped at 0.5 (any cap > 0)
     k3 = math.exp(-0.5) - 0.5
-    for clip, grad in (({}, 1.0), ({"kl_weight_clip": 1.5}, 0.75)):
+    for clip, grad in (({}, 1.0), ({"kl_weight_clip": 0.5}, 0.25)):
         logp, old, ref = _one_token(math.log(0.25))
         out = losses.objective(
             logp, old, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), ref_logp=ref,
