@@ -216,3 +216,30 @@ def test_a_kl_correction_without_old_logp_is_on_policy(correction):
         beta=1.0, kl_correction=correction,
     )  # fmt: skip
     assert float(out.kl_loss) == pytest.approx(math.exp(-0.5) - 0.5, rel=1e-12)
+
+
+@pytest.mark.parametrize("correction", [None, "ratio", "sequence_ratio", "straight_through"])
+def test_nan_and_inf_padding_change_nothing_in_any_branch(correction, under_wide_meta_defaults):
+    # -inf log-probs, NaN reference / behaviour log-probs and NaN entropies at the padded
+    # positions (a model's padding may hold them): every branch, the loss and the gradient are
+    # those of the same batch with finite padding, and the padding's gradient is exactly 0
+    def run(pad_logp, pad_other):
+        logp, ref, adv, mask, ent = (t.detach().float() for t in _inputs())
+        pad = mask == 0
+        logp, ref = logp.masked_fill(pad, pad_logp), ref.masked_fill(pad, pad_other)
+        old = (logp.detach() - 0.1).masked_fill(pad, pad_other)
+        ent = ent.masked_fill(pad, pad_other)
+        logp.requires_grad_()
+        out = under_wide_meta_defaults(
+            losses.objective, logp, old, adv, mask, ref_logp=ref, beta=0.1, entropy=ent,
+            entropy_coeff=0.01, kl_correction=correction, top_entropy_quantile=0.5,
+        )  # fmt: skip
+        out.loss.backward()
+        parts = ("loss", "pg_loss", "kl_loss", "kl_unweighted", "entropy_bonus")
+        return [float(getattr(out, p).detach()) for p in parts], logp.grad, out.stats
+
+    clean, clean_grad, clean_stats = run(0.0, 0.0)
+    dirty, dirty_grad, dirty_stats = run(-math.inf, math.nan)
+    assert dirty == clean and dirty_stats == clean_stats
+    assert torch.equal(dirty_grad, clean_grad)
+    assert dirty_grad.dtype == torch.float32 and (dirty_grad[_inputs()[3] == 0] == 0).all()
