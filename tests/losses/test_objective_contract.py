@@ -243,3 +243,19 @@ def test_nan_and_inf_padding_change_nothing_in_any_branch(correction, under_wide
     assert dirty == clean and dirty_stats == clean_stats
     assert torch.equal(dirty_grad, clean_grad)
     assert dirty_grad.dtype == torch.float32 and (dirty_grad[_inputs()[3] == 0] == 0).all()
+
+
+def test_the_top_entropy_mask_keeps_the_tokens_at_the_threshold():
+    # entropies 0.25, 0.5, 1.0, ρ = 0.5: the threshold is the median 0.5 and a token whose
+    # entropy equals it is kept ("at least the quantile"): tokens 2 and 3. On-policy with A = 1
+    # each kept token's surrogate is −1; token_mean keeps all 3 tokens in the normaliser:
+    # pg_loss = −2/3, entropy_mask_frac = 2/3
+    logp = torch.tensor([[-0.5, -1.0, -0.2]], dtype=torch.float64, requires_grad=True)
+    ent = torch.tensor([[0.25, 0.5, 1.0]], dtype=torch.float64)
+    out = losses.objective(
+        logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 3),
+        entropy=ent, top_entropy_quantile=0.5,
+    )  # fmt: skip
+    assert float(out.pg_loss.detach()) == pytest.approx(-2 / 3, rel=1e-12)
+    assert out.stats["entropy_mask_frac"] == pytest.approx(2 / 3, rel=1e-12)
+    assert out.per_token.detach().tolist() == [[0.0, -1.0, -1.0]]
