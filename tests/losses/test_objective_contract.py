@@ -259,3 +259,17 @@ def test_the_top_entropy_mask_keeps_the_tokens_at_the_threshold():
     assert float(out.pg_loss.detach()) == pytest.approx(-2 / 3, rel=1e-12)
     assert out.stats["entropy_mask_frac"] == pytest.approx(2 / 3, rel=1e-12)
     assert out.per_token.detach().tolist() == [[0.0, -1.0, -1.0]]
+
+
+def test_large_finite_weights_whose_sum_overflows_are_accepted_and_zero_weights_too():
+    # float32 weights 3e38 + 3e38 overflow the quick check's sum (inf): the element-wise check
+    # then decides, and finite weights >= 0 (0 included) pass. Rows with A = 0 stay 0 whatever
+    # their weight; row 3 (one token, A = 2, weight 1): −2
+    logp, _, _, mask, _ = (t.detach().float() for t in _inputs())
+    adv = torch.tensor([0.0, 0.0, 0.25, 2.0])
+    w = torch.tensor([3e38, 3e38, 0.0, 1.0])
+    out = losses.objective(logp, logp, adv, mask, correction_weight=w)
+    assert out.per_token.tolist() == [[0.0] * 3, [0.0] * 3, [0.0] * 3, [-2.0, 0.0, 0.0]]
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="correction_weight must be finite and >= 0"):
+            losses.objective(logp, logp, adv, mask, correction_weight=w.clone().fill_(bad))
