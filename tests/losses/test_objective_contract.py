@@ -273,3 +273,17 @@ def test_large_finite_weights_whose_sum_overflows_are_accepted_and_zero_weights_
     for bad in (-1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="correction_weight must be finite and >= 0"):
             losses.objective(logp, logp, adv, mask, correction_weight=w.clone().fill_(bad))
+
+
+@pytest.mark.parametrize("coeff", [0.01, 0.5])
+def test_the_entropy_bonus_acts_without_statistics_too(coeff):
+    # the trainer asks for no statistics (stats=False); the bonus must still act. The valid
+    # entropies sum to 0.9+0.8+0.7 + 0.6+0.5 + 0.4+0.3+0.2 + 0.1 = 4.5 over 9 tokens: token mean
+    # 0.5, bonus coeff·0.5, subtracted from the loss
+    logp, _, adv, mask, ent = _inputs()
+    out = losses.objective(
+        logp, logp.detach(), adv, mask, entropy=ent, entropy_coeff=coeff, stats=False
+    )
+    assert out.stats == {}
+    assert float(out.entropy_bonus) == pytest.approx(coeff * 0.5, rel=1e-12)
+    assert float(out.loss.detach()) == pytest.approx(float(out.pg_loss) - coeff * 0.5, rel=1e-12)
