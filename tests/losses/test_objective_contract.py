@@ -286,4 +286,6 @@ def test_the_entropy_bonus_acts_without_statistics_too(coeff):
     )
     assert out.stats == {}
     assert float(out.entropy_bonus) == pytest.approx(coeff * 0.5, rel=1e-12)
-    assert float(out.loss.detach()) == pytest.approx(float(out.pg_loss) - coeff * 0.5, rel=1e-12)
+    assert float(out.loss.detach()) == pytest.approx(
+        float(out.pg_loss.detach()) - coeff * 0.5, rel=1e-12
+    )
