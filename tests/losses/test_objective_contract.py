@@ -249,16 +249,18 @@ def test_the_top_entropy_mask_keeps_the_tokens_at_the_threshold():
     # entropies 0.25, 0.5, 1.0, ρ = 0.5: the threshold is the median 0.5 and a token whose
     # entropy equals it is kept ("at least the quantile"): tokens 2 and 3. On-policy with A = 1
     # each kept token's surrogate is −1; token_mean keeps all 3 tokens in the normaliser:
-    # pg_loss = −2/3, entropy_mask_frac = 2/3
+    # pg_loss = −2/3, entropy_mask_frac = 2/3; the bonus acts on the kept tokens only:
+    # 0.1·(0.5 + 1.0)/3 = 0.05
     logp = torch.tensor([[-0.5, -1.0, -0.2]], dtype=torch.float64, requires_grad=True)
     ent = torch.tensor([[0.25, 0.5, 1.0]], dtype=torch.float64)
     out = losses.objective(
         logp, logp.detach(), torch.ones(1, dtype=torch.float64), torch.ones(1, 3),
-        entropy=ent, top_entropy_quantile=0.5,
+        entropy=ent, top_entropy_quantile=0.5, entropy_coeff=0.1,
     )  # fmt: skip
     assert float(out.pg_loss.detach()) == pytest.approx(-2 / 3, rel=1e-12)
+    assert float(out.entropy_bonus) == pytest.approx(0.05, rel=1e-12)
     assert out.stats["entropy_mask_frac"] == pytest.approx(2 / 3, rel=1e-12)
-    assert out.per_token.detach().tolist() == [[0.0, -1.0, -1.0]]
+    assert out.per_token.detach()[0].tolist() == pytest.approx([0.0, -1.05, -1.1], rel=1e-12)
 
 
 def test_large_finite_weights_whose_sum_overflows_are_accepted_and_zero_weights_too():
