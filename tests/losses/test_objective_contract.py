@@ -118,6 +118,8 @@ def test_per_sequence_inputs_are_checked_and_the_error_says_what_came():
         losses.objective(logp[0], old[0], adv[:1], mask[0])
     with pytest.raises(ValueError, match="mask must have the shape of logp"):
         losses.objective(logp, old, adv, mask[:, :2])
+    with pytest.raises(ValueError, match=r"mask must have the shape of logp \(4, 3\)"):
+        losses.objective(logp, old, adv, mask.tolist())  # not a tensor: no .shape to read
 
 
 def test_a_per_sequence_correction_weight_scales_each_rows_surrogate():
