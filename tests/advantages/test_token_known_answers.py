@@ -107,5 +107,6 @@ def test_the_optimal_token_baseline_zeroes_a_collapsed_group_by_default(name):
     out = advantages.compute_tokens(name, r, mask, **kw)
     assert out.token_values.abs().sum().item() == 0.0
     assert out.scale.tolist() == [1.0]
+    assert out.stats["collapsed_frac"] == 1.0  # the one group
     peer = advantages.compute_tokens(name, r, mask, zero_collapsed=False, **kw)
     assert peer.token_values[0, 0, 2:].tolist() == [1.0, 1.0]
