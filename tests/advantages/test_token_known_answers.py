@@ -110,3 +110,18 @@ def test_the_optimal_token_baseline_zeroes_a_collapsed_group_by_default(name):
     assert out.stats["collapsed_frac"] == 1.0  # the one group
     peer = advantages.compute_tokens(name, r, mask, zero_collapsed=False, **kw)
     assert peer.token_values[0, 0, 2:].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("reading", ["score", "return"])
+def test_reinforce_pp_baselines_collapse_rule_reads_ddof_and_tau(reading):
+    # group 0's valid rewards 1, 0: σ = 0.707 (ddof 1) or 0.5 (ddof 0); group 1 is collapsed
+    # (σ = 0). With tau = 0.6 group 0 stays (ddof 1) or collapses too (ddof 0). Without dense
+    # rewards both readings centre r on the group mean: the same values as the hand test's
+    kw = {"token_rewards_as": reading}
+    base = advantages.compute_tokens("reinforce_pp_baseline", R, MASK)
+    same = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, **kw)
+    torch.testing.assert_close(same.token_values, base.token_values, rtol=0, atol=1e-12)
+    one = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, tau=0.6, **kw)
+    assert one.stats["collapsed_frac"] == 0.5 and one.token_values[0].abs().sum() > 0
+    zero = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, tau=0.6, ddof=0, **kw)
+    assert zero.stats["collapsed_frac"] == 1.0 and zero.token_values.abs().sum() == 0
