@@ -73,6 +73,7 @@ def test_reinforce_pp_baseline_on_tokens_by_hand():
     kept = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, zero_collapsed=False)
     torch.testing.assert_close(kept.token_values, _tokens_of(white), rtol=0, atol=1e-12)
     assert kept.updated.tolist() == [True, True]
+    assert kept.stats["collapsed_frac"] == 0.5  # still counted, though not zeroed
 
 
 def test_reinforce_pp_global_on_tokens_by_hand():
@@ -110,6 +111,7 @@ def test_the_optimal_token_baseline_zeroes_a_collapsed_group_by_default(name):
     assert out.stats["collapsed_frac"] == 1.0  # the one group
     peer = advantages.compute_tokens(name, r, mask, zero_collapsed=False, **kw)
     assert peer.token_values[0, 0, 2:].tolist() == [1.0, 1.0]
+    assert peer.stats["collapsed_frac"] == 1.0  # still counted, though not zeroed
 
 
 @pytest.mark.parametrize("reading", ["score", "return"])
@@ -125,3 +127,18 @@ def test_reinforce_pp_baselines_collapse_rule_reads_ddof_and_tau(reading):
     assert one.stats["collapsed_frac"] == 0.5 and one.token_values[0].abs().sum() > 0
     zero = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, tau=0.6, ddof=0, **kw)
     assert zero.stats["collapsed_frac"] == 1.0 and zero.token_values.abs().sum() == 0
+
+
+def test_the_optimal_token_baseline_names_a_missing_or_misshapen_input():
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
+    good = torch.full(mask.shape, -0.5, dtype=torch.float64)
+    for missing in ("old_logp", "sum_pi_squared"):
+        kw = {"old_logp": good, "sum_pi_squared": good}
+        del kw[missing]
+        with pytest.raises(ValueError, match="needs old_logp .* and sum_pi_squared"):
+            advantages.compute_tokens("optimal_token_baseline", r, mask, **kw)
+    for name in ("old_logp", "sum_pi_squared", "is_weights"):
+        kw = {"old_logp": good, "sum_pi_squared": good, name: good[..., :2]}
+        with pytest.raises(ValueError, match=rf"^{name} must have the mask's shape \(1, 2, 3\)"):
+            advantages.compute_tokens("optimal_token_baseline", r, mask, **kw)
