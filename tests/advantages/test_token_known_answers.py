@@ -136,9 +136,27 @@ def test_the_optimal_token_baseline_names_a_missing_or_misshapen_input():
     for missing in ("old_logp", "sum_pi_squared"):
         kw = {"old_logp": good, "sum_pi_squared": good}
         del kw[missing]
-        with pytest.raises(ValueError, match="needs old_logp .* and sum_pi_squared"):
+        with pytest.raises(ValueError, match=r"needs old_logp .* and sum_pi_squared"):
             advantages.compute_tokens("optimal_token_baseline", r, mask, **kw)
     for name in ("old_logp", "sum_pi_squared", "is_weights"):
         kw = {"old_logp": good, "sum_pi_squared": good, name: good[..., :2]}
         with pytest.raises(ValueError, match=rf"^{name} must have the mask's shape \(1, 2, 3\)"):
             advantages.compute_tokens("optimal_token_baseline", r, mask, **kw)
+
+
+def test_the_optimal_token_baseline_computes_in_the_rewards_dtype():
+    # float32 behaviour log-probs, Σπ² and IS weights beside float64 rewards: cast to float64
+    # before exp / square, so the result equals that of the same values given as float64
+    g = torch.Generator().manual_seed(0)
+    r = torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64)
+    mask = torch.tensor([[[1, 1, 1], [1, 1, 0], [1, 0, 0]]], dtype=torch.bool)
+    narrow = {
+        "old_logp": -torch.rand(mask.shape, generator=g) * 3,
+        "sum_pi_squared": torch.rand(mask.shape, generator=g),
+        "is_weights": 1 + torch.rand(mask.shape, generator=g) * 3,
+    }
+    wide = {k: v.double() for k, v in narrow.items()}
+    a = advantages.compute_tokens("optimal_token_baseline", r, mask, **narrow)
+    b = advantages.compute_tokens("optimal_token_baseline", r, mask, **wide)
+    assert a.token_values.dtype == torch.float64
+    torch.testing.assert_close(a.token_values, b.token_values, rtol=0, atol=1e-15)
