@@ -130,18 +130,26 @@ def test_reinforce_pp_baselines_collapse_rule_reads_ddof_and_tau(reading):
 
 
 def test_the_optimal_token_baseline_names_a_missing_or_misshapen_input():
+    # through compute_tokens and through the registry's function itself (TOKEN_ESTIMATORS:
+    # ``fn(rewards, valid, mask, token_rewards, **params)``), which checks its own inputs
     r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     mask = torch.ones(1, 2, 3, dtype=torch.bool)
     good = torch.full(mask.shape, -0.5, dtype=torch.float64)
-    for missing in ("old_logp", "sum_pi_squared"):
-        kw = {"old_logp": good, "sum_pi_squared": good}
-        del kw[missing]
-        with pytest.raises(ValueError, match=r"needs old_logp .* and sum_pi_squared"):
-            advantages.compute_tokens("optimal_token_baseline", r, mask, **kw)
-    for name in ("old_logp", "sum_pi_squared", "is_weights"):
-        kw = {"old_logp": good, "sum_pi_squared": good, name: good[..., :2]}
-        with pytest.raises(ValueError, match=rf"^{name} must have the mask's shape \(1, 2, 3\)"):
-            advantages.compute_tokens("optimal_token_baseline", r, mask, **kw)
+    direct = advantages.TOKEN_ESTIMATORS["optimal_token_baseline"]
+    calls = (
+        lambda **kw: advantages.compute_tokens("optimal_token_baseline", r, mask, **kw),
+        lambda **kw: direct(r, None, mask, torch.zeros_like(good), **kw),
+    )
+    for call in calls:
+        for missing in ("old_logp", "sum_pi_squared"):
+            kw = {"old_logp": good, "sum_pi_squared": good}
+            del kw[missing]
+            with pytest.raises(ValueError, match=r"needs old_logp .* and sum_pi_squared"):
+                call(**kw)
+        for name in ("old_logp", "sum_pi_squared", "is_weights"):
+            kw = {"old_logp": good, "sum_pi_squared": good, name: good[..., :2]}
+            with pytest.raises(ValueError, match=rf"^{name} must have the mask's shape"):
+                call(**kw)
 
 
 def test_the_optimal_token_baseline_computes_in_the_rewards_dtype():
@@ -156,7 +164,12 @@ def test_the_optimal_token_baseline_computes_in_the_rewards_dtype():
         "is_weights": 1 + torch.rand(mask.shape, generator=g) * 3,
     }
     wide = {k: v.double() for k, v in narrow.items()}
-    a = advantages.compute_tokens("optimal_token_baseline", r, mask, **narrow)
+    dense = torch.zeros(mask.shape, dtype=torch.float64)
+    direct = advantages.TOKEN_ESTIMATORS["optimal_token_baseline"]  # no cast before it
     b = advantages.compute_tokens("optimal_token_baseline", r, mask, **wide)
-    assert a.token_values.dtype == torch.float64
-    torch.testing.assert_close(a.token_values, b.token_values, rtol=0, atol=1e-15)
+    for a in (
+        advantages.compute_tokens("optimal_token_baseline", r, mask, **narrow),
+        direct(r, None, mask, dense, **narrow),
+    ):
+        assert a.token_values.dtype == torch.float64
+        torch.testing.assert_close(a.token_values, b.token_values, rtol=0, atol=1e-15)
