@@ -173,3 +173,13 @@ def test_the_optimal_token_baseline_computes_in_the_rewards_dtype():
     ):
         assert a.token_values.dtype == torch.float64
         torch.testing.assert_close(a.token_values, b.token_values, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baseline_of_a_group_of_one_is_zero(name):
+    # one sample per group: no other sample to form a baseline, so 0 (ALGORITHMS.md §0); scale 1
+    r = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
+    mask = torch.ones(2, 1, 2, dtype=torch.bool)
+    g = torch.full(mask.shape, -0.5, dtype=torch.float64)
+    out = advantages.compute_tokens(name, r, mask, old_logp=g, sum_pi_squared=g)
+    assert out.token_values.abs().sum().item() == 0.0 and out.scale.tolist() == [1.0, 1.0]
