@@ -2,7 +2,7 @@
 verl's ``grpo`` (a Python loop over prompt ids) and ``grpo_vectorized`` and a floor
 (``rewards.mean(1)``) on the same tensor, in one run. Prints JSON.
 
-    python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop]
+    python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop] [--clock cpu]
 
 Targets (issue 2): every estimator >= 100x faster than verl's grpo, >= 2x faster than
 grpo_vectorized, within 10x of the floor. ``methods`` (issue 22): each method a peer ships,
@@ -26,15 +26,32 @@ import torch
 
 from grouprl import advantages
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+"""``--clock``: wall seconds, or this process's CPU seconds. [OURS] On a shared machine the wall
+clock also counts the time other processes held the core; one thread's CPU seconds do not."""
+_CLOCK = [time.perf_counter]
+
 
 def timeit(fn, repeat: int) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = _CLOCK[0]()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(_CLOCK[0]() - t0)
     return statistics.median(times)
+
+
+def profile_call(fn, top: int = 8) -> dict[str, float]:
+    """Share of self CPU time of the ``top`` operators of one call (after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in rows) or 1.0
+    return {e.key: round(e.self_cpu_time_total / total, 3) for e in rows[:top]}
 
 
 def make_rewards(p: int, g: int, seed: int = 0) -> torch.Tensor:
@@ -243,7 +260,11 @@ def main() -> None:
     ap.add_argument("--no-methods", action="store_true", help="skip the issue-22 methods")
     ap.add_argument("--token-prompts", type=int, default=16_384, help="token-level batch P")
     ap.add_argument("--tokens", type=int, default=16, help="completion tokens T")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
+    ap.add_argument("--profile", nargs="*", default=[], metavar="NAME",
+                    help="estimators whose operators to profile (torch.profiler, one call)")  # fmt: skip
     args = ap.parse_args()
+    _CLOCK[0] = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     load0 = [round(x, 2) for x in os.getloadavg()]
     rewards = make_rewards(args.prompts, args.group)
@@ -253,6 +274,9 @@ def main() -> None:
     )
 
     seconds: dict[str, float] = {"floor_mean": timeit(lambda: rewards.mean(1), args.repeat)}
+    # torch.sort of every group: what an order statistic costs through torch's sort (p90 uses
+    # a sorting network instead, advantages.scale._row_quantile); a reference, not a target
+    seconds["floor_sort"] = timeit(lambda: rewards.sort(1), args.repeat)
     for name in advantages.names():
         if advantages.needs(name):  # opo, remax: timed with their inputs in ``methods``
             continue
@@ -275,6 +299,13 @@ def main() -> None:
         else peer_methods(rewards, args.repeat, args.token_prompts, args.tokens)
     )
 
+    profiles = {
+        name: profile_call(lambda n=name: advantages.compute(n, rewards)) for name in args.profile
+    }
+    if args.profile:
+        profiles["maxnorm_rloo+delta_res"] = profile_call(
+            lambda: advantages.compute("maxnorm_rloo", rewards, delta_res=1e-2)
+        )
     ours = [k for k in seconds if not k.startswith(("floor", "verl"))]
     direct = [k for k in ours if not k.startswith("adapter")]  # the targets are for these
     floor = seconds["floor_mean"]
@@ -302,6 +333,7 @@ def main() -> None:
                 "group": args.group,
                 "samples": args.prompts * args.group,
                 "threads": args.threads,
+                "clock": args.clock,
                 "torch": torch.__version__,
                 "machine": platform.machine(),
                 "seconds": seconds,
@@ -322,6 +354,7 @@ def main() -> None:
                     }
                     for k, v in methods.items()
                 },
+                "profiles": profiles,
                 "token_prompts": args.token_prompts,
                 "tokens": args.tokens,
             },

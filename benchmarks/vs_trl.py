@@ -26,7 +26,9 @@ during the run), with a message listing the rows.
 
 Measured per trainer: ``samples_per_s`` / ``tokens_per_s`` (completions and generated tokens
 per second of ``train()``; model loading, TRL's trainer construction and grouprl's final
-checkpoint write excluded: TRL saves nothing with ``save_strategy="no"``), ``peak_rss_mib``
+checkpoint write excluded: TRL saves nothing with ``save_strategy="no"``), ``samples_per_cpu_s``
+(completions per CPU second of the child's process, all its threads: on a shared machine the
+wall clock also counts the time other processes held the cores), ``peak_rss_mib``
 (the child's ``ru_maxrss``; grouprl's taken before that checkpoint write, which is reported
 separately), the per-phase time split (generate, score, forward, backward,
 optimizer), the training reward, and (``--eval-prompts`` > 0) the held-out reward of the final
@@ -610,9 +612,10 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
         for module in (policy, loop, batch):  # where the log-prob kernel is called from
             if hasattr(module, "completion_logprobs"):
                 _MEM.wrap(module, "completion_logprobs", "forward")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with _phase("train"):
         loop.train(cfg, model=model, tokenizer=tok, task=task)
+    cpu = time.process_time() - c0  # the checkpoint write's CPU time included (small)
     checkpoint = saving["seconds"]
     wall = time.perf_counter() - t0 - checkpoint
     rows = [r for r in read_jsonl(out / "metrics.jsonl") if "reward/mean" in r]
@@ -624,6 +627,7 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
         "settings": settings,
         **probe.close(),
         "wall_s": wall,
+        "cpu_s": cpu,
         "init_s": 0.0,
         "checkpoint_s_excluded": checkpoint,
         "peak_rss_before_checkpoint_mib": saving["peak_before_mib"],
@@ -796,9 +800,10 @@ def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, 
         _MEM.wrap(trainer, "_calculate_rewards", "score")
         _MEM.wrap(trainer, "compute_loss", "forward")
     probe = Probe(model)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with _phase("train"):
         trainer.train()
+    cpu = time.process_time() - c0
     wall = time.perf_counter() - t0
     logs = [h for h in trainer.state.log_history if "reward" in h]
     n = args.prompts * args.group
@@ -806,6 +811,7 @@ def run_trl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[str, 
         "settings": trl_settings(trainer),
         **probe.close(),
         "wall_s": wall,
+        "cpu_s": cpu,
         "init_s": init,
         "steps": len(logs),
         "completion_tokens": sum(h["completions/mean_length"] * n for h in logs),
@@ -865,6 +871,9 @@ def worker(args: argparse.Namespace) -> None:
         "samples_per_s": res["steps"] * n / res["wall_s"],
         "tokens_per_s": res["completion_tokens"] / res["wall_s"],
         "s_per_step": res["wall_s"] / max(res["steps"], 1),
+        # CPU seconds of the process (all its threads): on a shared machine, where the wall
+        # clock also counts the time other processes held the cores, the load-robust measure
+        "samples_per_cpu_s": res["steps"] * n / max(res["cpu_s"], 1e-9),
         "peak_rss_mib": peak,
         "peak_rss_incl_checkpoint_mib": peak_all,
         "rss_before_train_mib": rss0,
@@ -996,6 +1005,7 @@ def _ratios(g: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
         "samples_per_s": g["samples_per_s"] / t["samples_per_s"],
         "tokens_per_s": g["tokens_per_s"] / t["tokens_per_s"],
         "peak_rss": g["peak_rss_mib"] / t["peak_rss_mib"],
+        "samples_per_cpu_s": g["samples_per_cpu_s"] / t["samples_per_cpu_s"],
     }
     if g.get("eval") and t.get("eval"):
         ratios["eval_reward_diff"] = g["eval"]["reward"] - t["eval"]["reward"]

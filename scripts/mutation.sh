@@ -5,6 +5,7 @@
 #   scripts/mutation.sh                      # every module: losses advantages diagnostics train
 #   scripts/mutation.sh losses advantages    # some of them
 #   scripts/mutation.sh train/loop.py        # one file, against the tests chosen for it
+#   scripts/mutation.sh losses/objective.py  # (also losses/aggregation.py: against tests/losses)
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
 #
 # Each module runs in its own scratch copy of the repository (.mutation/<module>/, ignored by
@@ -27,6 +28,7 @@ if [ -z "$PY" ]; then
 fi
 OUT="${MUTATION_DIR:-$ROOT/.mutation}"
 NICE="${MUTATION_NICE:-10}"
+CHILDREN="${MUTATION_CHILDREN:-1}"  # mutmut children at once (2 only on an idle machine)
 
 # module (or one file) -> the tests that exercise it (pytest paths, relative to the root)
 declare -A TESTS=(
@@ -34,6 +36,8 @@ declare -A TESTS=(
     [advantages]="tests/advantages"
     [diagnostics]="tests/diagnostics"
     [train]="tests/train"
+    [losses/objective.py]="tests/losses"
+    [losses/aggregation.py]="tests/losses"
     [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
@@ -43,6 +47,8 @@ declare -A EXTRA=(
     [advantages]=""
     [diagnostics]=""
     [train]="-m not slow and not e2e"
+    [losses/objective.py]=""
+    [losses/aggregation.py]=""
     [train/loop.py]=""
 )
 
@@ -142,7 +148,7 @@ for mod in "${modules[@]}"; do
         prepare "$mod" "$work"
         echo "== $mod: mutating src/grouprl/$mod against ${TESTS[$mod]} (log: $work/mutmut.log)"
         (cd "$work" && env -u PYTHONPATH OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-            nice -n "$NICE" "${MUTMUT[@]}" run --max-children 1 >"$work/mutmut.log" 2>&1) || {
+            nice -n "$NICE" "${MUTMUT[@]}" run --max-children "$CHILDREN" >"$work/mutmut.log" 2>&1) || {
             echo "mutmut failed for $mod; the end of its log:" >&2
             tail -n 30 "$work/mutmut.log" >&2
             exit 1

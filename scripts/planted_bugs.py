@@ -42,8 +42,8 @@ BUGS: dict[str, tuple[str, str, str]] = {
     ),
     "NaN-reward samples counted in the normaliser": (
         LOOP,
-        "batch.mask[rows], keep=targets.keep[rows],",
-        "batch.mask[rows],",
+        "loss_mask[rows], keep=targets.keep[rows],",
+        "loss_mask[rows],",
     ),
     "DAPO overlong masking skipped": (
         LOOP,
@@ -114,13 +114,13 @@ BUGS: dict[str, tuple[str, str, str]] = {
     "epochs ignored": (LOOP, "for _ in range(schedule.ppo_epochs):", "for _ in range(1):"),
     "minibatch normalised over the whole batch": (
         LOOP,
-        "batch.mask[rows], keep=targets.keep[rows],",
-        "batch.mask, keep=targets.keep,",
+        "loss_mask[rows], keep=targets.keep[rows],",
+        "loss_mask, keep=targets.keep,",
     ),
     "AGPO clip bounds ignored": (
         LOOP,
-        "targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip)",
-        "targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, dict(preset.surrogate_params))",
+        "targets = Targets(adv_n, keep_n, kl_weight_n, loss_ref, clip, correction=corr)",
+        "targets = Targets(\n        adv_n, keep_n, kl_weight_n, loss_ref, dict(preset.surrogate_params), correction=corr\n    )",
     ),
     "AGPO temperature not used for sampling": (
         LOOP,

@@ -226,11 +226,18 @@ def test_installed_package_without_benchmarks_says_where_they_are(tmp_path, monk
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _vs_trl_module():
-    spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "benchmarks" / "vs_trl.py")
+def _bench_module(name: str):
+    """A script of benchmarks/ as a module (its sibling imports resolved)."""
+    if str(ROOT / "benchmarks") not in sys.path:
+        sys.path.insert(0, str(ROOT / "benchmarks"))  # roofline imports vs_trl's machine block
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _vs_trl_module():
+    return _bench_module("vs_trl")
 
 
 def test_vs_trl_compare_lists_every_differing_row_and_missing_rows():
@@ -299,3 +306,41 @@ def test_rollout_correction_rows_judge_the_share_of_a_step():
     assert by[share.format("seq_mis")]["target"] is False  # 0.08 of a step: over the target
     assert by["step, bfloat16 rollouts, x: failed"]["target"] is False
     assert "rollout_correction" in bench.BENCHMARKS and "rollout_correction" in bench.QUICK_ARGS
+
+
+# ---- benchmarks/roofline.py: the decode step's own GEMM limit (issue 26) ---------------------
+
+
+def test_shape_bound_is_the_flop_weighted_harmonic_mean_of_the_shape_rates():
+    roof = _bench_module("roofline")
+    names = [f"linear_{k}" for k in roof.SMOLLM2_DECODE_SHAPES]
+    # every shape at one rate: the step runs at that rate, whatever the layer count
+    assert roof.shape_bound(dict.fromkeys(names, 37.0), 30) == pytest.approx(37.0)
+    # by hand, one layer at batch 64: q,o 2 x 2*64*576*576, k,v 2 x 2*64*576*192, gate,up
+    # 2 x 2*64*576*1536, down 2*64*1536*576 = 452,984,832 FLOPs; the head 2*64*576*49,152 =
+    # 3,623,878,656 = 8 x the layer. Layers at 10 GFLOP/s, head at 20: 9 / (1/10 + 8/20) = 18
+    rates = {**dict.fromkeys(names, 10.0), "linear_lm_head_576x49152": 20.0}
+    assert roof.shape_bound(rates, 1) == pytest.approx(18.0)
+
+
+def test_vs_trl_ratios_include_the_cpu_second_ratio():
+    vs = _vs_trl_module()
+    g = {
+        "samples_per_s": 3.0,
+        "tokens_per_s": 30.0,
+        "peak_rss_mib": 100.0,
+        "samples_per_cpu_s": 2.0,
+    }
+    t = {
+        "samples_per_s": 1.0,
+        "tokens_per_s": 20.0,
+        "peak_rss_mib": 400.0,
+        "samples_per_cpu_s": 0.5,
+    }
+    r = vs._ratios(g, t)
+    assert (r["samples_per_s"], r["tokens_per_s"], r["peak_rss"], r["samples_per_cpu_s"]) == (
+        3.0,
+        1.5,
+        0.25,
+        4.0,
+    )

@@ -118,6 +118,18 @@ def test_trigger_state_round_trip_and_compute_advances_it():
     assert clone.state_dict() == t.state_dict()
 
 
+def test_a_fresh_triggers_state_and_one_saved_before_last_delta_existed_load():
+    # a trigger saved before its first update has no reward EMA (None stays None); a state
+    # saved before ``last_delta`` was added loads with last_delta 0
+    fresh = VirtualTrigger()
+    fresh.load_state_dict(VirtualTrigger(tau=0.3).state_dict())
+    assert (fresh.tau, fresh.reward_ema, fresh.steps, fresh.last_delta) == (0.3, None, 0, 0.0)
+    old = VirtualTrigger()
+    old.last_delta = 5.0
+    old.load_state_dict({"tau": 0.6, "reward_ema": 0.25, "steps": 3})
+    assert (old.tau, old.reward_ema, old.steps, old.last_delta) == (0.6, 0.25, 3, 0.0)
+
+
 def test_code_mode_per_generation_batch_of_groups():
     # groups: all-wrong, all-correct, mixed, all-wrong (G = 4)
     r = torch.tensor([[0.0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 0], [0, 0, 0, 0]])

@@ -73,6 +73,7 @@ def test_reinforce_pp_baseline_on_tokens_by_hand():
     kept = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, zero_collapsed=False)
     torch.testing.assert_close(kept.token_values, _tokens_of(white), rtol=0, atol=1e-12)
     assert kept.updated.tolist() == [True, True]
+    assert kept.stats["collapsed_frac"] == 0.5  # still counted, though not zeroed
 
 
 def test_reinforce_pp_global_on_tokens_by_hand():
@@ -92,3 +93,93 @@ def test_reinforce_pp_global_on_tokens_by_hand():
         (p, g, t): float(R[p, g]) * 0.5 ** (LENGTHS[p][g] - 1 - t) for p, g, t in _valid_tokens()
     }
     torch.testing.assert_close(half.token_values, _tokens_of(_whiten(disc)[0]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baseline_zeroes_a_collapsed_group_by_default(name):
+    # one all-correct group r = [1, 1, 1], lengths 4, 2, 2 (a unique longest): every return is
+    # 1; verl's zero tail sets the baseline of the longest beyond the second-longest length
+    # (positions 2, 3) to 0, so the peers give those tokens A = 1 - 0 = 1. zero_collapsed
+    # (the default, [OURS]) zeroes the whole group (σ of its scores is 0 < tau); scale is 1.
+    r = torch.tensor([[1.0, 1.0, 1.0]], dtype=torch.float64)
+    mask = torch.tensor([[[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]], dtype=torch.bool)
+    old_logp = torch.full(mask.shape, math.log(0.5), dtype=torch.float64)
+    kw = dict(old_logp=old_logp, sum_pi_squared=torch.full(mask.shape, 0.5, dtype=torch.float64))
+    out = advantages.compute_tokens(name, r, mask, **kw)
+    assert out.token_values.abs().sum().item() == 0.0
+    assert out.scale.tolist() == [1.0]
+    assert out.stats["collapsed_frac"] == 1.0  # the one group
+    peer = advantages.compute_tokens(name, r, mask, zero_collapsed=False, **kw)
+    assert peer.token_values[0, 0, 2:].tolist() == [1.0, 1.0]
+    assert peer.stats["collapsed_frac"] == 1.0  # still counted, though not zeroed
+
+
+@pytest.mark.parametrize("reading", ["score", "return"])
+def test_reinforce_pp_baselines_collapse_rule_reads_ddof_and_tau(reading):
+    # group 0's valid rewards 1, 0: σ = 0.707 (ddof 1) or 0.5 (ddof 0); group 1 is collapsed
+    # (σ = 0). With tau = 0.6 group 0 stays (ddof 1) or collapses too (ddof 0). Without dense
+    # rewards both readings centre r on the group mean: the same values as the hand test's
+    kw = {"token_rewards_as": reading}
+    base = advantages.compute_tokens("reinforce_pp_baseline", R, MASK)
+    same = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, **kw)
+    torch.testing.assert_close(same.token_values, base.token_values, rtol=0, atol=1e-12)
+    one = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, tau=0.6, **kw)
+    assert one.stats["collapsed_frac"] == 0.5 and one.token_values[0].abs().sum() > 0
+    zero = advantages.compute_tokens("reinforce_pp_baseline", R, MASK, tau=0.6, ddof=0, **kw)
+    assert zero.stats["collapsed_frac"] == 1.0 and zero.token_values.abs().sum() == 0
+
+
+def test_the_optimal_token_baseline_names_a_missing_or_misshapen_input():
+    # through compute_tokens and through the registry's function itself (TOKEN_ESTIMATORS:
+    # ``fn(rewards, valid, mask, token_rewards, **params)``), which checks its own inputs
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, 3, dtype=torch.bool)
+    good = torch.full(mask.shape, -0.5, dtype=torch.float64)
+    direct = advantages.TOKEN_ESTIMATORS["optimal_token_baseline"]
+    calls = (
+        lambda **kw: advantages.compute_tokens("optimal_token_baseline", r, mask, **kw),
+        lambda **kw: direct(r, None, mask, torch.zeros_like(good), **kw),
+    )
+    for call in calls:
+        for missing in ("old_logp", "sum_pi_squared"):
+            kw = {"old_logp": good, "sum_pi_squared": good}
+            del kw[missing]
+            with pytest.raises(ValueError, match=r"needs old_logp .* and sum_pi_squared"):
+                call(**kw)
+        for name in ("old_logp", "sum_pi_squared", "is_weights"):
+            kw = {"old_logp": good, "sum_pi_squared": good, name: good[..., :2]}
+            with pytest.raises(ValueError, match=rf"^{name} must have the mask's shape"):
+                call(**kw)
+
+
+def test_the_optimal_token_baseline_computes_in_the_rewards_dtype():
+    # float32 behaviour log-probs, Σπ² and IS weights beside float64 rewards: cast to float64
+    # before exp / square, so the result equals that of the same values given as float64
+    g = torch.Generator().manual_seed(0)
+    r = torch.tensor([[1.0, 0.0, 0.5]], dtype=torch.float64)
+    mask = torch.tensor([[[1, 1, 1], [1, 1, 0], [1, 0, 0]]], dtype=torch.bool)
+    narrow = {
+        "old_logp": -torch.rand(mask.shape, generator=g) * 3,
+        "sum_pi_squared": torch.rand(mask.shape, generator=g),
+        "is_weights": 1 + torch.rand(mask.shape, generator=g) * 3,
+    }
+    wide = {k: v.double() for k, v in narrow.items()}
+    dense = torch.zeros(mask.shape, dtype=torch.float64)
+    direct = advantages.TOKEN_ESTIMATORS["optimal_token_baseline"]  # no cast before it
+    b = advantages.compute_tokens("optimal_token_baseline", r, mask, **wide)
+    for a in (
+        advantages.compute_tokens("optimal_token_baseline", r, mask, **narrow),
+        direct(r, None, mask, dense, **narrow),
+    ):
+        assert a.token_values.dtype == torch.float64
+        torch.testing.assert_close(a.token_values, b.token_values, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baseline_of_a_group_of_one_is_zero(name):
+    # one sample per group: no other sample to form a baseline, so 0 (ALGORITHMS.md §0); scale 1
+    r = torch.tensor([[1.0], [0.0]], dtype=torch.float64)
+    mask = torch.ones(2, 1, 2, dtype=torch.bool)
+    g = torch.full(mask.shape, -0.5, dtype=torch.float64)
+    out = advantages.compute_tokens(name, r, mask, old_logp=g, sum_pi_squared=g)
+    assert out.token_values.abs().sum().item() == 0.0 and out.scale.tolist() == [1.0, 1.0]

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from grouprl import losses
 from grouprl.losses import StepTotals, step_totals
+from grouprl.losses.aggregation import linear_quantile
 
 AGGS = [a for a in losses.AGGREGATIONS if a in losses.EXACT_UNDER_ACCUMULATION]
 
@@ -177,6 +178,8 @@ def test_bad_input():
         ("token_mean", "valid tokens"),
         ("seq_mean_token_mean", "sequences with a valid token"),
         ("seq_mean_token_sum_norm", "sequences with a valid token"),
+        ("seq_mean_token_sum", "sequences with a valid token"),
+        ("micro_token_mean", "valid tokens"),
     ],
 )
 def test_a_zero_normaliser_names_what_was_counted(agg, what):
@@ -208,3 +211,77 @@ def test_the_per_sequence_mean_keeps_the_losses_dtype_whatever_the_masks():
             out = losses.aggregate(agg, per_token, mask)
             assert out.dtype == torch.float32, (agg, mask.dtype, out.dtype)
         assert float(losses.aggregate("seq_mean_token_mean", per_token, mask)) == 2.25
+
+
+def test_the_entropy_threshold_of_hand_picked_entropies():
+    # valid entropies {0.25, 0.5} (0.75 is padding): ρ = 1 keeps every token, the threshold is
+    # the smallest valid entropy (the 0-quantile); ρ = 0.5: the median of two, (0.25 + 0.5)/2
+    ent = torch.tensor([[0.5, 0.25, 0.75]])
+    mask = torch.tensor([[1, 1, 0]])
+    assert losses.entropy_threshold(ent, mask, 1.0) == 0.25
+    assert losses.entropy_threshold(ent, mask, 0.5) == 0.375
+    # one valid token: it is its own threshold, whatever ρ; no valid token: None
+    one = torch.tensor([[0, 1, 0]])
+    assert losses.entropy_threshold(ent, one, 0.2) == 0.25
+    assert losses.entropy_threshold(ent, torch.zeros(1, 3), 0.2) is None
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"must be in \[0, 1\]"):
+            losses.entropy_threshold(ent, mask, bad)
+
+
+def test_linear_quantile_between_the_last_two_values_and_on_its_inputs_device(
+    under_wide_meta_defaults,
+):
+    # torch's rank q·(n − 1) = 0.5 between the only two values: 1 + 0.5·(3 − 1) = 2
+    assert float(linear_quantile(torch.tensor([3.0, 1.0]), 0.5)) == 2.0
+    # rank 0.9·3 = 2.7 between the two largest of four: 3 + 0.7·(7 − 3) = 5.8
+    values = torch.tensor([7.0, 0.0, 3.0, 1.0], dtype=torch.float64)
+    assert float(linear_quantile(values, 0.9)) == pytest.approx(5.8, abs=1e-12)
+    # its rank tensor is made on the values' device (a default device of "meta" must not leak)
+    got = under_wide_meta_defaults(linear_quantile, values.float(), 0.9)
+    assert (got.device.type, got.dtype, float(got)) == ("cpu", torch.float32, pytest.approx(5.8))
+
+
+@pytest.mark.parametrize("agg", list(losses.AGGREGATIONS))
+def test_nan_and_inf_in_the_padding_never_reach_the_loss_or_its_gradient(
+    agg, under_wide_meta_defaults
+):
+    # the hand values of test_hand_values with NaN / -inf padding instead of 100: a product with
+    # the mask would give NaN (NaN · 0); the padded positions must get an exact 0 gradient
+    want = {"token_mean": 2.5, "seq_mean_token_mean": 3.0, "seq_mean_token_sum_norm": 10 / 6}
+    want.update(token_sum=10.0, seq_mean_token_sum=5.0, micro_token_mean=2.5)
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), -float("inf")]])
+    per_token.requires_grad_()
+    out = under_wide_meta_defaults(losses.aggregate, agg, per_token, mask)
+    assert (out.device.type, out.dtype) == ("cpu", torch.float32)
+    assert float(out.detach()) == pytest.approx(want[agg], rel=1e-6)
+    out.backward()
+    assert per_token.grad[1, 1:].tolist() == [0.0, 0.0]
+    assert bool(torch.isfinite(per_token.grad).all())
+    # the same through the step's totals (a step of 8 tokens in 4 sequences, L_max 5, two
+    # micro-batches): 10/8, (2 + 4)/4, 10/(4·5), 10, 10/4, 2.5/2
+    totals = StepTotals(num_tokens=8.0, num_seqs=4.0, max_len=5.0, num_micro=2)
+    want = {"token_mean": 1.25, "seq_mean_token_mean": 1.5, "seq_mean_token_sum_norm": 0.5}
+    want.update(token_sum=10.0, seq_mean_token_sum=2.5, micro_token_mean=1.25)
+    out = losses.aggregate(agg, per_token.detach(), mask, totals)
+    assert float(out) == pytest.approx(want[agg], rel=1e-6)
+
+
+def test_the_steps_entropy_threshold_counts_only_kept_valid_tokens():
+    # kept valid tokens: row 0 {0.5, 0.25}, row 2 {1.0} (row 1 dropped, 4.0 and 2.0 padding):
+    # the median (ρ = 0.5) of {0.25, 0.5, 1.0} is 0.5; with row 1's 8s or the padding it moves
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    keep = torch.tensor([True, False, True])
+    ent = torch.tensor([[0.5, 0.25, 4.0], [8.0, 8.0, 8.0], [1.0, 2.0, 2.0]])
+    one = step_totals(mask, keep=keep, entropies=ent, top_entropy_quantile=0.5)
+    assert one.entropy_threshold == 0.5
+    split = step_totals(
+        [mask[:2], mask[2:]], keep=[keep[:2], keep[2:]], entropies=[ent[:2], ent[2:]],
+        top_entropy_quantile=0.5,
+    )  # fmt: skip
+    assert split.entropy_threshold == 0.5
+    # ρ = 1 (every token kept, the default) or no entropies: no threshold
+    assert step_totals(mask, keep=keep, entropies=ent).entropy_threshold is None
+    assert step_totals(mask, entropies=ent, top_entropy_quantile=1.0).entropy_threshold is None
+    assert step_totals(mask, top_entropy_quantile=0.5).entropy_threshold is None
