@@ -228,10 +228,21 @@ def readme_block(payload: dict) -> str:
         "M_ret − γ=0 (same N)", "SE same N", "M_ret − γ=0 at equal gain", "SE", "H(T)",
     ]  # fmt: skip
     main = C.markdown_table([r for r in rows if r["part"] == "main"], cols)
+    other_rows = [r for r in rows if r["part"] != "main"]
     others = C.markdown_table(
-        [r for r in rows if r["part"] != "main"],
+        other_rows,
         ["part", "optimizer", "wd", "eta", *cols[:6], "M_ret − γ=0 (same N)", "SE same N", "H(T)"],
     )
+    what = {
+        "hu": "hu: Hu et al.'s η = 1e-3",
+        "wd0": "wd0: no weight decay",
+        "plain": "plain: plain gradient ascent, labelled, not the papers' optimiser",
+    }
+    ran = [p for p in what if any(r["part"] == p for r in other_rows)]
+    other_block = (
+        f"**Other parts** ({'; '.join(what[p] for p in ran)}):\n\n{others}\n\n" if ran else ""
+    )
+    not_run = [p for p in what if p not in ran]
     cfg = payload["config"]["main"]
     # results.json of before issue 23 has no optimizer field: that run was plain ascent
     opt = cfg.get("optimizer", "plain")
@@ -239,11 +250,12 @@ def readme_block(payload: dict) -> str:
     return (
         f"**main: {label}, η = {main_eta:g}**, mean ± std over "
         f"{cfg['seeds']} seeds at every N; the γ rows' excess over γ = 0 at the same N and at "
-        f"equal Q_pos gain, each with its unpaired SE.\n\n{main}\n\n**Other parts** (hu: Hu "
-        "et al.'s η = 1e-3; wd0: no weight decay; plain: plain gradient ascent, labelled, not "
-        f"the papers' optimiser):\n\n{others}\n\n{C.checks_block(payload['checks'])}\n\n"
+        f"equal Q_pos gain, each with its unpaired SE.\n\n{main}\n\n{other_block}"
+        f"{C.checks_block(payload['checks'])}\n\n"
         f"({len(payload['seeds'])} seeds; |A| = {cfg['n_actions']:,}, {cfg['steps']} steps; "
-        f"{payload['seconds']:.0f} s wall on one thread, shared machine)"
+        f"{payload['seconds']:.0f} s wall on one thread, shared machine"
+        + (f"; parts not run: {', '.join(not_run)}" if not_run else "")
+        + ")"
     )
 
 
@@ -252,7 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--figure-only", action="store_true", help="only redraw figure.png from results.json"
     )
+    parser.add_argument(
+        "--parts", nargs="+", choices=list(FULL), default=list(FULL),
+        help="the parts to run (default: all; main is required: the figure and the Fig. 2 "
+        "checks read it)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if "main" not in args.parts:
+        parser.error(f"--parts must include main (the figure reads it); got {args.parts}")
     if args.figure_only:
         folder = args.out or HERE
         plot(C.load_results(folder)).savefig(folder / "figure.png", dpi=110)
@@ -264,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     from grouprl.simulate.categorical import simulate
 
     t0 = time.perf_counter()
-    results = C.simulate_parts(simulate, QUICK if args.quick else FULL, args)
+    grid = QUICK if args.quick else FULL
+    results = C.simulate_parts(simulate, {k: v for k, v in grid.items() if k in args.parts}, args)
     rows = [r for part, res in results.items() for r in summarise(res.config, part, res.data)]
     checks = [c for part, res in results.items() for c in _claims(part, res)]
     main_res = results["main"]
@@ -280,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         curves=curves_for_figure(main_res.config, main_res.data),
         seconds=time.perf_counter() - t0,
     )
+    if args.parts != list(FULL):
+        payload["command"] += " --parts " + " ".join(args.parts)
     return C.publish(out, payload, plot(payload), readme_block)
 
 

@@ -198,6 +198,11 @@ def _args(argv: list[str] | None):
         help="checkpoint a run every this many steps, so a killed sweep resumes inside the run "
         "(0: only whole runs are kept)",
     )  # fmt: skip
+    p.add_argument(
+        "--finished-only", action="store_true",
+        help="start no run: summarise the runs already saved under runs/ (a sweep still going, "
+        "or cut short) and name the planned runs that are missing",
+    )  # fmt: skip
     a = p.parse_args(argv)
     if a.control_gammas is None:
         a.control_gammas = list(a.gammas)
@@ -954,6 +959,12 @@ def readme_block(payload: dict[str, Any]) -> str:
             "\n**Earlier low-success setting** (kept as its own row; paired by seed):\n",
             C.markdown_table([{k: _cell(v) for k, v in payload["legacy"].items()}]),
         ]
+    if payload.get("missing"):
+        parts += [
+            f"\n**Not finished** ({len(payload['missing'])} planned runs missing; the tables "
+            "above hold the finished runs only, each statistic over the seeds it has): "
+            + "; ".join(payload["missing"])
+        ]
     parts += [
         "\n" + C.checks_block(payload["checks"]),
         f"\n({len(payload['seeds'])} seeds; {task}, SFT {c['sft_steps']} steps; "
@@ -1033,12 +1044,18 @@ def _command(a) -> str:
     if a.setting != "small":
         flags.append(f" --setting {a.setting}")
     for name, value in vars(a).items():
-        skip = ("out", "readme_only", "quick", "workers", "setting")
+        skip = ("out", "readme_only", "quick", "workers", "setting", "finished_only")
         if name in skip or value == getattr(default, name):
             continue
         shown = " ".join(map(str, value)) if isinstance(value, list) else value
         flags.append(f" --{name.replace('_', '-')} {shown}".rstrip())
     return "python reproductions/maze/run.py" + "".join(flags)
+
+
+def _spec_name(spec: tuple) -> str:
+    """``grpo N=8 seed 1``: a planned run (arm, γ, N, lr, seed) by name."""
+    arm, _gamma, group, _lr, seed = spec
+    return "SFT start evaluation" if arm == "base" else f"{arm} N={group} seed {seed}"
 
 
 def _compact(run: dict[str, Any]) -> dict[str, Any]:
@@ -1094,6 +1111,7 @@ def main(argv: list[str] | None = None) -> int:
     phase1 = plan(a)
     closed = {g: focal_mean_weight(g) for g in a.control_gammas if "closed" in a.controls}
     runs: list[dict] = []
+    missing: list[str] = []  # --finished-only: the planned runs not (yet) saved
     scales: dict[str, float] = {f"m_γ(γ={g:g})": m for g, m in closed.items()}
     for phase in (1, 2):
         if phase == 2:  # the measured lr controls: calibrated on the finished f_grpo runs
@@ -1114,11 +1132,19 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(saved)
             else:
                 todo.append(spec)
-        _execute(a, todo, runs, runs_dir, key)
+        if a.finished_only:
+            missing += [_spec_name(spec) for spec in todo]
+            if phase == 1 and not any(r["arm"] == "base" for r in runs):
+                raise SystemExit(
+                    f"--finished-only: no finished SFT-start evaluation under {runs_dir}; run "
+                    "the sweep first (the same flags without --finished-only)"
+                )
+        else:
+            _execute(a, todo, runs, runs_dir, key)
     cfg = {
         k: v
         for k, v in vars(a).items()
-        if k not in ("out", "readme_only", "threads", "workers", "quick")
+        if k not in ("out", "readme_only", "threads", "workers", "quick", "finished_only")
     }
     tables = summarise(runs, cfg)
     old = legacy()
@@ -1137,6 +1163,7 @@ def main(argv: list[str] | None = None) -> int:
         "tables": tables,
         "legacy": old,
         "checks": chk,
+        "missing": missing,
         "seconds": sum(r["seconds"] for r in runs),
         "runs": [_compact(r) for r in runs],
     }

@@ -57,6 +57,27 @@ def test_quick_run_writes_the_schema(name, tmp_path):
     assert "±" in text
 
 
+def test_categorical_parts_runs_only_those_and_says_so(tmp_path, capsys):
+    """``--parts main wd0``: only those parts run, the command reproduces the choice and the
+    README block names the parts left out; a choice without main is refused with a message."""
+    mod = _load("categorical")
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    assert (
+        mod.main(["--quick", "--seeds", "2", "--parts", "main", "wd0", "--out", str(tmp_path)]) == 0
+    )
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert set(res["config"]) == {"main", "wd0"}
+    assert {r["part"] for r in res["table"]} == {"main", "wd0"}
+    assert res["command"] == "python reproductions/categorical/run.py --quick --parts main wd0"
+    text = readme.read_text()
+    assert "wd0: no weight decay" in text and "parts not run: hu, plain" in text
+    assert "Hu et al.'s η = 1e-3" not in text  # no header for a part that did not run
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--quick", "--parts", "wd0", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "must include main" in capsys.readouterr().err
+
+
 def _load_common():
     spec = importlib.util.spec_from_file_location("repro_common", ROOT / "_common.py")
     mod = importlib.util.module_from_spec(spec)
@@ -148,6 +169,36 @@ def test_maze_quick_runs_trains_and_resumes(tmp_path, monkeypatch):
     assert len(names) == 1 + 5 * 2 + 2 * 2  # base, 5 arms x 2 seeds, the N = 2 sweep
     assert mod.main(argv) == 0  # everything reused: no run file is rewritten
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "runs_quick").iterdir()} == mtimes
+
+
+@pytest.mark.slow
+def test_maze_finished_only_summarises_the_saved_runs_and_names_the_missing(tmp_path, monkeypatch):
+    """--finished-only starts no run: after a 1-seed sweep, asking for 2 seeds summarises
+    seed 0 alone and lists exactly the seed-1 runs as missing (README included); on an empty
+    folder it stops with a message instead of a traceback."""
+    monkeypatch.setenv("GROUPRL_NO_SFT_CACHE", "1")
+    mod = _load("maze")
+    flags = ["--quick", "--out", str(tmp_path), "--gammas", "0.5", "--controls", "closed"]
+    with pytest.raises(SystemExit, match="no finished SFT-start evaluation"):
+        mod.main([*flags, "--finished-only"])
+    (tmp_path / "README.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    assert mod.main([*flags, "--seeds", "1"]) == 0
+    files = {f: f.stat().st_mtime_ns for f in (tmp_path / "runs_quick").iterdir()}
+    assert mod.main([*flags, "--seeds", "2", "--finished-only"]) == 0
+    assert {f: f.stat().st_mtime_ns for f in (tmp_path / "runs_quick").iterdir()} == files
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["missing"] == [
+        "grpo N=4 seed 1",
+        "f_grpo γ=0.5 N=4 seed 1",
+        "grpo N=2 seed 1",
+        "f_grpo γ=0.5 N=2 seed 1",
+        "grpo lr×m_γ(γ=0.5) N=4 seed 1",
+    ]
+    assert {r["seed"] for r in res["runs"] if r["arm"] != "base"} == {0}
+    assert all(r["pass@1"]["n"] == 1 for r in res["tables"]["paired"])
+    assert "--finished-only" not in res["command"] and "--seeds 2" in res["command"]
+    text = (tmp_path / "README.md").read_text()
+    assert "5 planned runs missing" in text and "grpo lr×m_γ(γ=0.5) N=4 seed 1" in text
 
 
 @pytest.mark.slow
