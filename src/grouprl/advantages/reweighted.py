@@ -48,10 +48,15 @@ def grpo_passk(
     if rewards.shape[1] < 2:  # no second best: every group is collapsed
         return wrap_advantages(torch.zeros_like(rewards), valid, m.collapsed, scale, zeroed=True)
     keyed = rewards if valid is None else rewards.masked_fill(~valid, float("-inf"))
-    top, idx = torch.topk(keyed, 2, dim=1)  # [P, 2] each: best, second best
-    gap = (top[:, 0] - top[:, 1]).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # [P]
+    # the best and the second best by two column reductions instead of torch.topk(k=2), which
+    # took 57 % of this function's time (issue 26's profile) and 2.1x the time of these three
+    # passes at P = 131,072, G = 8 [OURS]; a tie at the top gives a gap of 0 either way, and
+    # a unique best is the same sample
+    best, idx = keyed.max(dim=1, keepdim=True)  # [P, 1] each
+    second = keyed.scatter(1, idx, float("-inf")).amax(dim=1)  # [P]
+    gap = (best[:, 0] - second).nan_to_num(0.0, posinf=0.0, neginf=0.0)  # [P]
     gap = (gap / scale).masked_fill(m.collapsed, 0.0)
-    values = torch.zeros_like(rewards).scatter_(1, idx[:, :1], gap[:, None])  # [P, G]
+    values = torch.zeros_like(rewards).scatter_(1, idx, gap[:, None])  # [P, G]
     return wrap_advantages(values, valid, m.collapsed, scale, zeroed=True)
 
 
