@@ -614,7 +614,7 @@ def optimizer_step(
         rows, targets, beta=preset.beta, g=batch.group_size, size=cfg.optim.micro_batch_size,
         every_row=preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
     )  # fmt: skip
-    totals, selected = step_selection(run, batch, targets, micro, totals, timer=timer)
+    totals, selected = step_selection(run, batch, targets, loss_mask, micro, totals, timer=timer)
     stats, finite, backward = StepStats(), True, False
     for (m, grad), chosen in zip(micro, selected):
         if not loss_mask[m].any():  # no loss token (every completion masked): adds exactly 0
@@ -681,6 +681,7 @@ def step_selection(
     run: Run,
     batch: Batch,
     targets: Targets,
+    loss_mask: torch.Tensor,
     micro: list[tuple[torch.Tensor, bool]],
     totals: losses.StepTotals,
     *,
@@ -695,7 +696,8 @@ def step_selection(
     micro-batch before the first backward: the update is the one-batch update whatever
     ``optim.micro_batch_size`` is. Nothing to do (None per micro-batch, ``totals`` as given)
     for one micro-batch, where the loss call's own selection is the step's, for
-    ``selection="micro_batch"`` and when no selection applies.
+    ``selection="micro_batch"`` and when no selection applies. ``loss_mask`` ``[N, T]``: the
+    step's mask without rollout-rejected tokens (``targets.loss_mask(batch.mask)``).
     """
     algo, surrogate = run.cfg.algorithm, run.preset.surrogate
     cov = surrogate in ("clip_cov", "kl_cov")
@@ -706,8 +708,7 @@ def step_selection(
     rows = [m for m, _ in micro]
     with timer("logprobs"), torch.no_grad():
         parts = [run.policy.logprobs(batch, m, entropy=top) for m in rows]
-    mask = targets.loss_mask(batch.mask)  # [N, T] without rollout-rejected tokens
-    kept = [mask[m] * targets.keep[m][:, None].to(mask.dtype) for m in rows]
+    kept = [loss_mask[m] * targets.keep[m][:, None].to(loss_mask.dtype) for m in rows]
     if top:
         threshold = losses.entropy_threshold(
             [p.entropy for p in parts], kept, algo.top_entropy_quantile
