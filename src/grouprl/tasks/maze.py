@@ -236,12 +236,15 @@ class MazeTask(Task):
             (:func:`generate_maze`). The defaults (1, None) draw the unbounded stream.
         coords: [OURS] render for the tiny models with a row token before each row and the
             column inside each cell token (``r0 s9c0 o3c1 … r1 …``; ``size`` + 48·``size``
-            extra words). F-GRPO App. K says only "symbolic grid tokens". Measured on 9 × 9
-            (reproductions/maze/appk): a RoPE-only 1.2M model given the plain cell tokens
-            barely learns where the start and goal lie (its attention values carry no
-            position), and solves ≤ 7 % of 1–3-move mazes after 600 SFT steps; with the
-            coordinates in the tokens a cell's place is part of its content. Off by default,
-            which keeps the plain rendering (and its cached warm starts).
+            extra words). F-GRPO App. K says only "symbolic grid tokens". The idea: the tiny
+            models are RoPE-only, so an attention value carries a token's content but not its
+            place, and with the plain tokens a 1.2M model barely learns where the start and
+            goal lie (≤ 7 % of 1–3-move 9 × 9 mazes solved after 600 SFT steps); with
+            coordinates the place is content. Measured (reproductions/maze/appk README):
+            after 300 SFT steps on ≤ 2-move mazes no better than the plain tokens (1-move
+            mazes 13 % vs 17 %: each of the 48·size words is seen ``size`` times less often);
+            longer runs not measured. Off by default, which keeps the plain rendering (and
+            its cached warm starts).
     """
 
     name = "maze"
