@@ -38,7 +38,7 @@ declare -A TESTS=(
     [train]="tests/train"
     [losses/objective.py]="tests/losses"
     [losses/aggregation.py]="tests/losses"
-    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
+    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py tests/train/test_loop_inputs.py tests/train/test_loop.py tests/train/test_peer_methods_train.py tests/train/test_rollout_correction.py tests/train/test_loss_settings.py tests/train/test_sinks.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
 # run the unmutated code in child processes or take minutes per mutant
@@ -49,7 +49,7 @@ declare -A EXTRA=(
     [train]="-m not slow and not e2e"
     [losses/objective.py]=""
     [losses/aggregation.py]=""
-    [train/loop.py]=""
+    [train/loop.py]="-m not slow and not e2e"
 )
 
 report_only=0

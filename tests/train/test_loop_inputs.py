@@ -1,0 +1,123 @@
+"""What the step hands its parts, pinned by known answers (issue 24's mutation triage of
+``train/loop.py``).
+
+- ``step_selection``: the step-level top-entropy threshold and KL-Cov's selection count the
+  step's loss mask, the rollout correction's rejected tokens out, and only kept rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from train_toy import WORDS, ToyTask, make
+
+from grouprl import losses
+from grouprl.losses import correction
+from grouprl.tasks.base import Example
+from grouprl.train import loop
+from grouprl.train.loop import Timer, collect_batch, step_advantages
+from grouprl.train.state import setup
+from grouprl.train.targets import Targets
+
+
+class _VariedTask(ToyTask):
+    """The toy task with a different prompt per group: token entropies differ between
+    groups (one prompt would tie them at each position)."""
+
+    def examples(self, split, n, seed):
+        return [
+            Example(f"varied/{split}/{seed}/{i}", " ".join(WORDS[: 1 + (i + seed) % 4]), "a")
+            for i in range(n)
+        ]
+
+
+# ---- step_selection: the loss mask, not the sampled mask ------------------------------------
+
+
+def _selection_inputs(tmp_path, *extra):
+    """The toy run at micro-batches of one group, its first batch, the rows' entropies and
+    log-probs from one forward, and Targets whose rollout correction rejects the valid tokens
+    of highest entropy (a third of them) and whose ``keep`` drops the last group."""
+    cfg, inj = make(tmp_path, "optim.micro_batch_size=4", *extra, task=_VariedTask())
+    run = setup(cfg, **inj)
+    batch, _ = collect_batch(run, Timer(run.device))
+    adv, adv_n, _ = step_advantages(run, batch, None)
+    n = batch.mask.shape[0]
+    with torch.no_grad():
+        lp = run.policy.logprobs(batch, torch.arange(n), entropy=True)
+    valid = batch.mask > 0
+    ent = lp.entropy.float().masked_fill(~valid, -1.0)
+    top = ent.reshape(-1).topk(int(valid.sum()) // 3).indices
+    rejected = torch.zeros(valid.numel(), dtype=torch.bool)
+    rejected[top] = True
+    rejected = rejected.view_as(valid)
+    corr = correction.Correction(weight=batch.mask.float(), keep=~rejected)
+    keep = torch.ones(n, dtype=torch.bool)
+    keep[-batch.group_size :] = False
+    clip, _ = run.controller.clip_params(run.policy, batch, dict(run.preset.surrogate_params))
+    targets = Targets(adv_n, keep, torch.ones(n), None, clip, correction=corr)
+    return run, batch, targets, lp, rejected
+
+
+def _select(run, batch, targets, loss_mask):
+    rows = torch.arange(batch.mask.shape[0])
+    micro = loop.micro_batches(
+        rows, targets, beta=0.0, g=batch.group_size, size=4,
+        every_row=run.preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
+    )  # fmt: skip
+    assert len(micro) > 1  # the step-level path, not the loss call's own
+    totals = losses.step_totals(loss_mask, keep=targets.keep, max_len=batch.mask.shape[1])
+    out, selected = loop.step_selection(
+        run, batch, targets, loss_mask, micro, totals, timer=Timer(run.device)
+    )
+    return micro, out, selected
+
+
+def test_the_steps_top_entropy_threshold_counts_the_loss_mask_not_the_rejected_tokens(tmp_path):
+    run, batch, targets, lp, rejected = _selection_inputs(
+        tmp_path, "algorithm.top_entropy_quantile=0.5"
+    )
+    loss_mask = targets.loss_mask(batch.mask)
+    assert rejected.any() and bool((batch.mask.bool() & rejected).any())
+    _, totals, selected = _select(run, batch, targets, loss_mask)
+    assert selected == [None] * len(selected)  # no covariance selection for this surrogate
+    # by hand: the median (ρ = 0.5) of the entropies of the valid, unrejected tokens of kept
+    # rows; torch.quantile's linear interpolation is the definition
+    counted = loss_mask.bool() & targets.keep[:, None]
+    want = float(torch.quantile(lp.entropy.float()[counted], 0.5))
+    assert totals.entropy_threshold == pytest.approx(want, rel=1e-6)
+    # counting the rejected tokens (the highest entropies) would move the median up, and
+    # counting the dropped group would move it too: both are other thresholds
+    with_rejected = batch.mask.bool() & targets.keep[:, None]
+    wrong = float(torch.quantile(lp.entropy.float()[with_rejected], 0.5))
+    with_dropped = float(torch.quantile(lp.entropy.float()[loss_mask.bool()], 0.5))
+    assert wrong - want > 1e-3 and abs(with_dropped - want) > 1e-4  # ≫ the 1e-6 tolerance
+
+
+def test_the_steps_kl_cov_selection_counts_the_loss_mask_not_the_rejected_tokens(tmp_path):
+    run, batch, targets, lp, rejected = _selection_inputs(
+        tmp_path, "algorithm.surrogate=kl_cov",
+        "algorithm.surrogate_params={kl_cov_ratio: 0.1, ppo_kl_coef: 1.0}",
+    )  # fmt: skip
+    loss_mask = targets.loss_mask(batch.mask)
+    micro, _, selected = _select(run, batch, targets, loss_mask)
+    rows = torch.cat([m for m, _ in micro])
+    got = torch.zeros_like(batch.mask, dtype=torch.bool)
+    for (m, _), s in zip(micro, selected):
+        got[m] = s[:, : got.shape[1]]
+    # by hand: over the counted tokens (valid, unrejected, kept rows) the covariance term
+    # (A − mean A)(log π − mean log π), both means over those tokens; the top ⌊0.1·count⌋
+    counted = loss_mask.bool() & targets.keep[:, None]
+    a = targets.adv[:, None].expand_as(lp.logp)
+    mean_a, mean_lp = a[counted].mean(), lp.logp[counted].mean()
+    cov = ((a - mean_a) * (lp.logp - mean_lp)).masked_fill(~counted, -float("inf"))
+    k = int(0.1 * int(counted.sum()))
+    want = torch.zeros(cov.numel(), dtype=torch.bool)
+    want[cov.reshape(-1).topk(k).indices] = True
+    assert k >= 2 and int(got.sum()) == k
+    assert torch.equal(got, want.view_as(got))
+    assert len(rows) == batch.mask.shape[0]
+    # counting the rejected tokens is another count (⌊0.1·valid⌋ of every kept row)
+    assert int(0.1 * int((batch.mask.bool() & targets.keep[:, None]).sum())) != k
