@@ -11,12 +11,14 @@ import dataclasses
 
 import pytest
 import torch
+from hand_policy import BASE, HandPolicy, HandTask, HandTokenizer, first_is, grpo_advantages
 from train_toy import WORDS, ToyTask, make
 
 from grouprl import losses
 from grouprl.losses import correction
 from grouprl.tasks.base import Example
 from grouprl.train import loop
+from grouprl.train.config import load_config
 from grouprl.train.loop import Timer, collect_batch, step_advantages
 from grouprl.train.state import setup
 from grouprl.train.targets import Targets
@@ -121,3 +123,71 @@ def test_the_steps_kl_cov_selection_counts_the_loss_mask_not_the_rejected_tokens
     assert len(rows) == batch.mask.shape[0]
     # counting the rejected tokens is another count (⌊0.1·valid⌋ of every kept row)
     assert int(0.1 * int((batch.mask.bool() & targets.keep[:, None]).sum())) != k
+
+
+# ---- step_advantages: what the estimator reads, by hand --------------------------------------
+# The hand policy's run (hand_policy.py), its first batch, then the batch's rewards (and the
+# inputs under test) set by the test: step_advantages reads nothing else of the batch.
+
+
+def _hand_batch(tmp_path, *overrides, reward_range=(0.0, 1.0)):
+    task = HandTask({"ab": first_is("a")}, reward_range=reward_range)
+    cfg = load_config(None, [*BASE, f"run.out={tmp_path}", *overrides], validate=False)
+    run = setup(cfg, model=HandPolicy(), tokenizer=HandTokenizer(), task=task)
+    run.step = 1
+    batch, _ = collect_batch(run, Timer(run.device))
+    return run, batch
+
+
+def _adv(run, batch, **fields):
+    adv, adv_n, metrics = step_advantages(run, dataclasses.replace(batch, **fields), None)
+    return adv, [float(x) for x in adv_n], metrics
+
+
+MIXED = [0.0, 1.0, 1.0, 0.0]
+
+
+def test_opo_reads_each_completions_length_from_the_mask(tmp_path):
+    run, batch = _hand_batch(tmp_path, "algorithm.preset=opo")
+    rewards = torch.tensor([MIXED, [1.0, 1.0, 1.0, 1.0]])
+    lengths = [1, 3, 2, 2, 1, 1, 1, 1]
+    mask = torch.tensor([[1.0] * n + [0.0] * (3 - n) for n in lengths])
+    _, got, _ = _adv(run, batch, rewards=rewards, mask=mask)
+    # OPO: b = Σ L·r / Σ L = (3 + 2)/8 in the first group; the second is collapsed (0)
+    b = 5 / 8
+    assert got == pytest.approx([r - b for r in MIXED] + [0.0] * 4, abs=1e-6)
+    # the plain mean 1/2 would be another baseline
+    assert abs(b - 0.5) > 0.1
+
+
+def test_is_grpo_exact_weighs_each_group_by_its_draws_importance_weight(tmp_path):
+    run, batch = _hand_batch(tmp_path, "algorithm.preset=is_grpo_exact", "sampling.pool_size=4")
+    rewards = torch.tensor([MIXED, [1.0, 0.0, 0.0, 0.0]])
+    weights = torch.tensor([2.0, 0.5])
+    adv, got, _ = _adv(run, batch, rewards=rewards, draw_weights=weights)
+    # Dr.GRPO r − mean, times the group's weight
+    want = [2.0 * (r - 0.5) for r in MIXED] + [0.5 * (r - 0.25) for r in (1.0, 0.0, 0.0, 0.0)]
+    assert got == pytest.approx(want, abs=1e-6)
+    # a preset without the sampler's weight ignores the draw weights (GRPO by hand)
+    run2, batch2 = _hand_batch(tmp_path / "grpo", "algorithm.preset=grpo")
+    _, plain, _ = _adv(run2, batch2, rewards=rewards, draw_weights=weights)
+    want2 = grpo_advantages(MIXED) + grpo_advantages([1.0, 0.0, 0.0, 0.0])
+    assert plain == pytest.approx(want2, abs=1e-6)
+
+
+def test_avspo_reads_the_runs_trigger_and_the_tasks_reward_range(tmp_path):
+    # rewards on [0, 2]: an all-correct group (2s) and a mixed one, batch ACR 1/2; the run's
+    # trigger at τ = 0.2 fires (1/2 > 0.2), its default τ = 0.5 would not
+    run, batch = _hand_batch(tmp_path, "algorithm.preset=avspo", reward_range=(0.0, 2.0))
+    run.trigger.tau = 0.2
+    rewards = torch.tensor([[2.0, 2.0, 2.0, 2.0], [0.0, 2.0, 0.0, 2.0]])
+    adv, got, _ = _adv(run, batch, rewards=rewards)
+    # K = max(1, min(4, ⌈4·(1/2)^0.5⌉)) = 3 virtual rewards r_hi − (r_hi − r_lo)·k/K = 4/3, 2/3,
+    # 0 (on [0, 1] they would be 2/3, 1/3, 0); GRPO over the 7, the 4 real ones kept
+    virtual = [4 / 3, 2 / 3, 0.0]
+    want = grpo_advantages([2.0] * 4 + virtual)[:4] + grpo_advantages([0.0, 2.0, 0.0, 2.0])
+    assert got == pytest.approx(want, abs=1e-6)
+    assert want[0] > 0.1  # the collapsed group learns only through the virtual samples
+    # the run's trigger advanced once: its EMA starts at the batch's mean reward 12/8
+    assert run.trigger.steps == 1 and run.trigger.reward_ema == pytest.approx(1.5)
+    assert adv.stats["virtual/tau_adapt"] == pytest.approx(0.2)
