@@ -45,7 +45,7 @@ def _selection_inputs(tmp_path, *extra):
     cfg, inj = make(tmp_path, "optim.micro_batch_size=4", *extra, task=_VariedTask())
     run = setup(cfg, **inj)
     batch, _ = collect_batch(run, Timer(run.device))
-    adv, adv_n, _ = step_advantages(run, batch, None)
+    _, adv_n, _ = step_advantages(run, batch, None)
     n = batch.mask.shape[0]
     with torch.no_grad():
         lp = run.policy.logprobs(batch, torch.arange(n), entropy=True)
@@ -99,7 +99,7 @@ def test_the_steps_top_entropy_threshold_counts_the_loss_mask_not_the_rejected_t
 
 
 def test_the_steps_kl_cov_selection_counts_the_loss_mask_not_the_rejected_tokens(tmp_path):
-    run, batch, targets, lp, rejected = _selection_inputs(
+    run, batch, targets, lp, _ = _selection_inputs(
         tmp_path, "algorithm.surrogate=kl_cov",
         "algorithm.surrogate_params={kl_cov_ratio: 0.1, ppo_kl_coef: 1.0}",
     )  # fmt: skip
@@ -164,7 +164,7 @@ def test_is_grpo_exact_weighs_each_group_by_its_draws_importance_weight(tmp_path
     run, batch = _hand_batch(tmp_path, "algorithm.preset=is_grpo_exact", "sampling.pool_size=4")
     rewards = torch.tensor([MIXED, [1.0, 0.0, 0.0, 0.0]])
     weights = torch.tensor([2.0, 0.5])
-    adv, got, _ = _adv(run, batch, rewards=rewards, draw_weights=weights)
+    _, got, _ = _adv(run, batch, rewards=rewards, draw_weights=weights)
     # Dr.GRPO r − mean, times the group's weight
     want = [2.0 * (r - 0.5) for r in MIXED] + [0.5 * (r - 0.25) for r in (1.0, 0.0, 0.0, 0.0)]
     assert got == pytest.approx(want, abs=1e-6)
