@@ -8,10 +8,20 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
-from hand_policy import BASE, HandPolicy, HandTask, HandTokenizer, first_is, grpo_advantages
+from hand_policy import (
+    BASE,
+    HandPolicy,
+    HandTask,
+    HandTokenizer,
+    first_is,
+    grpo_advantages,
+    log_prob,
+    softmax,
+)
 from train_toy import WORDS, ToyTask, make
 
 from grouprl import losses
@@ -191,3 +201,70 @@ def test_avspo_reads_the_runs_trigger_and_the_tasks_reward_range(tmp_path):
     # the run's trigger advanced once: its EMA starts at the batch's mean reward 12/8
     assert run.trigger.steps == 1 and run.trigger.reward_ema == pytest.approx(1.5)
     assert adv.stats["virtual/tau_adapt"] == pytest.approx(0.2)
+
+
+# ---- _balance: R/KL on the low-σ rows, the step's loss as trained -----------------------------
+
+
+def test_the_low_sigma_balance_is_the_trained_loss_of_those_rows_by_hand(tmp_path):
+    # One token per completion (max_new_tokens=1). The batch's behaviour log-probs are those
+    # of θ_old ≠ θ (ratios ≠ 1, some outside CISPO's bounds [1 − 0.3, 1 + 0.1]), the
+    # reference is θ_ref ≠ θ (KL ≠ 0, so the ratio KL correction changes the KL gradient),
+    # the rollout correction weighs rows 4 and 5 (0.5, 2) and rejects row 6, and the step's
+    # L_max is 4 while the completions are 1 token wide. Rows 4-7 are the low-σ subset.
+    run, batch = _hand_batch(
+        tmp_path, "algorithm.preset=grpo", "algorithm.surrogate=cispo", "algorithm.beta=0.5",
+        "algorithm.kl=k1", "algorithm.kl_correction=ratio",
+        "algorithm.aggregation=seq_mean_token_sum_norm",
+    )  # fmt: skip
+    theta, old, ref = [-0.5, 0.3, 0.0], [0.2, -0.4, 0.1], [0.0, 0.5, -0.3]
+    ys = [int(y) for y in batch.completion_ids[:, 0]]
+    assert batch.mask.shape == (8, 1) and bool((batch.mask == 1).all())
+    col = lambda th: torch.tensor([[log_prob(th, y)] for y in ys])  # noqa: E731
+    batch = dataclasses.replace(batch, old_logp=col(old))
+    adv = [0.5, -1.0, 1.5, -0.5, 1.0, -2.0, 0.7, -0.3]
+    weight = [1.0, 1.0, 1.0, 1.0, 0.5, 2.0, 1.0, 1.0]
+    kept = [True] * 6 + [False, True]
+    corr = correction.Correction(
+        weight=torch.tensor(weight)[:, None], keep=torch.tensor(kept)[:, None]
+    )
+    targets = Targets(
+        torch.tensor(adv), torch.ones(8, dtype=torch.bool), torch.tensor([1.0] * 4 + [3.0] * 4),
+        col(ref), {"eps_low": 0.3, "eps_high": 0.1}, correction=corr,
+    )  # fmt: skip
+    rows = torch.arange(8)
+    totals = losses.step_totals(targets.loss_mask(batch.mask), keep=targets.keep, max_len=4)
+    obj = loop.micro_batch_loss(run, batch, targets, rows, totals, timer=Timer(run.device))
+    low = torch.tensor([False] * 4 + [True] * 4)
+    out = loop._balance(run, batch, targets, obj, rows, totals, low)
+
+    pi = softmax(theta)
+
+    def branches(subset):
+        """(g_R, g_KL) by hand: CISPO's −w·clip(ρ)·A and the unweighted k1 branch under the
+        ratio correction, ρ·(log π − log π_ref + 1), each times (e_y − π)/(S·L_max)."""
+        counted = [i for i in subset if kept[i]]
+        scale = 1 / (len(counted) * 4)
+        g_r, g_kl = [0.0] * 3, [0.0] * 3
+        for i in counted:
+            y = ys[i]
+            rho = math.exp(log_prob(theta, y) - log_prob(old, y))
+            c_r = -weight[i] * min(max(rho, 0.7), 1.1) * adv[i]
+            c_kl = rho * (log_prob(theta, y) - log_prob(ref, y) + 1)
+            for k in range(3):
+                g_r[k] += scale * c_r * ((k == y) - pi[k])
+                g_kl[k] += scale * c_kl * ((k == y) - pi[k])
+        return g_r, g_kl
+
+    for name, subset in (("batch", range(8)), ("low_sigma", range(4, 8))):
+        g_r, g_kl = branches(subset)
+        n_r, n_kl = math.hypot(*g_r), math.hypot(*g_kl)
+        assert out[f"balance/{name}/reward_grad_norm"] == pytest.approx(n_r, rel=1e-5)
+        assert out[f"balance/{name}/kl_grad_norm"] == pytest.approx(n_kl, rel=1e-5)
+        assert out[f"balance/{name}/r_over_kl"] == pytest.approx(n_r / (0.5 * n_kl), rel=1e-5)
+        cos = sum(a * b for a, b in zip(g_r, g_kl)) / (n_r * n_kl)
+        assert out[f"balance/{name}/cosine"] == pytest.approx(cos, abs=1e-5)
+    assert out["balance/low_sigma/rows"] == 4.0
+    # the inputs act: some ratio is clipped, the rows' tokens differ
+    rhos = [math.exp(log_prob(theta, y) - log_prob(old, y)) for y in ys[4:]]
+    assert any(r > 1.1 or r < 0.7 for r in rhos) and len(set(ys[4:])) > 1, ys
