@@ -268,3 +268,30 @@ def test_the_low_sigma_balance_is_the_trained_loss_of_those_rows_by_hand(tmp_pat
     # the inputs act: some ratio is clipped, the rows' tokens differ
     rhos = [math.exp(log_prob(theta, y) - log_prob(old, y)) for y in ys[4:]]
     assert any(r > 1.1 or r < 0.7 for r in rhos) and len(set(ys[4:])) > 1, ys
+
+
+# ---- update_policy: the seeded shuffle ------------------------------------------------------
+
+
+def test_the_groups_are_shuffled_by_the_seed_and_step_stream(tmp_path, monkeypatch):
+    # the documented stream: epoch orders from torch.randperm(P) with a generator seeded
+    # seed·1000003 + step (resume replays it); step 5 of seed 3, 4 groups in 4 minibatches
+    run, batch = _hand_batch(
+        tmp_path, "sampling.prompts_per_step=4", "optim.minibatches=4", "optim.ppo_epochs=2",
+        "run.seed=3",
+    )  # fmt: skip
+    run.step = 5
+    seen: list[list[int]] = []
+    monkeypatch.setattr(loop, "optimizer_step", lambda run, b, t, rows, **k: seen.append(rows))
+    n = batch.mask.shape[0]
+    targets = Targets(torch.ones(n), torch.ones(n, dtype=torch.bool), torch.ones(n), None, {})
+    loop.update_policy(run, batch, targets, Timer(run.device))
+
+    def orders(seed):
+        gen = torch.Generator().manual_seed(seed)
+        return [torch.randperm(4, generator=gen).tolist() for _ in range(2)]
+
+    want = orders(3 * 1_000_003 + 5)
+    assert [[int(r[0]) // 4 for r in seen[e * 4 : e * 4 + 4]] for e in range(2)] == want
+    assert all(r.tolist() == list(range(r[0], r[0] + 4)) for r in seen)  # whole groups
+    assert want != orders(3 * 1_000_003 - 5) and want[0] != want[1]
