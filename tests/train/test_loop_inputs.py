@@ -295,3 +295,43 @@ def test_the_groups_are_shuffled_by_the_seed_and_step_stream(tmp_path, monkeypat
     assert [[int(r[0]) // 4 for r in seen[e * 4 : e * 4 + 4]] for e in range(2)] == want
     assert all(r.tolist() == list(range(r[0], r[0] + 4)) for r in seen)  # whole groups
     assert want != orders(3 * 1_000_003 - 5) and want[0] != want[1]
+
+
+# ---- UpdateLog / StepStats: the update's metrics as means over the steps taken ---------------
+
+
+def test_the_update_log_averages_over_the_steps_taken_by_hand():
+    # step 1: two micro-batches of 1/4 and 3/4 of the sequences; step 2: half of its
+    # sequences in a micro-batch without a loss token (missing 1/2), the other half's
+    # statistics rescaled to the whole step
+    one = loop.StepStats()
+    one.add({"pg_loss": 0.5, "kl_loss": 0.25, "ratio_mean": 1.0, "kl_mean": 0.1}, 0.25)
+    one.add({"pg_loss": -0.125, "kl_loss": 0.125, "ratio_mean": 2.0, "kl_mean": 0.3}, 0.75)
+    assert one.losses == {"pg": 0.375, "kl": 0.375}
+    assert one.policy == pytest.approx({"ratio_mean": 1.75, "kl_mean": 0.25})
+    two = loop.StepStats(missing=0.5)
+    two.add({"pg_loss": 1.0, "ratio_mean": 3.0}, 0.5)
+    log = loop.UpdateLog(skipped=2, empty=1, balance={"balance/batch/cosine": 0.5})
+    log.add(one, 4.0)
+    log.add(two, 2.0)
+    m = log.metrics()
+    assert m == pytest.approx(
+        {
+            "loss/pg": (0.375 + 1.0) / 2,
+            "loss/kl": 0.375 / 2,
+            "loss/total": (0.375 + 1.0) / 2 + 0.375 / 2,
+            "policy/ratio_mean": (1.75 + 3.0) / 2,  # 1.5 of half the step, over 1 − 1/2
+            "kl/mean": 0.25 / 2,
+            "optim/grad_norm": 3.0,
+            "optim/steps": 2.0,
+            "optim/skipped_steps": 2.0,
+            "optim/empty_steps": 1.0,
+            "balance/batch/cosine": 0.5,
+        }
+    )
+    # no step taken: no gradient norm, zero losses, the counts
+    empty = loop.UpdateLog(empty=1).metrics()
+    assert empty == {
+        "kl/mean": 0.0, "loss/total": 0.0, "optim/steps": 0.0, "optim/skipped_steps": 0.0,
+        "optim/empty_steps": 1.0,
+    }  # fmt: skip
