@@ -8,6 +8,8 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import json
 import math
 
 import pytest
@@ -21,6 +23,7 @@ from hand_policy import (
     grpo_advantages,
     log_prob,
     softmax,
+    train_hand,
 )
 from train_toy import WORDS, ToyTask, make
 
@@ -335,3 +338,50 @@ def test_the_update_log_averages_over_the_steps_taken_by_hand():
         "kl/mean": 0.0, "loss/total": 0.0, "optim/steps": 0.0, "optim/skipped_steps": 0.0,
         "optim/empty_steps": 1.0,
     }  # fmt: skip
+
+
+# ---- the run: its notes, final save, sinks, result and stage times ---------------------------
+
+
+def test_a_runs_notes_final_save_sinks_and_result(tmp_path, capsys):
+    # two steps of GRPO at its own one-step schedule, a rollout correction set although the
+    # rollouts are sampled at the training precision, save_final on a policy that cannot
+    # save_pretrained, tensorboard off
+    task = HandTask({"ab": first_is("a", empty=0.5)})
+    result, _, _ = train_hand(
+        tmp_path, task, "optim.steps=2", "algorithm.rollout_correction=icepop",
+        "run.save_final=true",
+    )  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert (result.run_dir, result.step, result.stopped_by) == (tmp_path, 2, None)
+    notes = [line for line in out if line.startswith(("note:", "schedule:", "warning:"))]
+    assert notes == [
+        "note: grpo takes one optimizer step per generation batch, as its sources do: every "
+        "step is on-policy (ratio 1), so the ppo_clip clip does not act",
+        "note: algorithm.rollout_correction='icepop' has nothing to correct: the rollouts are "
+        "sampled at the training precision (model.rollout_precision=same), so their log-probs "
+        "are the trainer's and every correction weight is 1",
+    ]
+    assert out.count("final policy not written: HandPolicy has no save_pretrained") == 1
+    assert not (tmp_path / "tb").exists()  # run.tensorboard=false, though tensorboard is here
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "resume/changed" not in rows[0]
+    # without save_final and without the correction: neither line
+    again, _, _ = train_hand(tmp_path / "b", HandTask({"ab": first_is("a")}), "optim.steps=1")
+    out = capsys.readouterr().out
+    assert "final policy" not in out and "has nothing to correct" not in out
+    assert again.run_dir == tmp_path / "b"
+
+
+def test_a_steps_stage_times_are_its_own(tmp_path, monkeypatch):
+    # every stage of a step is timed under its own name, and the step's time spans them
+    run, _ = _hand_batch(tmp_path, "algorithm.beta=0.1")
+    clock = itertools.count(1000.0)  # each perf_counter call one second later
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: next(clock))
+    m = loop.train_step(run)
+    times = {k: v for k, v in m.items() if k.startswith("time/")}
+    assert set(times) == {f"time/{s}" for s in loop.Timer.STAGES} | {"time/step"}
+    assert all(v >= 1.0 for v in times.values())  # every stage ran (whole seconds)
+    calls = next(clock) - 1000.0  # the clock's reads so far
+    assert sum(v for k, v in times.items() if k != "time/step") <= times["time/step"] < calls
