@@ -385,3 +385,24 @@ def test_a_steps_stage_times_are_its_own(tmp_path, monkeypatch):
     assert all(v >= 1.0 for v in times.values())  # every stage ran (whole seconds)
     calls = next(clock) - 1000.0  # the clock's reads so far
     assert sum(v for k, v in times.items() if k != "time/step") <= times["time/step"] < calls
+
+
+def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_path):
+    # two micro-batches of one group; the second group's completions are all masked, so its
+    # micro-batch is skipped (exactly 0 of the loss) and the step's statistics are those of
+    # the first alone: the ratio 1 on-policy, the entropy H(π) of the hand policy's θ
+    run, batch = _hand_batch(tmp_path, "optim.micro_batch_size=4")
+    mask = batch.mask.clone()
+    mask[4:] = 0.0
+    batch = dataclasses.replace(batch, mask=mask)
+    n = mask.shape[0]
+    adv = torch.tensor([1.0, -1.0] * 4)
+    targets = Targets(adv, torch.ones(n, dtype=torch.bool), torch.ones(n), None, {})
+    log = loop.UpdateLog()
+    rows = torch.arange(n)
+    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    entropy = -sum(p * math.log(p) for p in softmax([-0.5, 0.3, 0.0]))
+    assert log.taken == 1 and log.skipped == 0
+    assert log.policy["entropy_mean"] == pytest.approx(entropy, rel=1e-5)
+    assert log.policy["ratio_mean"] == pytest.approx(1.0, rel=1e-6)
+    assert log.policy["kept_frac"] == pytest.approx(1.0)
