@@ -406,3 +406,8 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     assert log.policy["entropy_mean"] == pytest.approx(entropy, rel=1e-5)
     assert log.policy["ratio_mean"] == pytest.approx(1.0, rel=1e-6)
     assert log.policy["kept_frac"] == pytest.approx(1.0)
+    # optim.entropy=false (and no top-entropy selection): the entropy is not computed
+    run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, entropy=False))
+    log = loop.UpdateLog()
+    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # the objective's "none"
