@@ -410,4 +410,4 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, entropy=False))
     log = loop.UpdateLog()
     loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
-    assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # the objective's "none"
+    assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # 0: not computed
