@@ -411,3 +411,37 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     log = loop.UpdateLog()
     loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
     assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # 0: not computed
+
+
+def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
+    tmp_path, monkeypatch
+):
+    # a chain of a per-batch method (its weights given: 0.5 / 2 per row) and OPSM, which runs
+    # in the loss on the current policy: OPSM drops (weight 0) the sequences with A < 0 whose
+    # mean log(π_rollout/π_θ) exceeds δ = 0; the loss's weight is the product of the two
+    run, batch = _hand_batch(
+        tmp_path, "algorithm.rollout_correction=token_tis:cap=2+opsm:threshold=0"
+    )
+    ys = [int(y) for y in batch.completion_ids[:, 0]]
+    lp = torch.tensor([[log_prob([-0.5, 0.3, 0.0], y)] for y in ys])
+    drift = [0.1, 0.1, -0.1, -0.1] * 2  # log π_rollout − log π_θ per row
+    batch = dataclasses.replace(batch, old_logp=lp, rollout_logp=lp + torch.tensor(drift)[:, None])
+    adv = [1.0, -1.0, 1.0, -1.0, -1.0, 1.0, -1.0, 1.0]
+    given = [0.5, 2.0] * 4
+    corr = correction.Correction(weight=torch.tensor(given)[:, None], keep=batch.mask > 0)
+    n = len(adv)
+    targets = Targets(torch.tensor(adv), torch.ones(n, dtype=torch.bool), torch.ones(n), None,
+                      {}, correction=corr)  # fmt: skip
+    seen = []
+    real = losses.objective
+    monkeypatch.setattr(
+        loop.losses, "objective",
+        lambda *a, **k: seen.append(k["correction_weight"]) or real(*a, **k),
+    )  # fmt: skip
+    rows = torch.arange(n)
+    totals = losses.step_totals(batch.mask, keep=targets.keep, max_len=1)
+    loop.micro_batch_loss(run, batch, targets, rows, totals, timer=Timer(run.device))
+    dropped = [a < 0 and d > 0 for a, d in zip(adv, drift)]
+    want = [0.0 if drop else w for w, drop in zip(given, dropped)]
+    assert [float(x) for x in seen[0][:, 0]] == pytest.approx(want)
+    assert 0 < sum(dropped) < n
