@@ -445,3 +445,20 @@ def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
     want = [0.0 if drop else w for w, drop in zip(given, dropped)]
     assert [float(x) for x in seen[0][:, 0]] == pytest.approx(want)
     assert 0 < sum(dropped) < n
+
+
+def test_every_sampling_of_a_step_is_timed_by_the_steps_timer(tmp_path, monkeypatch):
+    # AGPO probes each prompt before the training groups are sampled (collect_batch's probe):
+    # both generations (and the scoring inside sample_groups) count in the step's stage times
+    run, _ = _hand_batch(tmp_path, "algorithm.preset=agpo")
+    timers = []
+    real = loop.sample_groups
+
+    def sample_groups(*a, timer=None, **k):
+        timers.append(timer)
+        return real(*a, timer=timer, **k)
+
+    monkeypatch.setattr(loop, "sample_groups", sample_groups)
+    timer = Timer(run.device)
+    loop.collect_batch(run, timer)
+    assert len(timers) == 2 and all(t is timer for t in timers)  # the probe, the groups
