@@ -462,3 +462,13 @@ def test_every_sampling_of_a_step_is_timed_by_the_steps_timer(tmp_path, monkeypa
     timer = Timer(run.device)
     loop.collect_batch(run, timer)
     assert len(timers) == 2 and all(t is timer for t in timers)  # the probe, the groups
+
+
+def test_a_steps_collapse_split_reads_the_tasks_reward_range(tmp_path):
+    # every reward 1 on a task whose range is [0, 2]: both groups collapsed, neither all
+    # correct (2) nor all wrong (0) but "other" (on [0, 1] they would be all correct)
+    task = HandTask({"one": lambda words: 1.0}, reward_range=(0.0, 2.0))
+    result, _, _ = train_hand(tmp_path, task)
+    m = result.metrics
+    split = [m[f"acr/{k}"] for k in ("rate", "all_correct", "all_wrong", "other")]
+    assert split == [1.0, 0.0, 0.0, 1.0]
