@@ -472,3 +472,20 @@ def test_a_steps_collapse_split_reads_the_tasks_reward_range(tmp_path):
     m = result.metrics
     split = [m[f"acr/{k}"] for k in ("rate", "all_correct", "all_wrong", "other")]
     assert split == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_the_batch_carries_each_draws_importance_weight(tmp_path):
+    # IS-GRPO-exact over a pool of 4: after the sampler saw σ̂ = std(0, 1, 0, 1) for prompt 0
+    # and std(0, 0, 0, 1) = 1/2 for prompt 1, p ∝ max(σ̂, 0.05) with the unvisited prompts at
+    # the mean σ̂; each drawn group's weight is 1/(|pool|·p) of its prompt, as drawn
+    run, _ = _hand_batch(tmp_path, "algorithm.preset=is_grpo_exact", "sampling.pool_size=4")
+    run.step = 2
+    run.prompts.observe(torch.tensor([0, 1]), torch.tensor([MIXED[:2] * 2, [0.0, 0.0, 0.0, 1.0]]))
+    sigma = [math.sqrt(1 / 3), 0.5]
+    sigma += [sum(sigma) / 2] * 2
+    p = [s / sum(sigma) for s in sigma]
+    batch, _ = collect_batch(run, Timer(run.device))
+    drawn = [int(e.rsplit("/", 1)[1]) for e in batch.example_ids]
+    assert batch.draw_weights is not None
+    assert [float(w) for w in batch.draw_weights] == pytest.approx([1 / (4 * p[i]) for i in drawn])
+    assert len({round(1 / (4 * x), 6) for x in p}) > 1  # the weights differ from 1
