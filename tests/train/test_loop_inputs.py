@@ -30,7 +30,8 @@ from train_toy import WORDS, ToyTask, make
 from grouprl import losses
 from grouprl.losses import correction
 from grouprl.tasks.base import Example
-from grouprl.train import loop
+from grouprl.tasks.verify import BatchScores
+from grouprl.train import filters, loop
 from grouprl.train.config import load_config
 from grouprl.train.loop import Timer, collect_batch, step_advantages
 from grouprl.train.state import setup
@@ -489,3 +490,21 @@ def test_the_batch_carries_each_draws_importance_weight(tmp_path):
     assert batch.draw_weights is not None
     assert [float(w) for w in batch.draw_weights] == pytest.approx([1 / (4 * p[i]) for i in drawn])
     assert len({round(1 / (4 * x), 6) for x in p}) > 1  # the weights differ from 1
+
+
+def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
+    # two reward functions (weights 1 and 2) on 2 prompts × 4 completions: the estimator gets
+    # [P, G, K] float32 parts, also under a float64 default dtype, and the weights
+    run, _ = _hand_batch(tmp_path, "algorithm.preset=gdpo")
+    flat = [[float(i % 2), float(i // 2 % 2)] for i in range(8)]  # [P·G, K]
+    scores = BatchScores([0.0] * 8, 0, per_function=flat, function_weights=(1.0, 2.0))
+    overlong = filters.Overlong.of(None, max_new_tokens=1, cache=0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out = loop.reward_side(run, [None, None], scores, None, overlong, Timer(run.device))
+    finally:
+        torch.set_default_dtype(default)
+    assert out["reward_parts"].dtype == torch.float32
+    assert out["reward_parts"].tolist() == [flat[:4], flat[4:]]
+    assert out["reward_weights"] == (1.0, 2.0) and "baseline" not in out
