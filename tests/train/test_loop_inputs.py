@@ -508,3 +508,18 @@ def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
     assert out["reward_parts"].dtype == torch.float32
     assert out["reward_parts"].tolist() == [flat[:4], flat[4:]]
     assert out["reward_weights"] == (1.0, 2.0) and "baseline" not in out
+
+
+def test_on_a_gpu_each_timed_stage_ends_with_a_synchronisation(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append(a))
+    gpu, cpu = Timer(torch.device("cuda")), Timer(torch.device("cpu"))
+    for timer in (gpu, cpu):
+        with timer("logprobs"):
+            pass
+        with timer("correction"):  # a stage outside STAGES, logged once it ran
+            pass
+    assert len(calls) == 2  # the GPU timer's two stages, none of the CPU timer's
+    assert set(cpu.metrics(step=1.0)) == {f"time/{s}" for s in (*Timer.STAGES, "correction")} | {
+        "time/step"
+    }
