@@ -135,10 +135,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """``--setting``: the defaults of every flag. ``small`` = the issue-12 fair test (4×4, the 205k
 model; its results are this folder's README); ``appk`` = towards F-GRPO App. K on two shared
-cores (9×9 mazes with answers of 1-6 moves, a 1.2M-parameter model, SFT batch 32 as App. K,
+cores (9×9 mazes with answers of 1-3 moves, a 1.2M-parameter model, SFT batch 32 as App. K,
 RL lr 1e-4 as App. K at 16 prompts a step, every N × γ of {4, 8, 16} × {0, 0.5, 1}, both lr
 controls at γ = 0.5; results under ``appk/``). Flags override. [OURS, pilot] SFT lr 2e-3, not
-App. K's 5e-4: at 1e-3 (paths ≤ 12) the loss sat at 1.32 with pass@1 0 after 500 steps."""
+App. K's 5e-4: at 1e-3 (paths ≤ 12) the loss sat at 1.32 with pass@1 0 after 500 steps;
+[OURS, issue 23 pilots] answers of 1-3 moves and a curriculum (300 steps on ≤ 2 moves, then
+3 × 300 on ≤ 3, constant lr): with 1-6 moves 1,000 cosine steps solved 9.5 % of even the
+1-move mazes (appk/README.md)."""
 
 
 def _args(argv: list[str] | None):
@@ -1013,6 +1016,21 @@ def _cell(v: Any) -> Any:
     return fmt_paired(v) if isinstance(v, dict) and "se" in v else v
 
 
+def _sft_text(c: dict[str, Any]) -> str:
+    """``1200 steps (300 on ≤ 2 moves, 900 on ≤ 3; constant lr)`` or ``1000 steps``."""
+    stages = [tuple(map(int, str(x).split(":"))) for x in c.get("sft_curriculum") or []]
+    if c["sft_steps"] > 0:
+        stages.append((c["max_path"], c["sft_steps"]))
+    total = sum(n for _, n in stages)
+    if not c.get("sft_curriculum"):
+        return f"{total} steps"
+    per: dict[int, int] = {}
+    for m, n in stages:
+        per[m] = per.get(m, 0) + n
+    parts = ", ".join(f"{n} on ≤ {m} moves" for m, n in per.items())
+    return f"{total} steps ({parts}; {c.get('sft_schedule', 'cosine')} lr)"
+
+
 def readme_block(payload: dict[str, Any]) -> str:
     t, c = payload["tables"], payload["config"]
     kmax = _ks(c["eval_samples"])[-1]
@@ -1064,7 +1082,7 @@ def readme_block(payload: dict[str, Any]) -> str:
         ]
     parts += [
         "\n" + C.checks_block(payload["checks"]),
-        f"\n({len(payload['seeds'])} seeds; {task}, SFT {c['sft_steps']} steps; "
+        f"\n({len(payload['seeds'])} seeds; {task}, SFT {_sft_text(c)}; "
         f"{c['steps']} RL steps × {c['prompts']} mazes × N = {c['group']} (sweep N = "
         f"{', '.join(map(str, c['sweep_groups'])) or 'none'}); lr {c['lr']:g}; control lr × w̄ = "
         + ", ".join(f"{k} {v:.3g}" for k, v in payload["control_scale"].items())
