@@ -368,6 +368,7 @@ def test_a_runs_notes_final_save_sinks_and_result(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert "resume/changed" not in rows[0]
+    assert [k for k in rows[0] if k.startswith("eval/")] == []  # eval.every=0
     # without save_final and without the correction: neither line
     again, _, _ = train_hand(tmp_path / "b", HandTask({"ab": first_is("a")}), "optim.steps=1")
     out = capsys.readouterr().out
@@ -523,3 +524,19 @@ def test_on_a_gpu_each_timed_stage_ends_with_a_synchronisation(monkeypatch):
     assert set(cpu.metrics(step=1.0)) == {f"time/{s}" for s in (*Timer.STAGES, "correction")} | {
         "time/step"
     }
+
+
+def test_a_resumed_runs_note_is_in_its_first_metrics_row(tmp_path, monkeypatch):
+    # what --resume-anyway changed (Run.resume_note, train.resume.check) goes into the first
+    # row the run writes, and only that one
+    real = loop.setup
+
+    def setup(cfg, **injected):
+        run = real(cfg, **injected)
+        run.resume_note = {"resume/changed": ["optim.lr"]}
+        return run
+
+    monkeypatch.setattr(loop, "setup", setup)
+    train_hand(tmp_path, HandTask({"ab": first_is("a")}), "optim.steps=2")
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("resume/changed") for r in rows] == [["optim.lr"], None]
