@@ -31,6 +31,7 @@ from grouprl import losses
 from grouprl.losses import correction
 from grouprl.tasks.base import Example
 from grouprl.tasks.verify import BatchScores
+from grouprl.train import config as config_module
 from grouprl.train import filters, loop
 from grouprl.train.config import load_config
 from grouprl.train.loop import Timer, collect_batch, step_advantages
@@ -540,3 +541,27 @@ def test_a_resumed_runs_note_is_in_its_first_metrics_row(tmp_path, monkeypatch):
     train_hand(tmp_path, HandTask({"ab": first_is("a")}), "optim.steps=2")
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("resume/changed") for r in rows] == [["optim.lr"], None]
+
+
+def test_the_runs_sinks_get_the_configs_settings(tmp_path, monkeypatch):
+    seen = []
+
+    class Recording(loop.Sinks):
+        def __init__(self, *a, **k):
+            seen.append((a, k))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(loop, "Sinks", Recording)
+    # wandb is not installed here: the config's check and the sink's opening are skipped
+    monkeypatch.setattr(config_module, "_check_loggers", lambda run: None)
+    monkeypatch.setattr(Recording, "_open_wandb", lambda self, config, step: None)
+    train_hand(
+        tmp_path, HandTask({"ab": first_is("a")}), "optim.steps=2", "run.progress=true",
+        "run.tensorboard=true", "run.wandb=true",
+    )  # fmt: skip
+    ((args, kwargs),) = seen
+    assert args[0] == tmp_path and args[1]["optim"]["steps"] == 2
+    assert kwargs == {
+        "total_steps": 2, "resume_step": 0, "tensorboard": True, "wandb": True,
+        "progress": True, "note": None,
+    }  # fmt: skip
