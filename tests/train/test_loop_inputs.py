@@ -565,3 +565,13 @@ def test_the_runs_sinks_get_the_configs_settings(tmp_path, monkeypatch):
         "total_steps": 2, "resume_step": 0, "tensorboard": True, "wandb": True,
         "progress": True, "note": None,
     }  # fmt: skip
+
+
+def test_a_kl_in_the_reward_without_a_loss_side_kl_logs_no_loss_kl(tmp_path):
+    # REINFORCE++ (global) folds −β·KL into the reward and has β = 0 in the loss: the
+    # reference's log-probs feed the reward, never the loss or its kl/* metrics
+    task = HandTask({"ab": first_is("a", empty=0.5)})
+    result, _, _ = train_hand(tmp_path, task, "algorithm.preset=reinforce_pp_global")
+    m = result.metrics
+    assert m["kl_reward/coef"] > 0 and "kl_reward/kl" in m
+    assert "kl/p95" not in m and "kl/max" not in m and m["kl/mean"] == 0.0
