@@ -414,6 +414,13 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     log = loop.UpdateLog()
     loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
     assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # 0: not computed
+    # every completion masked: an empty step, counted once, no AdamW step
+    batch = dataclasses.replace(batch, mask=torch.zeros_like(mask))
+    before = [float(x) for x in run.model.theta.detach()]
+    log = loop.UpdateLog()
+    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    assert (log.empty, log.taken, log.skipped) == (1, 0, 0)
+    assert [float(x) for x in run.model.theta.detach()] == before
 
 
 def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
