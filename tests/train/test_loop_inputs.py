@@ -23,6 +23,7 @@ from hand_policy import (
     grpo_advantages,
     log_prob,
     softmax,
+    step_round,
     train_hand,
 )
 from train_toy import WORDS, ToyTask, make
@@ -582,3 +583,56 @@ def test_a_kl_in_the_reward_without_a_loss_side_kl_logs_no_loss_kl(tmp_path):
     m = result.metrics
     assert m["kl_reward/coef"] > 0 and "kl_reward/kl" in m
     assert "kl/p95" not in m and "kl/max" not in m and m["kl/mean"] == 0.0
+
+
+def test_the_unscorable_share_is_the_mean_over_dynamic_samplings_rounds(tmp_path):
+    # DAPO's dynamic sampling (the draws of test_step_sampling's refill test): round 0 draws
+    # an unscorable group (every reward NaN: dropped) and an informative one, round 1 two
+    # informative ones; the unscorable share is the rounds' mean, (4/8 + 0/8)/2
+    tables = {"nan": lambda words: math.nan, "ab": first_is("a"), "ba": first_is("b", empty=0.5)}
+
+    def plan(split, seed, i):
+        return "q", (["nan", "ab"] if step_round(seed)[1] == 0 else ["ba", "ab"])[i]
+
+    task = HandTask(tables, plan=plan)
+    result, _, _ = train_hand(
+        tmp_path, task, "algorithm.preset=dapo", "algorithm.overlong=null",
+        "optim.minibatches=1", "run.seed=2", "sampling.max_unscorable_frac=1.0",
+    )  # fmt: skip
+    m = result.metrics
+    assert m["dynamic/tries"] == 2 and len(task.calls) == 16
+    assert m["reward/unscorable_frac"] == pytest.approx(0.25)
+
+
+def test_an_optimizer_step_measures_the_balance_without_a_low_sigma_subset(tmp_path):
+    # optimizer_step(balance=True): R/KL on the batch only, no low-σ rows
+    run, batch = _hand_batch(tmp_path, "algorithm.beta=0.5", "algorithm.kl=k1")
+    n = batch.mask.shape[0]
+    ref = run.reference.logprobs(run.policy, batch)
+    targets = Targets(torch.tensor([1.0, -1.0] * 4), torch.ones(n, dtype=torch.bool),
+                      torch.ones(n), ref, {})  # fmt: skip
+    log = loop.UpdateLog()
+    loop.optimizer_step(
+        run, batch, targets, torch.arange(n), timer=Timer(run.device), log=log, balance=True
+    )
+    assert log.balance["balance/low_sigma/rows"] == 0.0
+    assert log.balance["balance/batch/reward_grad_norm"] > 0
+    assert not any(k.startswith("balance/low_sigma/r") and "rows" not in k for k in log.balance)
+
+
+def test_each_skipped_minibatch_of_a_step_is_counted(tmp_path):
+    # a prompt "z" poisons the training forward (NaN logits, hand_policy.py): two skipped
+    # optimizer steps in one update are two
+    task = HandTask({"ab": first_is("a")}, plan=lambda split, seed, i: ("z", "ab"))
+    cfg = load_config(None, [*BASE, f"run.out={tmp_path}", "optim.max_nonfinite_steps=5"],
+                      validate=False)  # fmt: skip
+    run = setup(cfg, model=HandPolicy(), tokenizer=HandTokenizer(), task=task)
+    run.step = 1
+    batch, _ = collect_batch(run, Timer(run.device))
+    n = batch.mask.shape[0]
+    targets = Targets(torch.tensor([1.0, -1.0] * 4), torch.ones(n, dtype=torch.bool),
+                      torch.ones(n), None, {})  # fmt: skip
+    log = loop.UpdateLog()
+    for rows in (torch.arange(4), torch.arange(4, 8)):
+        loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    assert (log.skipped, log.taken, run.nonfinite_total, run.nonfinite_run) == (2, 0, 2, 2)
