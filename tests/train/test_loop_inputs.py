@@ -459,20 +459,27 @@ def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
 
 
 def test_every_sampling_of_a_step_is_timed_by_the_steps_timer(tmp_path, monkeypatch):
-    # AGPO probes each prompt before the training groups are sampled (collect_batch's probe):
-    # both generations (and the scoring inside sample_groups) count in the step's stage times
-    run, _ = _hand_batch(tmp_path, "algorithm.preset=agpo")
+    # AGPO probes each prompt before the training groups are sampled (collect_batch's probe),
+    # ReMax samples a greedy completion per prompt (reward_side): every generation (and the
+    # scoring inside it) counts in the step's stage times
     timers = []
-    real = loop.sample_groups
 
-    def sample_groups(*a, timer=None, **k):
-        timers.append(timer)
-        return real(*a, timer=timer, **k)
+    def recording(real):
+        def sample(*a, timer=None, **k):
+            timers.append(timer)
+            return real(*a, timer=timer, **k)
 
-    monkeypatch.setattr(loop, "sample_groups", sample_groups)
-    timer = Timer(run.device)
-    loop.collect_batch(run, timer)
-    assert len(timers) == 2 and all(t is timer for t in timers)  # the probe, the groups
+        return sample
+
+    monkeypatch.setattr(loop, "sample_groups", recording(loop.sample_groups))
+    monkeypatch.setattr(loop, "greedy_rewards", recording(loop.greedy_rewards))
+    for preset in ("agpo", "remax"):
+        run, _ = _hand_batch(tmp_path / preset, f"algorithm.preset={preset}")
+        timers.clear()
+        timer = Timer(run.device)
+        loop.collect_batch(run, timer)
+        # AGPO: the probe, the groups; ReMax: the groups, the greedy completions
+        assert len(timers) == 2 and all(t is timer for t in timers), preset
 
 
 def test_a_steps_collapse_split_reads_the_tasks_reward_range(tmp_path):
@@ -511,11 +518,14 @@ def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
     overlong = filters.Overlong.of(None, max_new_tokens=1, cache=0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
+    torch.set_default_device("meta")  # the parts go to the run's device, not the default one
     try:
         out = loop.reward_side(run, [None, None], scores, None, overlong, Timer(run.device))
     finally:
         torch.set_default_dtype(default)
+        torch.set_default_device(None)
     assert out["reward_parts"].dtype == torch.float32
+    assert out["reward_parts"].device == run.device
     assert out["reward_parts"].tolist() == [flat[:4], flat[4:]]
     assert out["reward_weights"] == (1.0, 2.0) and "baseline" not in out
 
