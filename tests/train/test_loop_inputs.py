@@ -528,6 +528,11 @@ def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
     assert out["reward_parts"].device == run.device
     assert out["reward_parts"].tolist() == [flat[:4], flat[4:]]
     assert out["reward_weights"] == (1.0, 2.0) and "baseline" not in out
+    # GRPO sums the functions (the scorer's reward): no parts are collected for it
+    assert loop.combination(run.preset) == "normalize_then_sum"
+    grpo, _ = _hand_batch(tmp_path / "grpo")
+    assert loop.combination(grpo.preset) == "sum"
+    assert loop.reward_side(grpo, [None, None], scores, None, overlong, Timer(run.device)) == {}
 
 
 def test_on_a_gpu_each_timed_stage_ends_with_a_synchronisation(monkeypatch):
