@@ -1,8 +1,20 @@
 """What the step hands its parts, pinned by known answers (issue 24's mutation triage of
-``train/loop.py``).
+``train/loop.py``, docs/mutation.md): each test kills surviving mutants of the loop.
 
 - ``step_selection``: the step-level top-entropy threshold and KL-Cov's selection count the
   step's loss mask, the rollout correction's rejected tokens out, and only kept rows.
+- ``step_advantages``: OPO's lengths, IS-GRPO-exact's draw weights (ignored by GRPO), AVSPO's
+  run trigger and the task's reward range, each against advantages derived by hand.
+- ``_balance``: R/KL on the low-σ rows with the loss as trained (CISPO off-policy with its
+  clip, the rollout correction's weights and rejection, the ratio KL correction, L_max),
+  gradients by hand on the three-parameter policy of ``hand_policy.py``.
+- the update's bookkeeping: the seeded shuffle, ``UpdateLog`` / ``StepStats`` means, a
+  micro-batch without loss tokens, an empty step, skipped steps, OPSM's weight times the
+  per-batch correction's, ``balance=True``.
+- the batch: draw importance weights, GDPO's float32 parts on the run's device, the
+  unscorable share over dynamic sampling's rounds.
+- the run: printed notes, the final save, the sinks' settings, the resume note, stage times
+  (and the GPU synchronisation), the collapse split's reward range, a KL in the reward.
 """
 
 from __future__ import annotations
