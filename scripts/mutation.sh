@@ -6,6 +6,7 @@
 #   scripts/mutation.sh losses advantages    # some of them
 #   scripts/mutation.sh train/loop.py        # one file, against the tests chosen for it
 #   scripts/mutation.sh losses/objective.py  # (also losses/aggregation.py: against tests/losses)
+#   scripts/mutation.sh advantages/ranking.py  # any file of advantages/, against tests/advantages
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
 #
 # Each module runs in its own scratch copy of the repository (.mutation/<module>/, ignored by
@@ -38,6 +39,16 @@ declare -A TESTS=(
     [train]="tests/train"
     [losses/objective.py]="tests/losses"
     [losses/aggregation.py]="tests/losses"
+    [advantages/__init__.py]="tests/advantages"
+    [advantages/_groups.py]="tests/advantages"
+    [advantages/baseline.py]="tests/advantages"
+    [advantages/combine.py]="tests/advantages"
+    [advantages/global_norm.py]="tests/advantages"
+    [advantages/ranking.py]="tests/advantages"
+    [advantages/reweighted.py]="tests/advantages"
+    [advantages/scale.py]="tests/advantages"
+    [advantages/tokens.py]="tests/advantages"
+    [advantages/transforms.py]="tests/advantages"
     [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
@@ -49,6 +60,16 @@ declare -A EXTRA=(
     [train]="-m not slow and not e2e"
     [losses/objective.py]=""
     [losses/aggregation.py]=""
+    [advantages/__init__.py]=""
+    [advantages/_groups.py]=""
+    [advantages/baseline.py]=""
+    [advantages/combine.py]=""
+    [advantages/global_norm.py]=""
+    [advantages/ranking.py]=""
+    [advantages/reweighted.py]=""
+    [advantages/scale.py]=""
+    [advantages/tokens.py]=""
+    [advantages/transforms.py]=""
     [train/loop.py]=""
 )
 

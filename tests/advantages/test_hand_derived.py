@@ -83,6 +83,20 @@ def test_gopo():
     assert adv("gopo", r)[0].tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-12)
 
 
+def test_gopo_of_a_pair_a_nan_and_its_collapse_rule():
+    # n = 2: ranks 1, 2 centred by 1.5 and divided by (n − 1)/2 = 0.5: [−1, +1]
+    pair = torch.tensor([[0.5, 0.9]], dtype=torch.float64)
+    assert adv("gopo", pair)[0].tolist() == [-1.0, 1.0]
+    # a NaN leaves the group: the valid 0.5 < 0.9 and 0.1 rank as n = 3 ([0, 1, −1]), the NaN
+    # sample gets 0
+    r = torch.tensor([[0.5, math.nan, 0.9, 0.1]], dtype=torch.float64)
+    assert adv("gopo", r)[0].tolist() == [0.0, 0.0, 1.0, -1.0]
+    # collapse rule: [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed, 0), 0.707 with ddof 1 (kept)
+    z = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    assert adv("gopo", z, tau=0.55)[0].tolist() == [1.0, -1.0]
+    assert adv("gopo", z, tau=0.55, ddof=0)[0].tolist() == [0.0, 0.0]
+
+
 def test_batch_std():
     # 8 rewards, three 1s and five 0s: mean 3/8, Bessel var (3·(5/8)² + 5·(3/8)²)/7 = 120/448,
     # σ_B = 0.5175492; group 1: 0.75/σ_B = 1.4491377, group 2: ±0.5/σ_B = ±0.9660918
