@@ -8,6 +8,8 @@
 #   scripts/mutation.sh losses/objective.py  # (also losses/aggregation.py: against tests/losses)
 #   scripts/mutation.sh advantages/ranking.py  # any file of advantages/, against tests/advantages
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
+#   MUTATION_NAMES=sample.txt MUTATION_DIR=.mutation/sample scripts/mutation.sh advantages
+#                                            # only the mutants named in sample.txt
 #
 # Each module runs in its own scratch copy of the repository (.mutation/<module>/, ignored by
 # git) with its own mutmut configuration: only that module's files are mutated, and only its
@@ -162,6 +164,11 @@ EOF
     )
 }
 
+# MUTATION_NAMES: a file of mutant names (one a line, as mutmut names them) to run instead of
+# every mutant, e.g. a uniform random sample (docs/mutation.md); the others stay "not checked"
+# and are left out of the score
+names=()
+if [ -n "${MUTATION_NAMES:-}" ]; then mapfile -t names <"$MUTATION_NAMES"; fi
 mkdir -p "$OUT"
 for mod in "${modules[@]}"; do
     work="$OUT/${mod//\//_}"
@@ -169,7 +176,8 @@ for mod in "${modules[@]}"; do
         prepare "$mod" "$work"
         echo "== $mod: mutating src/grouprl/$mod against ${TESTS[$mod]} (log: $work/mutmut.log)"
         (cd "$work" && env -u PYTHONPATH OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-            nice -n "$NICE" "${MUTMUT[@]}" run --max-children "$CHILDREN" >"$work/mutmut.log" 2>&1) || {
+            nice -n "$NICE" "${MUTMUT[@]}" run --max-children "$CHILDREN" "${names[@]}" \
+            >"$work/mutmut.log" 2>&1) || {
             echo "mutmut failed for $mod; the end of its log:" >&2
             tail -n 30 "$work/mutmut.log" >&2
             exit 1
