@@ -8,8 +8,15 @@
 #   scripts/mutation.sh losses/objective.py  # (also losses/aggregation.py: against tests/losses)
 #   scripts/mutation.sh advantages/ranking.py  # any file of advantages/, against tests/advantages
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
-#   MUTATION_NAMES=sample.txt MUTATION_DIR=.mutation/sample scripts/mutation.sh advantages
-#                                            # only the mutants named in sample.txt
+#   MUTATION_SAMPLE=300 scripts/mutation.sh train/loop.py   # a uniform random sample of mutants
+#   MUTATION_NAMES=names.txt scripts/mutation.sh advantages  # only the mutants named there
+#
+# MUTATION_SAMPLE=N runs a uniform random sample of N of the module's mutants (without
+# replacement; MUTATION_SEED, default 24, seeds the draw) instead of all of them, in chunks of
+# 100 in the drawn order (`mutmut run <names>`): stopped early, the chunks that finished are
+# still a uniform sample (mutmut reorders the mutants inside a chunk, fastest first). The
+# score is then an estimate: report it with its binomial interval. The drawn order is in
+# .mutation/<module>/sample_order.txt.
 #
 # Each module runs in its own scratch copy of the repository (.mutation/<module>/, ignored by
 # git) with its own mutmut configuration: only that module's files are mutated, and only its
@@ -32,6 +39,8 @@ fi
 OUT="${MUTATION_DIR:-$ROOT/.mutation}"
 NICE="${MUTATION_NICE:-10}"
 CHILDREN="${MUTATION_CHILDREN:-1}"  # mutmut children at once (2 only on an idle machine)
+SAMPLE="${MUTATION_SAMPLE:-}"  # N: a uniform random sample of N mutants (header)
+SEED="${MUTATION_SEED:-24}"
 
 # module (or one file) -> the tests that exercise it (pytest paths, relative to the root)
 declare -A TESTS=(
@@ -51,7 +60,7 @@ declare -A TESTS=(
     [advantages/scale.py]="tests/advantages"
     [advantages/tokens.py]="tests/advantages"
     [advantages/transforms.py]="tests/advantages"
-    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py"
+    [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py tests/train/test_loop_inputs.py tests/train/test_loop.py tests/train/test_peer_methods_train.py tests/train/test_rollout_correction.py tests/train/test_loss_settings.py tests/train/test_sinks.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
 # run the unmutated code in child processes or take minutes per mutant
@@ -72,7 +81,7 @@ declare -A EXTRA=(
     [advantages/scale.py]=""
     [advantages/tokens.py]=""
     [advantages/transforms.py]=""
-    [train/loop.py]=""
+    [train/loop.py]="-m not slow and not e2e"
 )
 
 report_only=0
@@ -164,9 +173,50 @@ EOF
     )
 }
 
-# MUTATION_NAMES: a file of mutant names (one a line, as mutmut names them) to run instead of
-# every mutant, e.g. a uniform random sample (docs/mutation.md); the others stay "not checked"
-# and are left out of the score
+mutmut_run() {  # mutmut run [names...] in the scratch copy, into one log; exits on a failure
+    local mod="$1" work="$2" log="$3"
+    shift 3
+    (cd "$work" && env -u PYTHONPATH OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
+        nice -n "$NICE" "${MUTMUT[@]}" run --max-children "$CHILDREN" "$@" >"$log" 2>&1) || {
+        echo "mutmut failed for $mod; the end of $log:" >&2
+        tail -n 30 "$log" >&2
+        exit 1
+    }
+}
+
+sample() {  # MUTATION_SAMPLE: the mutants' names, a seeded uniform draw, chunks of 100
+    local mod="$1" work="$2" prefix total i
+    prefix="grouprl.${mod//\//.}"
+    prefix="${prefix%.py}"
+    # mutmut generates the mutants and records which tests reach which function before it
+    # filters the names: a pattern that matches no mutant leaves exactly that (and fails)
+    (cd "$work" && env -u PYTHONPATH OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n "$NICE" \
+        "${MUTMUT[@]}" run "$prefix.x_no_such_function_*" >"$work/generate.log" 2>&1) || true
+    (cd "$work" && "$PY" -c '
+import json, random, sys
+from pathlib import Path
+
+n, seed = int(sys.argv[1]), int(sys.argv[2])
+names = sorted(k for meta in Path("mutants").rglob("*.py.meta")
+               for k in json.loads(meta.read_text()).get("exit_code_by_key", {}))
+if not names:
+    sys.exit("no mutants were generated: see generate.log")
+random.Random(seed).shuffle(names)
+Path("sample_order.txt").write_text("\n".join(names[:n]) + "\n")
+print(f"   {min(n, len(names))} of {len(names)} mutants drawn (seed {seed})")
+' "$SAMPLE" "$SEED")
+    total=$(wc -l <"$work/sample_order.txt")
+    for ((i = 0; i < total; i += 100)); do
+        mapfile -t names < <(sed -n "$((i + 1)),$((i + 100))p" "$work/sample_order.txt")
+        echo "   chunk $((i / 100 + 1)): mutants $((i + 1))-$((i + ${#names[@]})) of $total" \
+            "($(date -u +%H:%M) UTC, load $(cut -d' ' -f1 /proc/loadavg))"
+        mutmut_run "$mod" "$work" "$work/chunk_$((i / 100 + 1)).log" "${names[@]}"
+    done
+}
+
+# MUTATION_NAMES: a file of mutant names (one a line, as mutmut names them; a sample drawn
+# over several files, docs/mutation.md) to run instead of every mutant; the others stay "not
+# checked" and are left out of the score
 names=()
 if [ -n "${MUTATION_NAMES:-}" ]; then mapfile -t names <"$MUTATION_NAMES"; fi
 mkdir -p "$OUT"
@@ -175,13 +225,11 @@ for mod in "${modules[@]}"; do
     if [ "$report_only" -eq 0 ]; then
         prepare "$mod" "$work"
         echo "== $mod: mutating src/grouprl/$mod against ${TESTS[$mod]} (log: $work/mutmut.log)"
-        (cd "$work" && env -u PYTHONPATH OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \
-            nice -n "$NICE" "${MUTMUT[@]}" run --max-children "$CHILDREN" "${names[@]}" \
-            >"$work/mutmut.log" 2>&1) || {
-            echo "mutmut failed for $mod; the end of its log:" >&2
-            tail -n 30 "$work/mutmut.log" >&2
-            exit 1
-        }
+        if [ -n "$SAMPLE" ]; then
+            sample "$mod" "$work"
+        else
+            mutmut_run "$mod" "$work" "$work/mutmut.log" "${names[@]}"
+        fi
     fi
     score "$mod" "$work"
 done

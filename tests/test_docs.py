@@ -64,3 +64,13 @@ def test_design_layout_is_what_src_holds():
 def test_design_contracts_block_runs():
     (contracts,) = [b for b in _blocks(ROOT / "docs" / "design.md") if "advantages.compute" in b]
     exec(compile(contracts, "docs/design.md#contracts", "exec"), {})
+
+
+def test_readme_counts_the_presets_there_are():
+    """The README's opening list says how many named presets there are; it said 31 for a
+    while after five more were registered."""
+    from grouprl import presets
+
+    said = re.findall(r"(\d+) named presets", (ROOT / "README.md").read_text(encoding="utf-8"))
+    assert said, "the README no longer says how many named presets there are"
+    assert {int(n) for n in said} == {len(presets.names())}

@@ -29,6 +29,7 @@ import json
 import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,8 +156,11 @@ def _trl_files(path: Path) -> list[Path]:
 def _first_object(path: Path) -> dict | None:
     """The first non-empty line of a JSONL file as a dict (None if unreadable or not one)."""
     try:
-        for _, obj, _ in jsonl_lines(path):
-            return obj if isinstance(obj, dict) else None
+        # closed at once, not when the abandoned generator is collected (its open file would
+        # otherwise raise a ResourceWarning in a reference cycle)
+        with closing(jsonl_lines(path)) as lines:
+            for _, obj, _ in lines:
+                return obj if isinstance(obj, dict) else None
     except (OSError, UnicodeDecodeError):
         return None
     return None
