@@ -54,6 +54,32 @@ def profile_call(fn, top: int = 8) -> dict[str, float]:
     return {e.key: round(e.self_cpu_time_total / total, 3) for e in rows[:top]}
 
 
+def part_floors(rewards: torch.Tensor, repeat: int) -> dict[str, float]:
+    """The parts the slow members cannot skip, each timed alone (issue 26, item 5): a member
+    costs at least the sum of its parts. ``floor_moments``: the group moments every estimator
+    starts from (count, mean, centred rewards, std, collapse flag); ``floor_gopo_pairs``:
+    gopo's Σ_j sign(r_i − r_j) over the G(G−1)/2 pairs, its definition; ``floor_resolution``:
+    the resolution protocol's binning (sorting network, scan, scatter back);
+    ``floor_normalize_then_sum``: gdpo's first stage (a normalisation per reward function);
+    ``floor_sort_network``: the G columns sorted by the sorting network alone, values only (no
+    positions carried), the least any binning of each group costs here (``torch.sort`` of the
+    rows is ``floor_sort``, ~8× more); with ``maxnorm_rloo`` itself it bounds the resolution
+    protocol's composition from below."""
+    from grouprl.advantages import _groups, combine, ranking, transforms
+
+    columns = list(_groups.transposed(rewards).unbind(0))  # G x [P]
+
+    return {
+        "floor_moments": timeit(lambda: _groups.group_moments(rewards, None), repeat),
+        "floor_gopo_pairs": timeit(lambda: ranking._sign_sums(rewards, None), repeat),
+        "floor_resolution": timeit(lambda: transforms.resolution(rewards, None, 1e-2), repeat),
+        "floor_normalize_then_sum": timeit(
+            lambda: combine.normalize_then_sum(rewards.unsqueeze(-1)), repeat
+        ),
+        "floor_sort_network": timeit(lambda: _groups.sort_columns(list(columns)), repeat),
+    }
+
+
 def make_rewards(p: int, g: int, seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     binary = (torch.rand(p, g, generator=gen) < torch.rand(p, 1, generator=gen)).float()
@@ -277,6 +303,7 @@ def main() -> None:
     # torch.sort of every group: what an order statistic costs through torch's sort (p90 uses
     # a sorting network instead, advantages.scale._row_quantile); a reference, not a target
     seconds["floor_sort"] = timeit(lambda: rewards.sort(1), args.repeat)
+    seconds.update(part_floors(rewards, args.repeat))
     for name in advantages.names():
         if advantages.needs(name):  # opo, remax: timed with their inputs in ``methods``
             continue

@@ -6,8 +6,10 @@
 #   scripts/mutation.sh losses advantages    # some of them
 #   scripts/mutation.sh train/loop.py        # one file, against the tests chosen for it
 #   scripts/mutation.sh losses/objective.py  # (also losses/aggregation.py: against tests/losses)
+#   scripts/mutation.sh advantages/ranking.py  # any file of advantages/, against tests/advantages
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
 #   MUTATION_SAMPLE=300 scripts/mutation.sh train/loop.py   # a uniform random sample of mutants
+#   MUTATION_NAMES=names.txt scripts/mutation.sh advantages  # only the mutants named there
 #
 # MUTATION_SAMPLE=N runs a uniform random sample of N of the module's mutants (without
 # replacement; MUTATION_SEED, default 24, seeds the draw) instead of all of them, in chunks of
@@ -48,6 +50,16 @@ declare -A TESTS=(
     [train]="tests/train"
     [losses/objective.py]="tests/losses"
     [losses/aggregation.py]="tests/losses"
+    [advantages/__init__.py]="tests/advantages"
+    [advantages/_groups.py]="tests/advantages"
+    [advantages/baseline.py]="tests/advantages"
+    [advantages/combine.py]="tests/advantages"
+    [advantages/global_norm.py]="tests/advantages"
+    [advantages/ranking.py]="tests/advantages"
+    [advantages/reweighted.py]="tests/advantages"
+    [advantages/scale.py]="tests/advantages"
+    [advantages/tokens.py]="tests/advantages"
+    [advantages/transforms.py]="tests/advantages"
     [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py tests/train/test_loop_inputs.py tests/train/test_loop.py tests/train/test_peer_methods_train.py tests/train/test_rollout_correction.py tests/train/test_loss_settings.py tests/train/test_sinks.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
@@ -59,6 +71,16 @@ declare -A EXTRA=(
     [train]="-m not slow and not e2e"
     [losses/objective.py]=""
     [losses/aggregation.py]=""
+    [advantages/__init__.py]=""
+    [advantages/_groups.py]=""
+    [advantages/baseline.py]=""
+    [advantages/combine.py]=""
+    [advantages/global_norm.py]=""
+    [advantages/ranking.py]=""
+    [advantages/reweighted.py]=""
+    [advantages/scale.py]=""
+    [advantages/tokens.py]=""
+    [advantages/transforms.py]=""
     [train/loop.py]="-m not slow and not e2e"
 )
 
@@ -192,6 +214,11 @@ print(f"   {min(n, len(names))} of {len(names)} mutants drawn (seed {seed})")
     done
 }
 
+# MUTATION_NAMES: a file of mutant names (one a line, as mutmut names them; a sample drawn
+# over several files, docs/mutation.md) to run instead of every mutant; the others stay "not
+# checked" and are left out of the score
+names=()
+if [ -n "${MUTATION_NAMES:-}" ]; then mapfile -t names <"$MUTATION_NAMES"; fi
 mkdir -p "$OUT"
 for mod in "${modules[@]}"; do
     work="$OUT/${mod//\//_}"
@@ -201,7 +228,7 @@ for mod in "${modules[@]}"; do
         if [ -n "$SAMPLE" ]; then
             sample "$mod" "$work"
         else
-            mutmut_run "$mod" "$work" "$work/mutmut.log"
+            mutmut_run "$mod" "$work" "$work/mutmut.log" "${names[@]}"
         fi
     fi
     score "$mod" "$work"

@@ -344,3 +344,47 @@ def test_vs_trl_ratios_include_the_cpu_second_ratio():
         0.25,
         4.0,
     )
+
+
+# ---- benchmarks/static_decode.py and bf16_rollouts.py (issue 26, items 2 and 3) -------------
+
+
+def test_static_decode_amortisation_weighs_the_saving_of_a_run_against_the_first_call():
+    sd = _bench_module("static_decode")
+    # 0.40 -> 0.39 s a decode step: 0.01 x 64 tokens = 0.64 s a training step, 192 s over 300
+    a = sd.amortisation(0.40, 0.39, 60.0, 300)
+    assert a["decode_cpu_s_saved_per_train_step_at_most"] == pytest.approx(0.64)
+    assert a["saved_over_run_cpu_s"] == pytest.approx(192.0)
+    assert a["pays"] is True
+    assert sd.amortisation(0.40, 0.399, 60.0, 300)["pays"] is False  # 19.2 s < 60 s
+    assert sd.amortisation(0.40, 0.45, 60.0, 300)["pays"] is False  # compiled is slower
+
+
+def test_bf16_rollouts_summary_is_relative_to_the_fp32_setting():
+    b = _bench_module("bf16_rollouts")
+    fp32 = {
+        "setting": "fp32",
+        "train_cpu_s": 100.0,
+        "samples_per_cpu_s": 1.28,
+        "seconds_per_step": {"generate": 40.0},
+        "reward_mean": [0.1, 0.2],
+        "mismatch": {},
+    }
+    bf16 = {
+        "setting": "bf16_token_tis",
+        "train_cpu_s": 80.0,
+        "samples_per_cpu_s": 1.6,
+        "seconds_per_step": {"generate": 30.0},
+        "reward_mean": [0.1, 0.15],
+        "mismatch": {"mismatch/kl_k3": 2e-4},
+    }
+    failed = {"setting": "bf16_none", "error": ["boom"]}
+    s = b.summary([fp32, bf16, failed])
+    assert list(s) == ["bf16_token_tis"]  # fp32 is the reference, a failed child is left out
+    row = s["bf16_token_tis"]
+    assert row["samples_per_cpu_s_vs_fp32"] == pytest.approx(1.25)
+    assert row["generate_s_vs_fp32"] == pytest.approx(0.75)
+    assert row["final_reward_minus_fp32"] == pytest.approx(-0.05)
+    assert row["mismatch_kl_k3"] == 2e-4
+    assert b.summary([bf16]) == {}  # no fp32 reference: nothing to compare with
+    assert set(b.SETTINGS["bf16_token_tis"]) == {"bfloat16", "token_tis"}

@@ -173,3 +173,122 @@ def test_batch_groups_is_for_code_mode_only():
         advantages.compute("grpo", r, virtual="symmetric", virtual_batch_groups=1)
     with pytest.raises(ValueError, match="positive number of groups"):
         advantages.compute("grpo", r, virtual="code", virtual_batch_groups=0)
+
+
+# ----------------------------------------------------------------- virtual_samples by hand
+# direct calls of the transform (``compute`` passes every argument; these pin its own defaults,
+# its reward range and its tolerance). Float64 throughout, so that the fills are exact.
+def _f64(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def _same(a, b):
+    """Equal, NaN where the other is NaN."""
+    return a.shape == b.shape and bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def test_virtual_samples_defaults_by_hand():
+    # defaults: symmetric, τ_adapt 0.5, α 0.5, range [0, 1], ddof 1. [1, 1] and [0, 0] are
+    # collapsed, [0, 1] is not (σ = 0.707): ACR = 2/3 > 0.5, K = ⌈2·√(2/3)⌉ = ⌈1.633⌉ = 2.
+    # All-correct: v_k = 1 − k/2 = 0.5, 0; all-wrong: v_k = k/2 = 0.5, 1; the mixed group NaN.
+    r = _f64([[1, 1], [0, 0], [0, 1]])
+    aug, valid, stats = advantages.virtual_samples(r, None)
+    nan = math.nan
+    assert _same(aug, _f64([[1, 1, 0.5, 0], [0, 0, 0.5, 1], [0, 1, nan, nan]]))
+    assert valid.tolist() == [[True] * 4, [True] * 4, [True, True, False, False]]
+    assert stats == {
+        "virtual/acr": pytest.approx(2 / 3),
+        "virtual/tau_adapt": 0.5,
+        "virtual/K": 2.0,
+        "virtual/triggered_frac": pytest.approx(2 / 3),
+    }
+
+
+def test_virtual_samples_collapse_rule_reads_ddof_and_tau_and_skips_empty_groups():
+    # [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed), 0.707 with ddof 1; [1, 1]: 0
+    r = _f64([[1, 0], [1, 1]])
+    acr = {
+        ddof: advantages.virtual_samples(r, None, tau=0.55, ddof=ddof)[2]["virtual/acr"]
+        for ddof in (0, 1)
+    }
+    assert acr == {0: 1.0, 1: 0.5}
+    # a group with no valid reward is not a collapsed group: ACR 0, nothing added
+    e = _f64([[math.nan, math.nan], [0, 1]])
+    aug, _, stats = advantages.virtual_samples(e, ~e.isnan())
+    assert stats["virtual/acr"] == 0.0 and aug is e
+
+
+def test_virtual_samples_fill_the_reward_range_and_its_tolerance():
+    # range [-1, 1], atol = 1e-6·(1 − (−1)) = 2e-6: a constant 1 − 1e-6 counts as all-correct,
+    # −1 + 1e-6 as all-wrong. ACR = 2/3, K = 2: down = 1 − 2·k/2 = 0, −1; up = −1 + 2·k/2 = 0, 1
+    hi, lo = 1 - 1e-6, -1 + 1e-6
+    r = _f64([[hi, hi], [lo, lo], [-1, 1]])
+    aug, _, stats = advantages.virtual_samples(r, None, reward_range=(-1.0, 1.0))
+    assert _same(aug[:, 2:], _f64([[0, -1], [0, 1], [math.nan, math.nan]]))
+    # the tolerance is inclusive: on [0, 1] (atol 1e-6) a constant exactly 1 − atol, or
+    # exactly 0 + atol, still fires
+    edge = _f64([[1.0 - 1e-6] * 2, [0.0 + 1e-6] * 2, [0, 1]])
+    aug, _, stats = advantages.virtual_samples(edge, None)
+    assert stats["virtual/triggered_frac"] == pytest.approx(2 / 3)
+    assert _same(aug[:, 2:], _f64([[0.5, 0], [0.5, 1], [math.nan, math.nan]]))
+
+
+def test_virtual_samples_are_computed_in_the_rewards_dtype():
+    # G = 3, ACR = 2/3: K = ⌈3·√(2/3)⌉ = ⌈2.449⌉ = 3; v_k = 1 − k/3 and k/3 in float64 (a
+    # float32 step would give 0.6666667)
+    r = _f64([[1, 1, 1], [0, 0, 0], [0, 1, 1]])
+    aug, _, _ = advantages.virtual_samples(r, None)
+    assert aug[0, 3:].tolist() == [1 - 1 / 3, 1 - 2 / 3, 1 - 3 / 3]
+    assert aug[1, 3:].tolist() == [1 / 3, 2 / 3, 3 / 3]
+
+
+def test_virtual_samples_fire_strictly_above_tau_adapt_with_alpha():
+    # ACR = 1/2 (group 0 collapsed, group 1 not): τ_adapt 0.5 does not fire (strictly above);
+    # τ_adapt 0.4 fires with K = ⌈4·(1/2)^α⌉: 2 for α = 1, 3 for α = 0.5
+    r = _f64([[1, 1, 1, 1], [0, 1, 0, 1]])
+    aug, _, stats = advantages.virtual_samples(r, None, tau_adapt=0.5)
+    assert aug is r and stats["virtual/triggered_frac"] == 0.0
+    for alpha, k in ((1.0, 2), (0.5, 3)):
+        aug, _, stats = advantages.virtual_samples(r, None, tau_adapt=0.4, alpha=alpha)
+        assert stats["virtual/K"] == k and aug.shape == (2, 4 + k)
+
+
+def test_paper_mode_fills_from_the_groups_valid_maximum_and_only_collapsed_groups():
+    # range [-1, 1]; [-0.5, -0.5, NaN] (r_max over the valid: -0.5) and [0.2, 0.2, 0.2] are
+    # collapsed, [0, 1, 0.5] is not: ACR = 2/3, K = 3, v_k = r_max·(1 − (k − 1)/3)
+    r = _f64([[-0.5, -0.5, math.nan], [0.2, 0.2, 0.2], [0, 1, 0.5]])
+    aug, valid, _ = advantages.virtual_samples(
+        r, ~r.isnan(), mode="paper", reward_range=(-1.0, 1.0)
+    )
+    want = [[-0.5, -0.5 * 2 / 3, -0.5 / 3], [0.2, 0.2 * 2 / 3, 0.2 / 3]]
+    torch.testing.assert_close(aug[:2, 3:], _f64(want), rtol=0, atol=1e-15)
+    assert aug[2, 3:].isnan().all() and valid[2].tolist() == [True] * 3 + [False] * 3
+
+
+def test_code_mode_by_hand_nan_padding_and_tolerance():
+    # one virtual sample (K = 1). Range [-1, 1]: every valid reward of the batch is −1 (the NaN
+    # is left out), so each group gets +1
+    r = _f64([[-1, math.nan], [-1, -1]])
+    aug, valid, stats = advantages.virtual_samples(
+        r, ~r.isnan(), mode="code", reward_range=(-1.0, 1.0)
+    )
+    assert _same(aug, _f64([[-1, math.nan, 1], [-1, -1, 1]])) and stats["virtual/K"] == 1.0
+    assert valid.tolist() == [[True, False, True], [True, True, True]]
+    # batches of 2 groups over 3: (mixed, mixed | all-wrong + a padding row): the last fires
+    b = _f64([[0, 1], [0, 1], [0, 0]])
+    aug, _, _ = advantages.virtual_samples(b, None, mode="code", batch_groups=2)
+    assert _same(aug[:, 2], _f64([math.nan, math.nan, 1]))
+    # the tolerance is inclusive: a batch exactly at 0 + atol (1e-6) or 1 − atol fires
+    for c, fill in ((1e-6, 1.0), (1.0 - 1e-6, 0.0)):
+        aug, _, stats = advantages.virtual_samples(_f64([[c, c]]), None, mode="code")
+        assert stats["virtual/triggered_frac"] == 1.0 and aug[0, 2].item() == fill
+
+
+def test_code_modes_fill_is_exact_in_the_rewards_dtype():
+    # range [0, 0.1] beside float64 rewards: an all-wrong batch gets exactly 0.1, an all-correct
+    # one exactly 0 (the fill was once rounded through float32: 0.10000000149)
+    for rows, fill in (([[0.0, 0.0]], 0.1), ([[0.1, 0.1]], 0.0)):
+        aug, _, _ = advantages.virtual_samples(
+            _f64(rows), None, mode="code", reward_range=(0.0, 0.1)
+        )
+        assert aug.dtype == torch.float64 and aug[0, 2].item() == fill

@@ -83,6 +83,20 @@ def test_gopo():
     assert adv("gopo", r)[0].tolist() == pytest.approx([0.0, 1.0, -1.0], abs=1e-12)
 
 
+def test_gopo_of_a_pair_a_nan_and_its_collapse_rule():
+    # n = 2: ranks 1, 2 centred by 1.5 and divided by (n − 1)/2 = 0.5: [−1, +1]
+    pair = torch.tensor([[0.5, 0.9]], dtype=torch.float64)
+    assert adv("gopo", pair)[0].tolist() == [-1.0, 1.0]
+    # a NaN leaves the group: the valid 0.5 < 0.9 and 0.1 rank as n = 3 ([0, 1, −1]), the NaN
+    # sample gets 0
+    r = torch.tensor([[0.5, math.nan, 0.9, 0.1]], dtype=torch.float64)
+    assert adv("gopo", r)[0].tolist() == [0.0, 0.0, 1.0, -1.0]
+    # collapse rule: [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed, 0), 0.707 with ddof 1 (kept)
+    z = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    assert adv("gopo", z, tau=0.55)[0].tolist() == [1.0, -1.0]
+    assert adv("gopo", z, tau=0.55, ddof=0)[0].tolist() == [0.0, 0.0]
+
+
 def test_batch_std():
     # 8 rewards, three 1s and five 0s: mean 3/8, Bessel var (3·(5/8)² + 5·(3/8)²)/7 = 120/448,
     # σ_B = 0.5175492; group 1: 0.75/σ_B = 1.4491377, group 2: ±0.5/σ_B = ±0.9660918
@@ -106,6 +120,35 @@ def test_sigma_weighted_grpo():
     sbar = (0.5 + math.sqrt(1 / 3)) / 2
     assert a[0].tolist() == pytest.approx([0.75 / sbar] + [-0.25 / sbar] * 3, abs=1e-9)
     assert a[1].tolist() == pytest.approx([0.5 / sbar] * 2 + [-0.5 / sbar] * 2, abs=1e-9)
+
+
+def test_sigma_weighted_grpo_scale_and_sigma_bar_beside_a_collapsed_group():
+    # [1, 1] is collapsed (σ 0), [1, 0] has σ = √0.5 = σ̄ (the mean over live groups), so its
+    # weight is 1: scale = (σ + eps)/1; the collapsed group's scale is σ + eps = eps
+    r = torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64)
+    out = advantages.compute("sigma_weighted_grpo", r)
+    s = math.sqrt(0.5)
+    assert out.scale.tolist() == pytest.approx([1e-6, s + 1e-6], rel=1e-12)
+    assert out.stats["sigma_bar"] == pytest.approx(s, rel=1e-12)
+    assert out.values[1].tolist() == pytest.approx([0.5 / (s + 1e-6), -0.5 / (s + 1e-6)])
+
+
+@pytest.mark.parametrize(
+    "name", ["grpo", "dr_grpo", "rloo", "batch_std", "grpo_beta_comp", "sigma_weighted_grpo"]
+)
+def test_the_collapse_rule_reads_ddof_and_tau(name):
+    # [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed, every advantage 0), 0.707 with
+    # the default ddof 1 (kept: |A| is 0.707, 0.5, 1, 0.707, 0.707 and 0.707; gopo: its own test)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    assert adv(name, r, tau=0.55, ddof=0).abs().sum().item() == 0.0
+    assert adv(name, r, tau=0.55).abs().min().item() > 0.4
+
+
+def test_batch_std_reads_ddof():
+    # ddof 0: σ_q = 0.5 (kept at the default tau) and σ_batch = 0.5: ±0.5/(0.5 + 1e-6)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    want = 0.5 / (0.5 + 1e-6)
+    assert adv("batch_std", r, ddof=0)[0].tolist() == pytest.approx([want, -want], rel=1e-12)
 
 
 def test_grpo_beta_comp():

@@ -147,6 +147,44 @@ def test_reward_combinations_with_none_rewards():
     assert s[:3].tolist() == pytest.approx([1.0, 2.0, 0.0]) and math.isnan(s[3])
 
 
+def test_combination_weights_are_read_in_the_rewards_dtype_and_device(under_wide_meta_defaults):
+    # a weight of 0.1 beside float64 rewards is the float64 0.1 (not float32's 0.100000001);
+    # under a default device of "meta" and dtype float64, float32 CPU rewards give float32 CPU
+    r3 = torch.tensor([[[1.0, 3.0], [2.0, 0.0]]], dtype=D)
+    assert combine.weighted_sum(r3, [0.1, 0.7])[0].tolist() == [1.0 * 0.1 + 3.0 * 0.7, 0.2]
+    narrow = r3.float()
+    for how in ("sum", "normalize_then_sum"):
+        out = under_wide_meta_defaults(combine.combine, how, narrow, [0.1, 0.7])
+        assert (out.device.type, out.dtype) == ("cpu", torch.float32)
+
+
+def test_normalize_then_sum_of_one_function_with_its_weight_and_collapse_rule():
+    # one function (K = 1), two groups: [1, 0] -> ±0.5/(√0.5 + 1e-4) = ±a, times the weight
+    r = torch.tensor([[[1.0], [0.0]], [[0.0], [1.0]]], dtype=D)
+    a = 0.5 / (math.sqrt(0.5) + 1e-4)
+    same(combine.normalize_then_sum(r), [[a, -a], [-a, a]])
+    same(combine.normalize_then_sum(r, [2.0]), [[2 * a, -2 * a], [-2 * a, 2 * a]])
+    same(combine.normalize_then_sum(r, [0.5]), [[a / 2, -a / 2], [-a / 2, a / 2]])
+    # a group whose values differ by float noise (σ = 7e-10 < tau) adds exactly 0 by default;
+    # without zero_collapsed it gives ±5e-10/(7e-10 + 1e-4) ≈ ±5e-6, as TRL does
+    noisy = torch.tensor([[[0.5], [0.5 + 1e-9]]], dtype=D)
+    assert combine.normalize_then_sum(noisy).tolist() == [[0.0, 0.0]]
+    assert combine.normalize_then_sum(noisy, zero_collapsed=False).abs().min() > 1e-6
+    # the collapse rule reads ddof and tau: [1, 0] has σ = 0.5 with ddof 0 (< 0.55: zero)
+    half = r[:1]
+    assert combine.normalize_then_sum(half, tau=0.55, ddof=0).tolist() == [[0.0, 0.0]]
+    same(combine.normalize_then_sum(half, tau=0.55), [[a, -a]])
+
+
+def test_combine_names_a_wrong_shape_or_eps():
+    with pytest.raises(ValueError, match=r"must be a tensor \[P, G, K\], got \(2, 3\)"):
+        combine.combine("sum", torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"got <class 'list'>"):
+        combine.combine("sum", [[1.0]])
+    with pytest.raises(ValueError, match=r"^eps must be a finite number >= 0, got -1"):
+        combine.normalize_then_sum(torch.zeros(1, 2, 1), eps=-1)
+
+
 def test_reward_to_go_discount_skips_holes():
     # rewards −0.1 on each token, outcome 1 on the last: tokens [−0.1, −0.1, 0.9]; γ = 0.5:
     # G2 = 0.9, G1 = −0.1 + 0.45 = 0.35, G0 = −0.1 + 0.175 = 0.075. With a hole at t = 1

@@ -283,6 +283,13 @@ def _holed(mask, seed):
     return m & ~holes
 
 
+def _verl_otb(name):
+    """verl's function for one of our two optimal token baselines."""
+    if name == "optimal_token_baseline":
+        return core.compute_optimal_token_baseline_advantage
+    return core.compute_multi_turn_optimal_token_baseline_advantage
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
 @pytest.mark.parametrize("zero_tail", [True, False])
@@ -294,12 +301,7 @@ def test_optimal_token_baseline(case, name, zero_tail):
     dense = -0.02 * torch.rand(mask.shape, dtype=torch.float64)
     isw = 0.5 + torch.rand(mask.shape, dtype=torch.float64)
     tok, m, index, keep = flat(rewards, mask, dense)
-    fn = getattr(
-        core,
-        "compute_optimal_token_baseline_advantage"
-        if name == "optimal_token_baseline"
-        else "compute_multi_turn_optimal_token_baseline_advantage",
-    )
+    fn = _verl_otb(name)
     n = rewards.numel()
     want, _ = fn(
         tok,
@@ -322,6 +324,29 @@ def test_optimal_token_baseline(case, name, zero_tail):
         zero_collapsed=False,
     )
     close(out.per_token, spread(want, keep, T))
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_optimal_token_baselines_zero_tail_at_a_tie_and_at_an_empty_second_longest(name):
+    # group 0: two longest completions of 3 valid tokens each, holes in different places, both
+    # with a token at position 3: a tie, so no zero tail (verl: ``max_length_idx.numel() == 1``
+    # fails). Group 1: valid lengths 3 and 0 beside a NaN sample of 2 tokens: the
+    # second-longest valid length is 0, so the longest's whole baseline is 0 (the NaN sample's
+    # tokens do not count; verl never sees it). Hand-picked masks the random cases never draw.
+    rewards = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.5, math.nan]], dtype=torch.float64)
+    rows = [[1, 0, 1, 1], [1, 1, 0, 1], [1, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0], [1, 1, 0, 0]]
+    mask = torch.tensor(rows, dtype=torch.bool).reshape(2, 3, 4)
+    old_logp, sum_pi2 = _otb_inputs(mask, 12)
+    tok, m, index, keep = flat(rewards, mask)
+    fn = _verl_otb(name)
+    n = rewards.numel()
+    want, _ = fn(tok, m, index, old_logp.reshape(n, 4)[keep], sum_pi2.reshape(n, 4)[keep])
+    out = advantages.compute_tokens(
+        name, rewards, mask, old_logp=old_logp, sum_pi_squared=sum_pi2, zero_collapsed=False
+    )
+    close(out.per_token, spread(want, keep, 4))
+    # the longest of group 1 keeps its whole return (baseline 0): 1 on each of its tokens
+    assert out.token_values[1, 0].tolist() == [1.0, 1.0, 1.0, 0.0]
 
 
 def test_otb_on_prefix_masks_equals_tir():

@@ -183,3 +183,73 @@ def test_the_optimal_token_baseline_of_a_group_of_one_is_zero(name):
     g = torch.full(mask.shape, -0.5, dtype=torch.float64)
     out = advantages.compute_tokens(name, r, mask, old_logp=g, sum_pi_squared=g)
     assert out.token_values.abs().sum().item() == 0.0 and out.scale.tolist() == [1.0, 1.0]
+
+
+def test_updated_marks_only_the_groups_with_a_valid_sample():
+    # group 0 has no valid reward, group 1 has two: only group 1 is updated (the batch's
+    # other group being valid must not mark it). REINFORCE++ zeroes no group, so updated is
+    # exactly "has a valid sample"; every token of group 0 is 0.
+    r = torch.tensor([[math.nan, math.nan], [1.0, 0.0]], dtype=torch.float64)
+    mask = torch.ones(2, 2, 2, dtype=torch.bool)
+    out = advantages.compute_tokens("reinforce_pp_global", r, mask)
+    assert out.updated.tolist() == [False, True]
+    assert out.token_values[0].abs().sum().item() == 0.0
+
+
+def test_reinforce_pp_globals_collapsed_frac_reads_the_valid_mask_ddof_and_tau():
+    # collapsed_frac is reported, not acted on. [1, 1, NaN]: σ of the valid [1, 1] is 0, so
+    # the group is collapsed (its NaN must not make σ NaN); [1, 0, 1] is not: 1/2.
+    r = torch.tensor([[1.0, 1.0, math.nan], [1.0, 0.0, 1.0]], dtype=torch.float64)
+    mask = torch.ones(2, 3, 2, dtype=torch.bool)
+    assert advantages.compute_tokens("reinforce_pp_global", r, mask).stats["collapsed_frac"] == 0.5
+    # [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed), 0.707 with ddof 1; [1, 1]: 0
+    r2 = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    mask2 = torch.ones(2, 2, 2, dtype=torch.bool)
+    kw = {"tau": 0.55}
+    one = advantages.compute_tokens("reinforce_pp_global", r2, mask2, **kw)
+    zero = advantages.compute_tokens("reinforce_pp_global", r2, mask2, ddof=0, **kw)
+    assert (one.stats["collapsed_frac"], zero.stats["collapsed_frac"]) == (0.5, 1.0)
+
+
+def _certain(mask):
+    # a policy that is certain of every sampled token: π = 1 (log π = 0) and Σ_v π² = 1, so
+    # w = 1 − 2π + Σπ² = 0, W_t = 0 and B_t = 0/(0 + eps) = 0: each advantage is its return
+    zeros = torch.zeros(mask.shape, dtype=torch.float64)
+    return {"old_logp": zeros, "sum_pi_squared": zeros + 1.0}
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baselines_groups_count_only_their_valid_samples(name):
+    # B_t = 0 (``_certain``), so a live group's advantages are the returns: 1 on both tokens
+    # of a reward-1 sample, 0 for a reward 0. Group 0 [1, 1, NaN]: its valid scores [1, 1]
+    # have σ = 0: collapsed (by default zeroed). Group 1 [1, NaN, NaN]: one valid sample, no
+    # baseline: 0 either way (§0). Group 2 [1, 0, 1]: σ = 0.577, live.
+    r = torch.tensor(
+        [[1.0, 1.0, math.nan], [1.0, math.nan, math.nan], [1.0, 0.0, 1.0]], dtype=torch.float64
+    )
+    mask = torch.ones(3, 3, 2, dtype=torch.bool)
+    live = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    out = advantages.compute_tokens(name, r, mask, **_certain(mask))
+    assert out.token_values[:2].abs().sum().item() == 0.0
+    assert torch.equal(out.token_values[2], live)
+    assert out.stats["collapsed_frac"] == pytest.approx(2 / 3)
+    assert out.updated.tolist() == [False, False, True]
+    peer = advantages.compute_tokens(name, r, mask, zero_collapsed=False, **_certain(mask))
+    first = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]], dtype=torch.float64)
+    assert torch.equal(peer.token_values[0], first)  # the NaN sample stays 0
+    assert peer.token_values[1].abs().sum().item() == 0.0  # one valid sample: still 0
+    assert torch.equal(peer.token_values[2], live)
+    assert peer.stats["collapsed_frac"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_optimal_token_baselines_collapse_rule_reads_ddof_and_tau(name):
+    # scores [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed, zeroed), 0.707 with the
+    # default ddof 1 (live: the returns, B_t = 0 by ``_certain``)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    one = advantages.compute_tokens(name, r, mask, tau=0.55, **_certain(mask))
+    zero = advantages.compute_tokens(name, r, mask, tau=0.55, ddof=0, **_certain(mask))
+    assert one.token_values[0].tolist() == [[1.0, 1.0], [0.0, 0.0]]
+    assert one.stats["collapsed_frac"] == 0.0
+    assert zero.token_values.abs().sum().item() == 0.0 and zero.stats["collapsed_frac"] == 1.0

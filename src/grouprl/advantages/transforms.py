@@ -277,7 +277,10 @@ def _code_trigger(
             empty = torch.cat([empty, empty.new_zeros(missing)])
         batch_hi &= ~empty.reshape(n_batches, width).any(1)
     triggered = (batch_lo | batch_hi).repeat_interleave(width)[:p]  # [P]
-    fill = torch.where(batch_lo, r_hi, r_lo).to(rewards.dtype).repeat_interleave(width)[:p]
+    # r_hi / r_lo in the rewards' dtype (a where over two Python floats would round them
+    # through torch's default dtype: 0.1 -> 0.10000000149 beside float64 rewards)
+    fill = torch.full_like(batch_lo, r_lo, dtype=rewards.dtype).masked_fill_(batch_lo, r_hi)
+    fill = fill.repeat_interleave(width)[:p]  # [P]
     return triggered, fill
 
 
