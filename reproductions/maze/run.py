@@ -251,7 +251,8 @@ def _ks(samples: int) -> list[int]:
 def _task(a):
     from grouprl.tasks.maze import MazeTask
 
-    return MazeTask(a.size, a.min_path, a.max_path, coords=a.coords)
+    # other reproductions (rollout_correction) pass their own namespace without these flags
+    return MazeTask(a.size, a.min_path, a.max_path, coords=getattr(a, "coords", False))
 
 
 def sft_stages(a) -> list[tuple[int, int]]:
@@ -262,7 +263,7 @@ def sft_stages(a) -> list[tuple[int, int]]:
     own cache entry keyed by the weights it starts from), on mazes whose answers have
     ``min_path``..MAX_PATH moves: short answers first, as a curriculum."""
     out = []
-    for item in a.sft_curriculum:
+    for item in getattr(a, "sft_curriculum", []):
         head, sep, tail = str(item).partition(":")
         if not (sep and head.isdigit() and tail.isdigit()) or int(tail) < 1:
             raise ValueError(
@@ -293,11 +294,11 @@ def _policy(a):
         stage = (
             task
             if max_path == a.max_path
-            else MazeTask(a.size, a.min_path, max_path, coords=a.coords)
+            else MazeTask(a.size, a.min_path, max_path, coords=task.coords)
         )
         model = sft.warm_start(
             model, tok, stage, steps=steps, batch_size=a.sft_batch, lr=a.sft_lr,
-            schedule=a.sft_schedule, seed=0, progress=False,
+            schedule=getattr(a, "sft_schedule", "cosine"), seed=0, progress=False,
         )  # fmt: skip
     for q in model.parameters():  # a warm start trained in this process leaves its last .grad
         q.grad = None  # (a cached one does not): the first RL step must not add it in
