@@ -72,6 +72,12 @@ def test_p90():
     # 1/3 + 0.7·(1 - 1/3) = 0.8 -> A = [1.25, -0.416667, ...]
     a = adv("p90", G1)[0].tolist()
     assert a == pytest.approx([1.25, -1 / 3 / 0.8, -1 / 3 / 0.8, -1 / 3 / 0.8], abs=1e-12)
+    # quantile 1 is the largest |u| = 1 (MaxNorm-RLOO's card): [1, -1/3, -1/3, -1/3];
+    # quantile 0 is refused (the range is (0, 1])
+    top = adv("p90", G1, quantile=1.0)[0].tolist()
+    assert top == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\], got 0.0"):
+        adv("p90", G1, quantile=0.0)
 
 
 def test_gopo():
