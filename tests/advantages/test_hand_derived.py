@@ -74,6 +74,11 @@ def test_p90():
     assert a == pytest.approx([1.25, -1 / 3 / 0.8, -1 / 3 / 0.8, -1 / 3 / 0.8], abs=1e-12)
     # quantile 1 is the largest |u| = 1 (MaxNorm-RLOO's card): [1, -1/3, -1/3, -1/3];
     # quantile 0 is refused (the range is (0, 1])
+    # tau_res_bound_frac: the share of live groups whose card sits at the floor tau_res = 0.01:
+    # [0.004, 0, 0, 0] (card 0.004·4/3 < 0.01) of it and [1, 0, 0, 0]; [1, 1, 1, 1] is collapsed
+    r = torch.tensor([[0.004, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0] * 4], dtype=torch.float64)
+    for name in ("maxnorm_rloo", "maxnorm_dr_grpo", "p90"):
+        assert advantages.compute(name, r).stats["tau_res_bound_frac"] == 0.5
     top = adv("p90", G1, quantile=1.0)[0].tolist()
     assert top == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
     with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\], got 0.0"):
@@ -140,11 +145,23 @@ def test_sigma_weighted_grpo_scale_and_sigma_bar_beside_a_collapsed_group():
 
 
 @pytest.mark.parametrize(
-    "name", ["grpo", "dr_grpo", "rloo", "batch_std", "grpo_beta_comp", "sigma_weighted_grpo"]
+    "name",
+    [
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "batch_std",
+        "grpo_beta_comp",
+        "sigma_weighted_grpo",
+        "maxnorm_rloo",
+        "maxnorm_dr_grpo",
+        "p90",
+    ],
 )
 def test_the_collapse_rule_reads_ddof_and_tau(name):
     # [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed, every advantage 0), 0.707 with
-    # the default ddof 1 (kept: |A| is 0.707, 0.5, 1, 0.707, 0.707 and 0.707; gopo: its own test)
+    # the default ddof 1 (kept: |A| is 0.707, 0.5, 1, 0.707, 0.707, 0.707, then 1 for the three
+    # MaxNorm-scaled ones; gopo: its own test)
     r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     assert adv(name, r, tau=0.55, ddof=0).abs().sum().item() == 0.0
     assert adv(name, r, tau=0.55).abs().min().item() > 0.4
