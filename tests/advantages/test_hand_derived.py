@@ -79,6 +79,7 @@ def test_p90():
     r = torch.tensor([[0.004, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0] * 4], dtype=torch.float64)
     for name in ("maxnorm_rloo", "maxnorm_dr_grpo", "p90"):
         assert advantages.compute(name, r).stats["tau_res_bound_frac"] == 0.5
+        assert advantages.compute(name, r[::2]).stats["tau_res_bound_frac"] == 1.0  # 1 of 1
     top = adv("p90", G1, quantile=1.0)[0].tolist()
     assert top == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
     with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\], got 0.0"):
