@@ -168,6 +168,46 @@ def test_the_collapse_rule_reads_ddof_and_tau(name):
     assert adv(name, r, tau=0.55).abs().min().item() > 0.4
 
 
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("opo", {"lengths": torch.tensor([[1, 1]])}),
+        ("gdpo", {}),
+    ],
+)
+def test_the_collapse_rule_of_opo_and_gdpo_reads_ddof(name, kw):
+    # opo on [1, 0]: σ = 0.5 at ddof 0 (< tau 0.55: 0), 0.707 at ddof 1 (kept). gdpo whitens
+    # GDPO's normalised sum ±a, a = 0.5/(√0.5 + 1e-4) ≈ 0.7070: σ = a at ddof 0 (< 0.8: 0),
+    # a·√2 at ddof 1 (kept)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    tau = 0.55 if name == "opo" else 0.8
+    assert adv(name, r, tau=tau, ddof=0, **kw).abs().sum().item() == 0.0
+    assert adv(name, r, tau=tau, **kw).abs().min().item() > 0.4
+
+
+def test_the_statistics_of_remax_and_flash_reinforce_read_ddof_and_the_valid_count():
+    # remax: [1, 0] is collapsed at ddof 0 (σ 0.5 < tau 0.55), not at ddof 1 (only reported)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    base = torch.tensor([0.5], dtype=torch.float64)
+    frac = [
+        advantages.compute("remax", r, baseline=base, tau=0.55, ddof=d).stats["collapsed_frac"]
+        for d in (0, 1)
+    ]
+    assert frac == [1.0, 0.0]
+    # flash_reinforce: one valid reward in the batch: its batch mean is that reward
+    one = torch.tensor([[0.8, math.nan]], dtype=torch.float64)
+    assert advantages.compute("flash_reinforce", one).stats["batch_mean"] == 0.8
+
+
+def test_whiten_by_hand_with_its_defaults():
+    # (x − μ)/(σ + 1e-6) over every entry: μ = 2, σ (ddof 1) = √2 (eps_mode "std", verl's)
+    x = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    out, mu, s = advantages.global_norm.whiten(x, None)
+    want = 1 / (math.sqrt(2) + 1e-6)
+    assert out.tolist() == pytest.approx([-want, want], rel=1e-12)
+    assert (mu.item(), s.item()) == (2.0, pytest.approx(math.sqrt(2) + 1e-6, rel=1e-12))
+
+
 def test_batch_std_reads_ddof():
     # ddof 0: σ_q = 0.5 (kept at the default tau) and σ_batch = 0.5: ±0.5/(0.5 + 1e-6)
     r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
