@@ -60,8 +60,14 @@ def part_floors(rewards: torch.Tensor, repeat: int) -> dict[str, float]:
     starts from (count, mean, centred rewards, std, collapse flag); ``floor_gopo_pairs``:
     gopo's Σ_j sign(r_i − r_j) over the G(G−1)/2 pairs, its definition; ``floor_resolution``:
     the resolution protocol's binning (sorting network, scan, scatter back);
-    ``floor_normalize_then_sum``: gdpo's first stage (a normalisation per reward function)."""
+    ``floor_normalize_then_sum``: gdpo's first stage (a normalisation per reward function);
+    ``floor_sort_network``: the G columns sorted by the sorting network alone, values only (no
+    positions carried), the least any binning of each group costs here (``torch.sort`` of the
+    rows is ``floor_sort``, ~8× more); with ``maxnorm_rloo`` itself it bounds the resolution
+    protocol's composition from below."""
     from grouprl.advantages import _groups, combine, ranking, transforms
+
+    columns = list(_groups.transposed(rewards).unbind(0))  # G x [P]
 
     return {
         "floor_moments": timeit(lambda: _groups.group_moments(rewards, None), repeat),
@@ -70,6 +76,7 @@ def part_floors(rewards: torch.Tensor, repeat: int) -> dict[str, float]:
         "floor_normalize_then_sum": timeit(
             lambda: combine.normalize_then_sum(rewards.unsqueeze(-1)), repeat
         ),
+        "floor_sort_network": timeit(lambda: _groups.sort_columns(list(columns)), repeat),
     }
 
 

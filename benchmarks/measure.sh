@@ -4,7 +4,7 @@
 #   in fp32, bf16 autocast and bf16 and on the tiny maze model (equal settings, checked), the
 #   peak memory with run.mmap_threshold_kib=128, the advantage layer against verl, the rollout
 #   and training-forward speed-up against the commit before the speed work, and the train
-#   step at one thread and at torch's default thread count.
+#   step at one thread and at torch's default thread count, the static-cache decode and bf16 rollouts.
 #     bash benchmarks/measure.sh            # writes benchmarks/results/*.json
 #     STEPS=2 CLOCK=cpu bash benchmarks/measure.sh   # the README's runs (a shared machine)
 #   PYTHON=/path/to/python bash benchmarks/measure.sh   # another interpreter
@@ -35,4 +35,10 @@ done
 "$py" benchmarks/rollout_speed.py --models tiny --baseline 6c44c79 --repeats 5 --no-reference \
   > "$out/rollout_speed_tiny_6c44c79.json"
 "$py" benchmarks/train_step.py --threads 1 0 > "$out/train_step.json"
+# issue 26 items 2 and 3: a static cache + compiled decode on SmolLM2 (a cold compile), and bf16
+# rollouts with fp32 master weights and the rollout correction against fp32 rollouts
+"$py" benchmarks/static_decode.py --repeats 2 > "$out/static_decode_smollm2.json"
+"$py" benchmarks/roofline.py --no-model --threads 1 --dtypes float32 --clock "$clock" \
+  > "$out/roofline_limit_fp32_static_decode.json"
+"$py" benchmarks/bf16_rollouts.py --model smollm2 --steps "$steps" > "$out/bf16_rollouts_smollm2.json"
 echo "load after: $(cat /proc/loadavg)" >&2

@@ -1,8 +1,20 @@
 """What the step hands its parts, pinned by known answers (issue 24's mutation triage of
-``train/loop.py``).
+``train/loop.py``, docs/mutation.md): each test kills surviving mutants of the loop.
 
 - ``step_selection``: the step-level top-entropy threshold and KL-Cov's selection count the
   step's loss mask, the rollout correction's rejected tokens out, and only kept rows.
+- ``step_advantages``: OPO's lengths, IS-GRPO-exact's draw weights (ignored by GRPO), AVSPO's
+  run trigger and the task's reward range, each against advantages derived by hand.
+- ``_balance``: R/KL on the low-σ rows with the loss as trained (CISPO off-policy with its
+  clip, the rollout correction's weights and rejection, the ratio KL correction, L_max),
+  gradients by hand on the three-parameter policy of ``hand_policy.py``.
+- the update's bookkeeping: the seeded shuffle, ``UpdateLog`` / ``StepStats`` means, a
+  micro-batch without loss tokens, an empty step, skipped steps, OPSM's weight times the
+  per-batch correction's, ``balance=True``.
+- the batch: draw importance weights, GDPO's float32 parts on the run's device, the
+  unscorable share over dynamic sampling's rounds.
+- the run: printed notes, the final save, the sinks' settings, the resume note, stage times
+  (and the GPU synchronisation), the collapse split's reward range, a KL in the reward.
 """
 
 from __future__ import annotations
@@ -23,6 +35,7 @@ from hand_policy import (
     grpo_advantages,
     log_prob,
     softmax,
+    step_round,
     train_hand,
 )
 from train_toy import WORDS, ToyTask, make
@@ -31,6 +44,7 @@ from grouprl import losses
 from grouprl.losses import correction
 from grouprl.tasks.base import Example
 from grouprl.tasks.verify import BatchScores
+from grouprl.train import config as config_module
 from grouprl.train import filters, loop
 from grouprl.train.config import load_config
 from grouprl.train.loop import Timer, collect_batch, step_advantages
@@ -368,6 +382,7 @@ def test_a_runs_notes_final_save_sinks_and_result(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert "resume/changed" not in rows[0]
+    assert [k for k in rows[0] if k.startswith("eval/")] == []  # eval.every=0
     # without save_final and without the correction: neither line
     again, _, _ = train_hand(tmp_path / "b", HandTask({"ab": first_is("a")}), "optim.steps=1")
     out = capsys.readouterr().out
@@ -412,6 +427,13 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     log = loop.UpdateLog()
     loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
     assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # 0: not computed
+    # every completion masked: an empty step, counted once, no AdamW step
+    batch = dataclasses.replace(batch, mask=torch.zeros_like(mask))
+    before = [float(x) for x in run.model.theta.detach()]
+    log = loop.UpdateLog()
+    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    assert (log.empty, log.taken, log.skipped) == (1, 0, 0)
+    assert [float(x) for x in run.model.theta.detach()] == before
 
 
 def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
@@ -449,20 +471,27 @@ def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
 
 
 def test_every_sampling_of_a_step_is_timed_by_the_steps_timer(tmp_path, monkeypatch):
-    # AGPO probes each prompt before the training groups are sampled (collect_batch's probe):
-    # both generations (and the scoring inside sample_groups) count in the step's stage times
-    run, _ = _hand_batch(tmp_path, "algorithm.preset=agpo")
+    # AGPO probes each prompt before the training groups are sampled (collect_batch's probe),
+    # ReMax samples a greedy completion per prompt (reward_side): every generation (and the
+    # scoring inside it) counts in the step's stage times
     timers = []
-    real = loop.sample_groups
 
-    def sample_groups(*a, timer=None, **k):
-        timers.append(timer)
-        return real(*a, timer=timer, **k)
+    def recording(real):
+        def sample(*a, timer=None, **k):
+            timers.append(timer)
+            return real(*a, timer=timer, **k)
 
-    monkeypatch.setattr(loop, "sample_groups", sample_groups)
-    timer = Timer(run.device)
-    loop.collect_batch(run, timer)
-    assert len(timers) == 2 and all(t is timer for t in timers)  # the probe, the groups
+        return sample
+
+    monkeypatch.setattr(loop, "sample_groups", recording(loop.sample_groups))
+    monkeypatch.setattr(loop, "greedy_rewards", recording(loop.greedy_rewards))
+    for preset in ("agpo", "remax"):
+        run, _ = _hand_batch(tmp_path / preset, f"algorithm.preset={preset}")
+        timers.clear()
+        timer = Timer(run.device)
+        loop.collect_batch(run, timer)
+        # AGPO: the probe, the groups; ReMax: the groups, the greedy completions
+        assert len(timers) == 2 and all(t is timer for t in timers), preset
 
 
 def test_a_steps_collapse_split_reads_the_tasks_reward_range(tmp_path):
@@ -501,13 +530,21 @@ def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
     overlong = filters.Overlong.of(None, max_new_tokens=1, cache=0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
+    torch.set_default_device("meta")  # the parts go to the run's device, not the default one
     try:
         out = loop.reward_side(run, [None, None], scores, None, overlong, Timer(run.device))
     finally:
         torch.set_default_dtype(default)
+        torch.set_default_device(None)
     assert out["reward_parts"].dtype == torch.float32
+    assert out["reward_parts"].device == run.device
     assert out["reward_parts"].tolist() == [flat[:4], flat[4:]]
     assert out["reward_weights"] == (1.0, 2.0) and "baseline" not in out
+    # GRPO sums the functions (the scorer's reward): no parts are collected for it
+    assert loop.combination(run.preset) == "normalize_then_sum"
+    grpo, _ = _hand_batch(tmp_path / "grpo")
+    assert loop.combination(grpo.preset) == "sum"
+    assert loop.reward_side(grpo, [None, None], scores, None, overlong, Timer(run.device)) == {}
 
 
 def test_on_a_gpu_each_timed_stage_ends_with_a_synchronisation(monkeypatch):
@@ -523,3 +560,106 @@ def test_on_a_gpu_each_timed_stage_ends_with_a_synchronisation(monkeypatch):
     assert set(cpu.metrics(step=1.0)) == {f"time/{s}" for s in (*Timer.STAGES, "correction")} | {
         "time/step"
     }
+
+
+def test_a_resumed_runs_note_is_in_its_first_metrics_row(tmp_path, monkeypatch):
+    # what --resume-anyway changed (Run.resume_note, train.resume.check) goes into the first
+    # row the run writes, and only that one
+    real = loop.setup
+
+    def setup(cfg, **injected):
+        run = real(cfg, **injected)
+        run.resume_note = {"resume/changed": ["optim.lr"]}
+        return run
+
+    monkeypatch.setattr(loop, "setup", setup)
+    train_hand(tmp_path, HandTask({"ab": first_is("a")}), "optim.steps=2")
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("resume/changed") for r in rows] == [["optim.lr"], None]
+
+
+def test_the_runs_sinks_get_the_configs_settings(tmp_path, monkeypatch):
+    seen = []
+
+    class Recording(loop.Sinks):
+        def __init__(self, *a, **k):
+            seen.append((a, k))
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(loop, "Sinks", Recording)
+    # wandb is not installed here: the config's check and the sink's opening are skipped
+    monkeypatch.setattr(config_module, "_check_loggers", lambda run: None)
+    monkeypatch.setattr(Recording, "_open_wandb", lambda self, config, step: None)
+    train_hand(
+        tmp_path, HandTask({"ab": first_is("a")}), "optim.steps=2", "run.progress=true",
+        "run.tensorboard=true", "run.wandb=true",
+    )  # fmt: skip
+    ((args, kwargs),) = seen
+    assert args[0] == tmp_path and args[1]["optim"]["steps"] == 2
+    assert kwargs == {
+        "total_steps": 2, "resume_step": 0, "tensorboard": True, "wandb": True,
+        "progress": True, "note": None,
+    }  # fmt: skip
+
+
+def test_a_kl_in_the_reward_without_a_loss_side_kl_logs_no_loss_kl(tmp_path):
+    # REINFORCE++ (global) folds −β·KL into the reward and has β = 0 in the loss: the
+    # reference's log-probs feed the reward, never the loss or its kl/* metrics
+    task = HandTask({"ab": first_is("a", empty=0.5)})
+    result, _, _ = train_hand(tmp_path, task, "algorithm.preset=reinforce_pp_global")
+    m = result.metrics
+    assert m["kl_reward/coef"] > 0 and "kl_reward/kl" in m
+    assert "kl/p95" not in m and "kl/max" not in m and m["kl/mean"] == 0.0
+
+
+def test_the_unscorable_share_is_the_mean_over_dynamic_samplings_rounds(tmp_path):
+    # DAPO's dynamic sampling (the draws of test_step_sampling's refill test): round 0 draws
+    # an unscorable group (every reward NaN: dropped) and an informative one, round 1 two
+    # informative ones; the unscorable share is the rounds' mean, (4/8 + 0/8)/2
+    tables = {"nan": lambda words: math.nan, "ab": first_is("a"), "ba": first_is("b", empty=0.5)}
+
+    def plan(split, seed, i):
+        return "q", (["nan", "ab"] if step_round(seed)[1] == 0 else ["ba", "ab"])[i]
+
+    task = HandTask(tables, plan=plan)
+    result, _, _ = train_hand(
+        tmp_path, task, "algorithm.preset=dapo", "algorithm.overlong=null",
+        "optim.minibatches=1", "run.seed=2", "sampling.max_unscorable_frac=1.0",
+    )  # fmt: skip
+    m = result.metrics
+    assert m["dynamic/tries"] == 2 and len(task.calls) == 16
+    assert m["reward/unscorable_frac"] == pytest.approx(0.25)
+
+
+def test_an_optimizer_step_measures_the_balance_without_a_low_sigma_subset(tmp_path):
+    # optimizer_step(balance=True): R/KL on the batch only, no low-σ rows
+    run, batch = _hand_batch(tmp_path, "algorithm.beta=0.5", "algorithm.kl=k1")
+    n = batch.mask.shape[0]
+    ref = run.reference.logprobs(run.policy, batch)
+    targets = Targets(torch.tensor([1.0, -1.0] * 4), torch.ones(n, dtype=torch.bool),
+                      torch.ones(n), ref, {})  # fmt: skip
+    log = loop.UpdateLog()
+    loop.optimizer_step(
+        run, batch, targets, torch.arange(n), timer=Timer(run.device), log=log, balance=True
+    )
+    assert log.balance["balance/low_sigma/rows"] == 0.0
+    assert log.balance["balance/batch/reward_grad_norm"] > 0
+    assert not any(k.startswith("balance/low_sigma/r") and "rows" not in k for k in log.balance)
+
+
+def test_each_skipped_minibatch_of_a_step_is_counted(tmp_path):
+    # a prompt "z" poisons the training forward (NaN logits, hand_policy.py): two skipped
+    # optimizer steps in one update are two
+    task = HandTask({"ab": first_is("a")}, plan=lambda split, seed, i: ("z", "ab"))
+    cfg = load_config(None, [*BASE, f"run.out={tmp_path}", "optim.max_nonfinite_steps=5"],
+                      validate=False)  # fmt: skip
+    run = setup(cfg, model=HandPolicy(), tokenizer=HandTokenizer(), task=task)
+    run.step = 1
+    batch, _ = collect_batch(run, Timer(run.device))
+    n = batch.mask.shape[0]
+    targets = Targets(torch.tensor([1.0, -1.0] * 4), torch.ones(n, dtype=torch.bool),
+                      torch.ones(n), None, {})  # fmt: skip
+    log = loop.UpdateLog()
+    for rows in (torch.arange(4), torch.arange(4, 8)):
+        loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    assert (log.skipped, log.taken, run.nonfinite_total, run.nonfinite_run) == (2, 0, 2, 2)
