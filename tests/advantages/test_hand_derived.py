@@ -72,6 +72,18 @@ def test_p90():
     # 1/3 + 0.7·(1 - 1/3) = 0.8 -> A = [1.25, -0.416667, ...]
     a = adv("p90", G1)[0].tolist()
     assert a == pytest.approx([1.25, -1 / 3 / 0.8, -1 / 3 / 0.8, -1 / 3 / 0.8], abs=1e-12)
+    # quantile 1 is the largest |u| = 1 (MaxNorm-RLOO's card): [1, -1/3, -1/3, -1/3];
+    # quantile 0 is refused (the range is (0, 1])
+    # tau_res_bound_frac: the share of live groups whose card sits at the floor tau_res = 0.01:
+    # [0.004, 0, 0, 0] (card 0.004·4/3 < 0.01) of it and [1, 0, 0, 0]; [1, 1, 1, 1] is collapsed
+    r = torch.tensor([[0.004, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0] * 4], dtype=torch.float64)
+    for name in ("maxnorm_rloo", "maxnorm_dr_grpo", "p90"):
+        assert advantages.compute(name, r).stats["tau_res_bound_frac"] == 0.5
+        assert advantages.compute(name, r[::2]).stats["tau_res_bound_frac"] == 1.0  # 1 of 1
+    top = adv("p90", G1, quantile=1.0)[0].tolist()
+    assert top == pytest.approx([1.0, -1 / 3, -1 / 3, -1 / 3], abs=1e-12)
+    with pytest.raises(ValueError, match=r"quantile must be in \(0, 1\], got 0.0"):
+        adv("p90", G1, quantile=0.0)
 
 
 def test_gopo():
@@ -134,14 +146,66 @@ def test_sigma_weighted_grpo_scale_and_sigma_bar_beside_a_collapsed_group():
 
 
 @pytest.mark.parametrize(
-    "name", ["grpo", "dr_grpo", "rloo", "batch_std", "grpo_beta_comp", "sigma_weighted_grpo"]
+    "name",
+    [
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "batch_std",
+        "grpo_beta_comp",
+        "sigma_weighted_grpo",
+        "maxnorm_rloo",
+        "maxnorm_dr_grpo",
+        "p90",
+    ],
 )
 def test_the_collapse_rule_reads_ddof_and_tau(name):
     # [1, 0]: σ = 0.5 with ddof 0 (< tau = 0.55: collapsed, every advantage 0), 0.707 with
-    # the default ddof 1 (kept: |A| is 0.707, 0.5, 1, 0.707, 0.707 and 0.707; gopo: its own test)
+    # the default ddof 1 (kept: |A| is 0.707, 0.5, 1, 0.707, 0.707, 0.707, then 1 for the three
+    # MaxNorm-scaled ones; gopo: its own test)
     r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
     assert adv(name, r, tau=0.55, ddof=0).abs().sum().item() == 0.0
     assert adv(name, r, tau=0.55).abs().min().item() > 0.4
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("opo", {"lengths": torch.tensor([[1, 1]])}),
+        ("gdpo", {}),
+    ],
+)
+def test_the_collapse_rule_of_opo_and_gdpo_reads_ddof(name, kw):
+    # opo on [1, 0]: σ = 0.5 at ddof 0 (< tau 0.55: 0), 0.707 at ddof 1 (kept). gdpo whitens
+    # GDPO's normalised sum ±a, a = 0.5/(√0.5 + 1e-4) ≈ 0.7070: σ = a at ddof 0 (< 0.8: 0),
+    # a·√2 at ddof 1 (kept)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    tau = 0.55 if name == "opo" else 0.8
+    assert adv(name, r, tau=tau, ddof=0, **kw).abs().sum().item() == 0.0
+    assert adv(name, r, tau=tau, **kw).abs().min().item() > 0.4
+
+
+def test_the_statistics_of_remax_and_flash_reinforce_read_ddof_and_the_valid_count():
+    # remax: [1, 0] is collapsed at ddof 0 (σ 0.5 < tau 0.55), not at ddof 1 (only reported)
+    r = torch.tensor([[1.0, 0.0]], dtype=torch.float64)
+    base = torch.tensor([0.5], dtype=torch.float64)
+    frac = [
+        advantages.compute("remax", r, baseline=base, tau=0.55, ddof=d).stats["collapsed_frac"]
+        for d in (0, 1)
+    ]
+    assert frac == [1.0, 0.0]
+    # flash_reinforce: one valid reward in the batch: its batch mean is that reward
+    one = torch.tensor([[0.8, math.nan]], dtype=torch.float64)
+    assert advantages.compute("flash_reinforce", one).stats["batch_mean"] == 0.8
+
+
+def test_whiten_by_hand_with_its_defaults():
+    # (x − μ)/(σ + 1e-6) over every entry: μ = 2, σ (ddof 1) = √2 (eps_mode "std", verl's)
+    x = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    out, mu, s = advantages.global_norm.whiten(x, None)
+    want = 1 / (math.sqrt(2) + 1e-6)
+    assert out.tolist() == pytest.approx([-want, want], rel=1e-12)
+    assert (mu.item(), s.item()) == (2.0, pytest.approx(math.sqrt(2) + 1e-6, rel=1e-12))
 
 
 def test_batch_std_reads_ddof():

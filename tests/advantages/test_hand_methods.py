@@ -243,3 +243,56 @@ def test_token_path_of_a_sequence_estimator_two_readings():
     # "return": the dense reward-to-go is added per token: −0.2 at t = 0, −0.1 at t = 1
     t = advantages.compute_tokens("grpo", r, mask, token_rewards=dense, token_rewards_as="return")
     same(t.token_values[0], [[a - 0.2, a - 0.1], [-a - 0.2, -a - 0.1]])
+
+
+def test_compute_tokens_reads_combine_params_and_remaxs_baseline_on_the_score_path():
+    # the combination's eps reaches it through compute_tokens as through compute: with eps 1
+    # a group [1, 0] normalises to ±0.5/(√0.5 + 1) before GRPO (whose values do not change
+    # with that scale, so compare the KL-free dr_grpo: its values are the centred rewards)
+    r3 = torch.tensor([[[1.0], [0.0]]], dtype=D)
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    kw = {"combine": "normalize_then_sum", "combine_params": {"eps": 1.0}}
+    tok = advantages.compute_tokens("dr_grpo", r3, mask, **kw)
+    b = 0.5 / (math.sqrt(0.5) + 1.0)
+    same(tok.values, [[b, -b]])
+    # remax with dense rewards read as a score: (r + Σ dense) − the greedy baseline
+    r = torch.tensor([[1.0, 0.0]], dtype=D)
+    dense = torch.full((1, 2, 2), 0.25, dtype=D)
+    out = advantages.compute_tokens(
+        "remax", r, mask, token_rewards=dense, token_rewards_as="score",
+        baseline=torch.tensor([0.5], dtype=D),
+    )  # fmt: skip
+    same(out.values, [[1.0, 0.0]])  # 1.5 − 0.5, 0.5 − 0.5
+
+
+def test_compute_tokens_reports_the_nan_fraction():
+    # a token estimator does not report nan_frac itself: compute_tokens adds it (1 of 4)
+    r = torch.tensor([[1.0, math.nan], [0.0, 1.0]], dtype=D)
+    out = advantages.compute_tokens("reinforce_pp_global", r, torch.ones(2, 2, 2, dtype=torch.bool))
+    assert out.stats["nan_frac"] == 0.25
+
+
+def test_a_list_of_rewards_for_a_combination_is_refused_with_a_value_error():
+    with pytest.raises(ValueError, match="per-function rewards must be a tensor"):
+        advantages.compute("gdpo", [[1.0, 0.0]])
+
+
+def test_the_focal_weight_clips_a_success_rate_above_the_range():
+    # mean reward 1.5 on [0, 1]: μ̂ = clip(1.5, 0, 1) = 1, so (1 − 1)^0.5 = 0 (never NaN)
+    r = torch.tensor([[1.5, 1.5], [0.0, 1.0]], dtype=D)
+    w = advantages.transforms.focal_weight(r, None, 0.5)
+    assert w.tolist() == pytest.approx([0.0, math.sqrt(0.5)], abs=1e-15)
+
+
+def test_a_token_estimator_reads_the_combinations_params():
+    # a policy certain of its tokens (log π = 0, Σπ² = 1) makes the optimal token baseline 0,
+    # so each token's advantage is its return: the combined reward ±0.5/(√0.5 + eps), eps = 1
+    r3 = torch.tensor([[[1.0], [0.0]]], dtype=D)
+    mask = torch.ones(1, 2, 2, dtype=torch.bool)
+    zeros = torch.zeros(1, 2, 2, dtype=D)
+    out = advantages.compute_tokens(
+        "optimal_token_baseline", r3, mask, old_logp=zeros, sum_pi_squared=zeros + 1.0,
+        combine="normalize_then_sum", combine_params={"eps": 1.0},
+    )  # fmt: skip
+    b = 0.5 / (math.sqrt(0.5) + 1.0)
+    same(out.token_values[0], [[b, b], [-b, -b]])

@@ -54,3 +54,14 @@ def test_every_token_estimator(name, under_wide_meta_defaults):
     if "optimal" in name:
         kw = {"old_logp": torch.full((4, 4, 3), -1.0), "sum_pi_squared": torch.full((4, 4, 3), 0.5)}
     _check(under_wide_meta_defaults(advantages.compute_tokens, name, R, mask, **kw))
+
+
+def test_resolution_of_groups_beyond_the_sorting_network(under_wide_meta_defaults):
+    # G = 33 takes the torch.sort branch of resolution (beyond SORT_NETWORK_MAX)
+    r = torch.linspace(0, 1, 66).reshape(2, 33)
+    r[0, 3] = math.nan
+    binned, keep = under_wide_meta_defaults(
+        advantages.transforms.resolution, r, ~torch.isnan(r), 0.01
+    )
+    assert (binned.device.type, binned.dtype) == ("cpu", torch.float32)
+    assert keep.device.type == "cpu"
