@@ -121,22 +121,27 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "gammas": [0.5, 1.0], "sweep_gammas": [0.5], "controls": ["measured"],
         "control_gammas": None, "steps": 400, "lr": 1e-4, "max_new": 10, "eval_every": 100,
         "eval_prompts": 200, "eval_samples": 128, "workers": 2, "ckpt_every": 0,
+        "sft_curriculum": [], "sft_schedule": "cosine", "coords": False,
     },
     "appk": {
-        "size": 9, "min_path": 1, "max_path": 6, "model": "tiny:d=128,layers=6,heads=4",
-        "sft_steps": 2000, "sft_batch": 32, "sft_lr": 2e-3, "prompts": 16, "group": 8,
+        "size": 9, "min_path": 1, "max_path": 3, "model": "tiny:d=128,layers=6,heads=4",
+        "sft_steps": 300, "sft_batch": 32, "sft_lr": 2e-3, "prompts": 16, "group": 8,
         "sweep_groups": [4, 16], "gammas": [0.5, 1.0], "sweep_gammas": [0.5, 1.0],
         "controls": ["measured", "closed"], "control_gammas": [0.5], "steps": 120,
-        "lr": 1e-4, "max_new": 8, "eval_every": 40, "eval_prompts": 64, "eval_samples": 32,
-        "workers": 1, "ckpt_every": 20,
+        "lr": 1e-4, "max_new": 6, "eval_every": 40, "eval_prompts": 64, "eval_samples": 32,
+        "workers": 1, "ckpt_every": 20, "sft_curriculum": ["2:300", "3:300", "3:300"],
+        "sft_schedule": "constant", "coords": False,
     },
 }  # fmt: skip
 """``--setting``: the defaults of every flag. ``small`` = the issue-12 fair test (4×4, the 205k
 model; its results are this folder's README); ``appk`` = towards F-GRPO App. K on two shared
-cores (9×9 mazes with answers of 1-6 moves, a 1.2M-parameter model, SFT batch 32 as App. K,
+cores (9×9 mazes with answers of 1-3 moves, a 1.2M-parameter model, SFT batch 32 as App. K,
 RL lr 1e-4 as App. K at 16 prompts a step, every N × γ of {4, 8, 16} × {0, 0.5, 1}, both lr
 controls at γ = 0.5; results under ``appk/``). Flags override. [OURS, pilot] SFT lr 2e-3, not
-App. K's 5e-4: at 1e-3 (paths ≤ 12) the loss sat at 1.32 with pass@1 0 after 500 steps."""
+App. K's 5e-4: at 1e-3 (paths ≤ 12) the loss sat at 1.32 with pass@1 0 after 500 steps;
+[OURS, issue 23 pilots] answers of 1-3 moves and a curriculum (300 steps on ≤ 2 moves, then
+3 × 300 on ≤ 3, constant lr): with 1-6 moves 1,000 cosine steps solved 9.5 % of even the
+1-move mazes (appk/README.md)."""
 
 
 def _args(argv: list[str] | None):
@@ -154,9 +159,23 @@ def _args(argv: list[str] | None):
     p.add_argument("--min-path", type=int, default=d["min_path"], help="shortest answer (moves)")
     p.add_argument("--max-path", type=int, default=d["max_path"], help="longest answer (moves)")
     p.add_argument("--model", default=d["model"], help="a tiny[:d=..,layers=..] model spec")
+    p.add_argument(
+        "--coords", action=argparse.BooleanOptionalAction, default=d["coords"],
+        help="render the maze with a row token per row and the column in each cell token "
+        "(MazeTask coords=True)",
+    )  # fmt: skip
     p.add_argument("--sft-steps", type=int, default=d["sft_steps"], help="warm-start steps")
     p.add_argument("--sft-batch", type=int, default=d["sft_batch"], help="warm-start batch")
     p.add_argument("--sft-lr", type=float, default=d["sft_lr"], help="warm-start peak lr")
+    p.add_argument(
+        "--sft-curriculum", nargs="*", default=d["sft_curriculum"], metavar="MAX_PATH:STEPS",
+        help="warm-start stages run before the --sft-steps on the task itself, each on the "
+        "mazes with answers of min-path..MAX_PATH moves (e.g. 2:300 3:300)",
+    )  # fmt: skip
+    p.add_argument(
+        "--sft-schedule", choices=("cosine", "constant"), default=d["sft_schedule"],
+        help="warm-start lr after its 50-step warm-up, in every stage",
+    )  # fmt: skip
     p.add_argument("--prompts", type=int, default=d["prompts"], help="mazes per step (P)")
     p.add_argument("--group", type=int, default=d["group"], help="completions per maze (N)")
     p.add_argument(
@@ -206,11 +225,16 @@ def _args(argv: list[str] | None):
     a = p.parse_args(argv)
     if a.control_gammas is None:
         a.control_gammas = list(a.gammas)
+    try:
+        sft_stages(a)
+    except ValueError as e:
+        p.error(str(e))
     if a.quick:
         # 2 x 2 mazes with one-move answers and a few SFT steps: some groups are mixed, so
         # the focal weight and the lr controls run too
         a.size, a.min_path, a.max_path, a.sft_steps = 2, 1, 1, 15
         a.model, a.sft_batch, a.sft_lr = "tiny", 64, 2e-3
+        a.sft_curriculum, a.sft_schedule, a.coords = [], "cosine", False
         a.prompts, a.group, a.steps, a.max_new, a.eval_every = 4, 4, 4, 4, 2
         a.sweep_groups = [2] if "--sweep-groups" not in (argv or []) else a.sweep_groups
         a.eval_prompts, a.eval_samples, a.workers = 4, 8, 1
@@ -227,21 +251,54 @@ def _ks(samples: int) -> list[int]:
 def _task(a):
     from grouprl.tasks.maze import MazeTask
 
-    return MazeTask(a.size, a.min_path, a.max_path)
+    # other reproductions (rollout_correction) pass their own namespace without these flags
+    return MazeTask(a.size, a.min_path, a.max_path, coords=getattr(a, "coords", False))
+
+
+def sft_stages(a) -> list[tuple[int, int]]:
+    """(max_path, steps) of each warm-start stage: ``--sft-curriculum``, then ``--sft-steps`` on
+    the task's own range. ValueError (said as a usage error) for a malformed stage.
+
+    [OURS] A stage is one ``sft.warm_start`` call (a fresh AdamW, its own 50-step warm-up, its
+    own cache entry keyed by the weights it starts from), on mazes whose answers have
+    ``min_path``..MAX_PATH moves: short answers first, as a curriculum."""
+    out = []
+    for item in getattr(a, "sft_curriculum", []):
+        head, sep, tail = str(item).partition(":")
+        if not (sep and head.isdigit() and tail.isdigit()) or int(tail) < 1:
+            raise ValueError(
+                f"--sft-curriculum: {item!r} is not MAX_PATH:STEPS with positive integers "
+                "(e.g. 2:300)"
+            )
+        if int(head) < a.min_path:
+            raise ValueError(
+                f"--sft-curriculum: {item!r} asks for answers of at most {head} moves, "
+                f"below --min-path {a.min_path}"
+            )
+        out.append((int(head), int(tail)))
+    if a.sft_steps > 0:
+        out.append((a.max_path, a.sft_steps))
+    return out
 
 
 def _policy(a):
     import torch
 
     from grouprl import models
+    from grouprl.tasks.maze import MazeTask
     from grouprl.train import sft
 
     task = _task(a)
     model, tok = models.load(a.model, task=task, dtype=torch.float32, seed=0)
-    if a.sft_steps > 0:
+    for max_path, steps in sft_stages(a):
+        stage = (
+            task
+            if max_path == a.max_path
+            else MazeTask(a.size, a.min_path, max_path, coords=task.coords)
+        )
         model = sft.warm_start(
-            model, tok, task, steps=a.sft_steps, batch_size=a.sft_batch, lr=a.sft_lr, seed=0,
-            progress=False,
+            model, tok, stage, steps=steps, batch_size=a.sft_batch, lr=a.sft_lr,
+            schedule=getattr(a, "sft_schedule", "cosine"), seed=0, progress=False,
         )  # fmt: skip
     for q in model.parameters():  # a warm start trained in this process leaves its last .grad
         q.grad = None  # (a cached one does not): the first RL step must not add it in
@@ -579,6 +636,7 @@ def summarise(runs: list[dict], cfg: dict[str, Any]) -> dict[str, Any]:
         "table4": table4_rows(of, cfg),
         "regime_curves": _regime_curves(of, cfg),
         "dips": _dip_rows(of, cfg, b_ev),
+        "lengths": _length_rows(of, cfg, b_ev),
     }
 
 
@@ -673,6 +731,43 @@ def _dip_rows(of, cfg: dict[str, Any], b_ev: dict[str, Any]) -> list[dict[str, A
                     [r["evals"][last][kmax] for r in rs], at_first
                 ),
             }
+        )
+    return rows
+
+
+def by_length(correct: list[int], lengths: list[int], samples: int) -> dict[int, dict]:
+    """pass@1 per answer length: {moves: {"mazes": n, "pass@1": mean of correct/samples}}.
+
+    ``correct[i]`` of ``samples`` draws were right on the held-out maze ``i`` whose answer has
+    ``lengths[i]`` moves."""
+    out: dict[int, list[float]] = {}
+    for c, n in zip(correct, lengths, strict=True):
+        out.setdefault(n, []).append(c / samples)
+    return {n: {"mazes": len(v), "pass@1": sum(v) / len(v)} for n, v in sorted(out.items())}
+
+
+def _eval_lengths(cfg: dict[str, Any]) -> list[int]:
+    """The answer length of each held-out maze, in evaluation order."""
+    from grouprl.tasks.maze import MazeTask
+
+    task = MazeTask(cfg["size"], cfg["min_path"], cfg["max_path"])
+    return [len(e.reference.solve()) for e in task.examples("eval", cfg["eval_prompts"], EVAL_SEED)]
+
+
+def _length_rows(of, cfg: dict[str, Any], b_ev: dict[str, Any]) -> list[dict[str, Any]]:
+    """pass@1 by answer length: the SFT start, and each arm at the end (mean ± std over seeds;
+    runs whose final evaluation kept its per-maze counts)."""
+    lengths, samples = _eval_lengths(cfg), cfg["eval_samples"]
+    base = by_length(b_ev["correct"], lengths, samples)
+    row = {"arm": "SFT start", **{f"{n} moves": C.ms([v["pass@1"]]) for n, v in base.items()}}
+    rows = [{"arm": "mazes", **{f"{n} moves": v["mazes"] for n, v in base.items()}}, row]
+    for name, _g, _ctl in _arms(cfg):
+        rs = [r for r in of(name) if "correct" in _final(r)]
+        if not rs:
+            continue
+        per = [by_length(_final(r)["correct"], lengths, samples) for r in rs]
+        rows.append(
+            {"arm": name} | {f"{n} moves": C.ms([p[n]["pass@1"] for p in per]) for n in base}
         )
     return rows
 
@@ -922,6 +1017,21 @@ def _cell(v: Any) -> Any:
     return fmt_paired(v) if isinstance(v, dict) and "se" in v else v
 
 
+def _sft_text(c: dict[str, Any]) -> str:
+    """``1200 steps (300 on ≤ 2 moves, 900 on ≤ 3; constant lr)`` or ``1000 steps``."""
+    stages = [tuple(map(int, str(x).split(":"))) for x in c.get("sft_curriculum") or []]
+    if c["sft_steps"] > 0:
+        stages.append((c["max_path"], c["sft_steps"]))
+    total = sum(n for _, n in stages)
+    if not c.get("sft_curriculum"):
+        return f"{total} steps"
+    per: dict[int, int] = {}
+    for m, n in stages:
+        per[m] = per.get(m, 0) + n
+    parts = ", ".join(f"{n} on ≤ {m} moves" for m, n in per.items())
+    return f"{total} steps ({parts}; {c.get('sft_schedule', 'cosine')} lr)"
+
+
 def readme_block(payload: dict[str, Any]) -> str:
     t, c = payload["tables"], payload["config"]
     kmax = _ks(c["eval_samples"])[-1]
@@ -941,6 +1051,12 @@ def readme_block(payload: dict[str, Any]) -> str:
         parts += [
             "\n**Dip and recovery** (paired over seeds):\n",
             C.markdown_table([{k: _cell(v) for k, v in r.items()} for r in t["dips"]]),
+        ]
+    if t.get("lengths"):
+        parts += [
+            f"\n**pass@1 by answer length** (N = {c['group']}; the held-out mazes of each "
+            "length; mean ± std over seeds):\n",
+            C.markdown_table(t["lengths"]),
         ]
     if t["sweep"]:
         parts += [
@@ -967,7 +1083,7 @@ def readme_block(payload: dict[str, Any]) -> str:
         ]
     parts += [
         "\n" + C.checks_block(payload["checks"]),
-        f"\n({len(payload['seeds'])} seeds; {task}, SFT {c['sft_steps']} steps; "
+        f"\n({len(payload['seeds'])} seeds; {task}, SFT {_sft_text(c)}; "
         f"{c['steps']} RL steps × {c['prompts']} mazes × N = {c['group']} (sweep N = "
         f"{', '.join(map(str, c['sweep_groups'])) or 'none'}); lr {c['lr']:g}; control lr × w̄ = "
         + ", ".join(f"{k} {v:.3g}" for k, v in payload["control_scale"].items())
@@ -987,7 +1103,10 @@ def _run_key(a) -> dict[str, Any]:
         "eval_every", "eval_prompts", "eval_samples", "gammas",
     )  # fmt: skip
     key = {k: getattr(a, k) for k in keys}
-    extra = ("model", "sft_batch", "sft_lr", "sweep_gammas", "control_gammas")
+    extra = (
+        "model", "sft_batch", "sft_lr", "sweep_gammas", "control_gammas", "sft_curriculum",
+        "sft_schedule", "coords",
+    )  # fmt: skip
     small = SETTINGS["small"]
     key.update({k: getattr(a, k) for k in extra if getattr(a, k) != small.get(k, a.gammas)})
     return key
@@ -1023,6 +1142,10 @@ def _execute(a, todo: list[tuple], runs: list[dict], runs_dir: Path, key: dict) 
         for spec in todo:
             done(spec, job(a, *spec, folder=folder(spec)))
         return
+    import torch
+
+    torch.set_num_threads(a.threads)
+    _policy(a)  # the warm start once, here: the workers then load it from the cache
     with ProcessPoolExecutor(a.workers, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(job, a, *spec, folder=folder(spec)): spec for spec in todo}
         for fut in as_completed(futures):
@@ -1047,8 +1170,12 @@ def _command(a) -> str:
         skip = ("out", "readme_only", "quick", "workers", "setting", "finished_only")
         if name in skip or value == getattr(default, name):
             continue
+        flag = name.replace("_", "-")
+        if isinstance(value, bool):  # --coords / --no-coords
+            flags.append(f" --{'' if value else 'no-'}{flag}")
+            continue
         shown = " ".join(map(str, value)) if isinstance(value, list) else value
-        flags.append(f" --{name.replace('_', '-')} {shown}".rstrip())
+        flags.append(f" --{flag} {shown}".rstrip())
     return "python reproductions/maze/run.py" + "".join(flags)
 
 

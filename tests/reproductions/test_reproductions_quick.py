@@ -274,6 +274,12 @@ def test_maze_appk_plan_every_n_and_gamma_seed_major_with_the_closed_form_contro
     mod = _load("maze")
     a = mod._args(["--setting", "appk", "--seeds", "2"])
     assert (a.size, a.group, a.sweep_groups, a.sft_batch, a.lr) == (9, 8, [4, 16], 32, 1e-4)
+    # issue 23's warm start: 1-3-move answers, 300 steps on ≤ 2 moves then 900 on ≤ 3, a
+    # constant lr after each stage's warm-up, the plain cell tokens
+    assert (a.min_path, a.max_path, a.max_new, a.sft_schedule, a.coords) == (
+        1, 3, 6, "constant", False,
+    )  # fmt: skip
+    assert mod.sft_stages(a) == [(2, 300), (3, 300), (3, 300), (3, 300)]
     specs = mod.plan(a)
     assert specs[0][0] == "base"
     per_seed = [sp for sp in specs[1:] if sp[4] == 0]
@@ -292,6 +298,57 @@ def test_maze_appk_plan_every_n_and_gamma_seed_major_with_the_closed_form_contro
     # the small setting keeps its committed defaults: measured controls only, γ 0.5 swept
     small = mod._args([])
     assert (small.controls, small.sweep_gammas, small.model) == (["measured"], [0.5], "tiny")
+
+
+def test_maze_sft_curriculum_runs_each_stage_on_its_own_range_then_the_task(monkeypatch):
+    """--sft-curriculum 2:30 3:20 with --sft-steps 10 on 1..4-move mazes: three warm_start
+    calls in that order, on answers of ≤ 2, ≤ 3, ≤ 4 moves, each with the schedule asked for."""
+    import grouprl.train.sft as sft
+
+    mod = _load("maze")
+    calls = []
+
+    def fake(model, tok, task, *, steps, batch_size, lr, schedule, seed, progress):
+        calls.append((task.size, task.min_path, task.max_path, steps, batch_size, schedule, seed))
+        return model
+
+    monkeypatch.setattr(sft, "warm_start", fake)
+    argv = ["--size", "5", "--max-path", "4", "--sft-steps", "10", "--sft-batch", "8"]
+    a = mod._args([*argv, "--sft-curriculum", "2:30", "3:20", "--sft-schedule", "constant"])
+    assert mod.sft_stages(a) == [(2, 30), (3, 20), (4, 10)]
+    mod._policy(a)
+    assert calls == [
+        (5, 1, 2, 30, 8, "constant", 0),
+        (5, 1, 3, 20, 8, "constant", 0),
+        (5, 1, 4, 10, 8, "constant", 0),
+    ]
+    # no curriculum: the one stage on the task, as before the option existed
+    calls.clear()
+    mod._policy(mod._args(argv))
+    assert calls == [(5, 1, 4, 10, 8, "cosine", 0)]
+
+
+@pytest.mark.parametrize(
+    ("stage", "says"), [("2-30", "not MAX_PATH:STEPS"), ("2:0", "not MAX_PATH:STEPS"),
+                        ("1:30", "below --min-path 2")],
+)  # fmt: skip
+def test_maze_bad_sft_curriculum_is_a_usage_error(stage, says, capsys):
+    mod = _load("maze")
+    with pytest.raises(SystemExit) as e:
+        mod._args(["--min-path", "2", "--sft-curriculum", stage])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_maze_pass_at_1_by_answer_length_hand_case():
+    """Four mazes of 8 draws: lengths (1, 3, 1, 2), correct (8, 2, 4, 0): one move 12/16,
+    two moves 0, three moves 2/8."""
+    mod = _load("maze")
+    got = mod.by_length([8, 2, 4, 0], [1, 3, 1, 2], samples=8)
+    assert list(got) == [1, 2, 3]
+    assert got[1] == {"mazes": 2, "pass@1": 0.75}
+    assert got[2] == {"mazes": 1, "pass@1": 0.0} and got[3] == {"mazes": 1, "pass@1": 0.25}
+    with pytest.raises(ValueError):  # one length per maze
+        mod.by_length([8, 2], [1], samples=8)
 
 
 def test_maze_paired_statistics_hand_case():

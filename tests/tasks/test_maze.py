@@ -257,3 +257,31 @@ def test_unbounded_stream_unchanged_and_bounded_stream_distinct():
 def test_bad_path_bounds(kwargs, match):
     with pytest.raises(ValueError, match=match):
         MazeTask(**kwargs)
+
+
+# ---- coordinates in the tokens ----------------------------------------------------------------
+
+
+def test_coords_rendering_of_the_hand_maze_by_hand():
+    """The serpent with coords: a row token before each row, the column in each cell token;
+    the tiny tokenizer maps every word to its own id (no <unk>), the answer is unchanged."""
+    from grouprl import models
+
+    task = MazeTask(3, coords=True)
+    tok = models.task_tokenizer(task)
+    ex = tasks.base.Example("serpent", SERPENT.prompt(), SERPENT)
+    text = task.render(ex, tok)
+    assert text == "<bos> r0 s8c0 occ1 o6c2 r1 oac0 occ1 o5c2 r2 o9c0 occ1 g4c2 <sep>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == 2 + 3 + 9 and tok.unk_token_id not in ids
+    assert tok.convert_ids_to_tokens(ids)[1:-1] == text.split()[1:-1]
+    assert task.demonstration(ex) == PATH and task.verify(PATH, SERPENT) == 1.0
+    # 5 specials + 4 moves + 3 rows + 48 cell words in each of 3 columns
+    vocab = task.vocabulary()
+    assert len(vocab) == len(set(vocab)) == 5 + 4 + 3 + 48 * 3
+    # the plain task keeps its rendering and config (its cached warm starts)
+    plain = MazeTask(3)
+    assert plain.render(ex, models.task_tokenizer(plain)) == f"<bos> {SERPENT.prompt()} <sep>"
+    assert plain.config == {"size": 3} and task.config == {"size": 3, "coords": True}
+    with pytest.raises(ValueError, match="coords must be true or false"):
+        MazeTask(3, coords="yes")

@@ -17,7 +17,11 @@
 - one token per cell: a kind letter (``s`` start, ``g`` goal, ``o`` other) and one hex
   digit of open sides (bit 1 = up, 2 = down, 4 = left, 8 = right), cells row by row;
   with the tiny models' word-level tokenizer the prompt is ``<bos> c00 … c44 <sep>``
-  (27 tokens on 5 × 5) and the completion ``U R … <eos>``.
+  (27 tokens on 5 × 5) and the completion ``U R … <eos>``;
+- optionally (``coords=True``) the tiny models see coordinates: a row token ``r<i>`` before
+  each row and the column in every cell token (``s9c0 o3c1 …``), so ``<bos> r0 s9c0 … r4 …
+  <sep>``. The maze, the answer and the verifier are unchanged; only the rendering and the
+  vocabulary differ (:meth:`MazeTask.render`).
 
 The verifier simulates the moves: every move must go through an open side, no cell may
 be visited twice, and the walk must end on the goal. In a perfect maze this accepts
@@ -230,12 +234,25 @@ class MazeTask(Task):
             up to ``size² − 1``). [OURS] (start, goal) is drawn uniformly among the pairs
             whose unique path has that length, a maze without one is carved again
             (:func:`generate_maze`). The defaults (1, None) draw the unbounded stream.
+        coords: [OURS] render for the tiny models with a row token before each row and the
+            column inside each cell token (``r0 s9c0 o3c1 … r1 …``; ``size`` + 48·``size``
+            extra words). F-GRPO App. K says only "symbolic grid tokens". The idea: the tiny
+            models are RoPE-only, so an attention value carries a token's content but not its
+            place, and with the plain tokens a 1.2M model barely learns where the start and
+            goal lie (≤ 7 % of 1–3-move 9 × 9 mazes solved after 600 SFT steps); with
+            coordinates the place is content. Measured (reproductions/maze/appk README):
+            after 300 SFT steps on ≤ 2-move mazes no better than the plain tokens (1-move
+            mazes 13 % vs 17 %: each of the 48·size words is seen ``size`` times less often);
+            longer runs not measured. Off by default, which keeps the plain rendering (and
+            its cached warm starts).
     """
 
     name = "maze"
     reward_range = (0.0, 1.0)
 
-    def __init__(self, size: int = 5, min_path: int = 1, max_path: int | None = None) -> None:
+    def __init__(
+        self, size: int = 5, min_path: int = 1, max_path: int | None = None, coords: bool = False
+    ) -> None:
         if int(size) != size or size < 2:
             raise ValueError(f"maze size must be an integer >= 2, got {size!r}")
         self.size = int(size)
@@ -253,9 +270,14 @@ class MazeTask(Task):
             )
         self.min_path = int(min_path)
         self.max_path = None if max_path is None else int(max_path)
+        if not isinstance(coords, bool):
+            raise ValueError(f"coords must be true or false, got {coords!r}")
+        self.coords = coords
         self.config: dict[str, Any] = {"size": self.size}
         if self.bounded:  # the unbounded task keeps its config (and its SFT cache key)
             self.config.update(min_path=self.min_path, max_path=self.max_path)
+        if coords:
+            self.config["coords"] = True
 
     @property
     def bounded(self) -> bool:
@@ -289,11 +311,23 @@ class MazeTask(Task):
     def vocabulary(self) -> list[str]:
         """The word-level vocabulary of the tiny models: specials, moves, every cell token."""
         cells = [f"{k}{m:x}" for k in _KINDS for m in range(16)]
+        if self.coords:  # the row tokens, then every cell token in every column
+            rows = [f"r{i}" for i in range(self.size)]
+            cells = [f"{cell}c{c}" for c in range(self.size) for cell in cells]
+            return [*SPECIAL_TOKENS, *MOVES, *rows, *cells]
         return [*SPECIAL_TOKENS, *MOVES, *cells]
 
     def render(self, example: Example, tokenizer: Any) -> str:
-        """``<bos> cells <sep>`` for the maze vocabulary; a described prompt for any other tokenizer."""
+        """``<bos> cells <sep>`` for the maze vocabulary (``<bos> r0 s9c0 … <sep>`` with
+        ``coords``); a described prompt for any other tokenizer."""
         vocab = tokenizer.get_vocab() if tokenizer is not None else {}
+        if self.coords and "<sep>" in vocab and "r0" in vocab:
+            cells, n = example.prompt.split(), self.size
+            rows = [
+                " ".join([f"r{i}", *(f"{t}c{c}" for c, t in enumerate(cells[i * n : i * n + n]))])
+                for i in range(n)
+            ]
+            return f"<bos> {' '.join(rows)} <sep>"
         if "<sep>" in vocab and "s1" in vocab:
             return f"<bos> {example.prompt} <sep>"
         rows = example.prompt.split()
