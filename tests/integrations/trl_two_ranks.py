@@ -80,3 +80,10 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
+    # Tear the gloo group down before the interpreter exits. Left to the exit-time destructors,
+    # one rank of a CI run (2026-12-01, under no other load) aborted with "terminate called
+    # without an active exception" after all its runs had finished and written their records.
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
