@@ -71,7 +71,8 @@ def test_statistics_are_the_losses_and_token_means_of_the_kept_tokens():
     assert s["entropy_mean"] == pytest.approx(ent_sum / 6, abs=1e-12)
     assert s["kept_frac"] == pytest.approx(3 / 4)
     assert out.loss.item() == pytest.approx(pg + 0.5 * kl_sum / 6, abs=1e-12)
-    assert float(out.entropy_bonus) == 0.0  # entropy_coeff defaults to 0: logged, not trained
+    # entropy_coeff defaults to 0: logged, not trained
+    assert float(out.entropy_bonus.detach()) == 0.0
     plain = losses.objective(logp, logp.detach(), adv, mask, keep=keep)
     assert plain.stats["kl_mean"] == 0.0 and plain.stats["entropy_mean"] == 0.0  # β = 0
 
@@ -81,7 +82,7 @@ def test_the_entropy_bonus_is_subtracted_with_its_coefficient():
     out = losses.objective(logp, logp.detach(), adv, mask, entropy=ent, entropy_coeff=0.1)
     ent_mean = sum(ent[i, : int(mask[i].sum())].sum().item() for i in range(N)) / 9
     pg = sum(-adv[i].item() * int(mask[i].sum()) for i in range(N)) / 9
-    assert float(out.entropy_bonus) == pytest.approx(0.1 * ent_mean, abs=1e-12)
+    assert float(out.entropy_bonus.detach()) == pytest.approx(0.1 * ent_mean, abs=1e-12)
     assert out.loss.item() == pytest.approx(pg - 0.1 * ent_mean, abs=1e-12)
 
 
@@ -95,8 +96,8 @@ def test_the_unweighted_kl_branch_is_normalised_by_the_steps_totals():
         kl_weight=weight,
     )  # fmt: skip
     d = (logp.detach() - ref) * mask
-    assert float(out.kl_unweighted) == pytest.approx(float(d.sum()) / 20, abs=1e-12)
-    assert float(out.kl_loss) == pytest.approx(0.5 * float((d.sum(1) * weight).sum()) / 20)
+    assert float(out.kl_unweighted.detach()) == pytest.approx(float(d.sum()) / 20, abs=1e-12)
+    assert float(out.kl_loss.detach()) == pytest.approx(0.5 * float((d.sum(1) * weight).sum()) / 20)
 
 
 def test_per_sequence_inputs_are_checked_and_the_error_says_what_came():
@@ -152,7 +153,7 @@ def test_tensors_follow_the_inputs_device_and_dtype_not_torchs_defaults():
         torch.set_default_dtype(old_dtype)
     for t in (out.loss, out.per_token, out.kl_loss, out.entropy_bonus, out.kl_unweighted):
         assert t.device.type == "cpu" and t.dtype == torch.float32, (t.device, t.dtype)
-    assert empty.loss.device.type == "cpu" and math.isfinite(float(out.loss))
+    assert empty.loss.device.type == "cpu" and math.isfinite(float(out.loss.detach()))
 
 
 def _one_token(old: float):
@@ -173,7 +174,7 @@ def test_the_straight_through_kl_correction_by_hand():
             logp, old, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), ref_logp=ref,
             beta=1.0, kl_correction="straight_through", **clip,
         )  # fmt: skip
-        assert float(out.kl_loss) == pytest.approx(k3, rel=1e-12)
+        assert float(out.kl_loss.detach()) == pytest.approx(k3, rel=1e-12)
         out.loss.backward()
         assert float(logp.grad) == pytest.approx(grad, rel=1e-12)
     # the cap must be positive for the straight-through weight, and is not read by the others
@@ -183,7 +184,7 @@ def test_the_straight_through_kl_correction_by_hand():
     with pytest.raises(ValueError, match=r"kl_weight_clip must be > 0, got 0\.0"):
         losses.objective(logp, old, adv, mask, kl_correction="straight_through", **kw)
     ratio = losses.objective(logp, old, adv, mask, kl_correction="ratio", **kw)
-    assert float(ratio.kl_loss) == pytest.approx(2 * k3, rel=1e-12)  # ρ·k3
+    assert float(ratio.kl_loss.detach()) == pytest.approx(2 * k3, rel=1e-12)  # ρ·k3
 
 
 @pytest.mark.parametrize("correction", [None, "ratio", "sequence_ratio", "straight_through"])
@@ -217,7 +218,7 @@ def test_a_kl_correction_without_old_logp_is_on_policy(correction):
         logp, None, torch.zeros(1, dtype=torch.float64), torch.ones(1, 1), ref_logp=ref,
         beta=1.0, kl_correction=correction,
     )  # fmt: skip
-    assert float(out.kl_loss) == pytest.approx(math.exp(-0.5) - 0.5, rel=1e-12)
+    assert float(out.kl_loss.detach()) == pytest.approx(math.exp(-0.5) - 0.5, rel=1e-12)
 
 
 @pytest.mark.parametrize("correction", [None, "ratio", "sequence_ratio", "straight_through"])
@@ -260,7 +261,7 @@ def test_the_top_entropy_mask_keeps_the_tokens_at_the_threshold():
         entropy=ent, top_entropy_quantile=0.5, entropy_coeff=0.1,
     )  # fmt: skip
     assert float(out.pg_loss.detach()) == pytest.approx(-2 / 3, rel=1e-12)
-    assert float(out.entropy_bonus) == pytest.approx(0.05, rel=1e-12)
+    assert float(out.entropy_bonus.detach()) == pytest.approx(0.05, rel=1e-12)
     assert out.stats["entropy_mask_frac"] == pytest.approx(2 / 3, rel=1e-12)
     assert out.per_token.detach()[0].tolist() == pytest.approx([0.0, -1.05, -1.1], rel=1e-12)
 
@@ -289,7 +290,7 @@ def test_the_entropy_bonus_acts_without_statistics_too(coeff):
         logp, logp.detach(), adv, mask, entropy=ent, entropy_coeff=coeff, stats=False
     )
     assert out.stats == {}
-    assert float(out.entropy_bonus) == pytest.approx(coeff * 0.5, rel=1e-12)
+    assert float(out.entropy_bonus.detach()) == pytest.approx(coeff * 0.5, rel=1e-12)
     assert float(out.loss.detach()) == pytest.approx(
         float(out.pg_loss.detach()) - coeff * 0.5, rel=1e-12
     )

@@ -112,6 +112,7 @@ def test_a_killed_holder_frees_the_folder_even_while_its_forked_child_lives(tmp_
         RunLock(tmp_path).release()  # yet the folder is free: no stale lock
     finally:
         proc.kill()
+        proc.stdout.close()  # its pipe: a ResourceWarning when collected otherwise
         os.kill(child, signal.SIGKILL)
 
 
@@ -154,6 +155,7 @@ def test_a_child_holding_a_killed_runs_lock_is_waited_for_then_named(tmp_path, h
             assert "fuser -v" in message
     finally:
         proc.kill()
+        proc.stdout.close()  # its pipe: a ResourceWarning when collected otherwise
         os.kill(child, signal.SIGKILL)
 
 
@@ -188,4 +190,5 @@ def test_two_real_train_processes_on_one_folder(tmp_path):
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
+        first.stdout.close()  # never read to the end: close the pipe, or it leaks
     # that a SIGKILLed run leaves no stale lock: test_kill_resume.py resumes after SIGKILLs
