@@ -253,7 +253,7 @@ def readme_block(payload: dict) -> str:
         f"equal Q_pos gain, each with its unpaired SE.\n\n{main}\n\n{other_block}"
         f"{C.checks_block(payload['checks'])}\n\n"
         f"({len(payload['seeds'])} seeds; |A| = {cfg['n_actions']:,}, {cfg['steps']} steps; "
-        f"{payload['seconds']:.0f} s wall on one thread, shared machine"
+        f"{payload['seconds']:.0f} s wall on {payload.get('threads', 1)} thread(s), shared machine"
         + (f"; parts not run: {', '.join(not_run)}" if not_run else "")
         + ")"
     )
@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         checks=checks,
         curves=curves_for_figure(main_res.config, main_res.data),
         seconds=time.perf_counter() - t0,
+        threads=args.threads,
     )
     if args.parts != list(FULL):
         payload["command"] += " --parts " + " ".join(args.parts)
