@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP_TESTS = ["tests/train/test_step_update.py", "tests/train/test_step_sampling.py"]
 
 LOOP = "train/loop.py"
+UPDATE = "train/update.py"
 BUGS: dict[str, tuple[str, str, str]] = {
     # name: (file under src/grouprl, text, replacement)
     "per-group KL weight ignored": (
@@ -41,7 +42,7 @@ BUGS: dict[str, tuple[str, str, str]] = {
         "keep_n = adv.keep.repeat_interleave(g)",
     ),
     "NaN-reward samples counted in the normaliser": (
-        LOOP,
+        UPDATE,
         "loss_mask[rows], keep=targets.keep[rows],",
         "loss_mask[rows],",
     ),
@@ -77,43 +78,41 @@ BUGS: dict[str, tuple[str, str, str]] = {
         "idx = torch.nonzero(informative).flatten()[-(self.target - self.kept) :]",
     ),
     "gradient clip ignored": (
-        LOOP,
-        "max_norm = run.cfg.optim.grad_clip if run.cfg.optim.grad_clip > 0 else math.inf",
+        UPDATE,
+        "max_norm = spec.grad_clip if spec.grad_clip > 0 else math.inf",
         "max_norm = math.inf",
     ),
-    "non-finite streak never reset": (LOOP, "    run.nonfinite_run = 0\n", ""),
+    "non-finite streak never reset": (UPDATE, "    log.streak = 0\n", ""),
     "non-finite limit off by one": (
-        LOOP,
-        "if run.nonfinite_run >= k:",
-        "if run.nonfinite_run > k:",
+        UPDATE,
+        "log.diverged = log.streak >= spec.max_nonfinite_steps",
+        "log.diverged = log.streak > spec.max_nonfinite_steps",
     ),
     "a skipped step keeps its gradient": (
-        LOOP,
-        "        if not (finite and math.isfinite(grad_norm)):\n"
-        "            run.optimizer.zero_grad(set_to_none=True)\n",
-        "        if not (finite and math.isfinite(grad_norm)):\n",
+        UPDATE,
+        "            optimizer.step()\n        optimizer.zero_grad(set_to_none=True)\n",
+        "            optimizer.step()\n            optimizer.zero_grad(set_to_none=True)\n",
     ),
     "a skipped step still steps AdamW": (
-        LOOP,
-        "            _count_nonfinite(run)\n            return None\n",
-        "            _count_nonfinite(run)\n            for q in params:\n"
-        "                q.grad = torch.zeros_like(q)\n            run.optimizer.step()\n"
-        "            return None\n",
+        UPDATE,
+        "        if ok:\n            optimizer.step()\n",
+        "        if not ok:\n            for q in params:\n"
+        "                q.grad = torch.zeros_like(q)\n        optimizer.step()\n",
     ),
     "groups never shuffled": (
-        LOOP,
+        UPDATE,
         'order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")',
         "order = torch.arange(batch.num_prompts)",
     ),
     "one permutation for every epoch": (
-        LOOP,
+        UPDATE,
         '        order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")',
-        "        shuffle = torch.Generator().manual_seed(cfg.run.seed * 1_000_003 + run.step)\n"
+        "        shuffle = torch.Generator().manual_seed(shuffle.initial_seed())\n"
         '        order = torch.randperm(batch.num_prompts, generator=shuffle, device="cpu")',
     ),
-    "epochs ignored": (LOOP, "for _ in range(schedule.ppo_epochs):", "for _ in range(1):"),
+    "epochs ignored": (UPDATE, "for _ in range(schedule.ppo_epochs):", "for _ in range(1):"),
     "minibatch normalised over the whole batch": (
-        LOOP,
+        UPDATE,
         "loss_mask[rows], keep=targets.keep[rows],",
         "loss_mask, keep=targets.keep,",
     ),

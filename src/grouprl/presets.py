@@ -14,7 +14,21 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["BASELINE_SUFFIX", "PRESETS", "Preset", "baseline_of", "frozen", "get", "names"]
+__all__ = [
+    "BASELINE_SUFFIX",
+    "DEFAULT",
+    "PRESETS",
+    "Preset",
+    "baseline_of",
+    "check",
+    "frozen",
+    "get",
+    "names",
+    "register_preset",
+]
+
+DEFAULT = "grpo"
+"""The preset a run takes when none is named."""
 
 
 def frozen(d: Any = None) -> MappingProxyType:
@@ -175,6 +189,35 @@ class Preset:
             target=self.reward_kl_target,
             horizon=self.reward_kl_horizon,
         )
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """What this preset's methods read beyond the rewards (names of
+        ``grouprl.registry.INPUTS``), from their declarations: the estimator's, the reward
+        combination's, the transforms', the surrogate's and the rollout corrections'; the
+        prompt sampler's importance weights when ``sampler_weight``."""
+        from grouprl import advantages, losses
+        from grouprl.losses import correction
+
+        out = set(advantages.needs(self.estimator, **dict(self.estimator_params))) - {"tokens"}
+        out |= advantages.combinations.reads(self.combination)
+        if self.virtual is not None:
+            out |= advantages.transforms_axis.reads("virtual")
+        if self.focal_gamma:
+            out |= advantages.transforms_axis.reads("focal_gamma")
+        if self.sampler_weight:
+            out.add("draw_weights")
+        out |= losses.surrogates.reads(self.surrogate)
+        for name, _ in correction.parse_spec(self.rollout_correction):
+            out |= losses.corrections.reads(name)
+        return frozenset(out)
+
+    @property
+    def combination(self) -> str:
+        """The reward combination the estimator applies (``advantages.compute``)."""
+        from grouprl.advantages import DEFAULT_COMBINATION
+
+        return self.reward_combination or DEFAULT_COMBINATION.get(self.estimator, "sum")
 
     def with_(self, **changes: Any) -> Preset:
         """A copy with some fields changed (dict fields are re-frozen)."""
@@ -849,6 +892,11 @@ def _baselines(table: dict[str, Preset]) -> dict[str, Preset]:
 
 PRESETS = _baselines(PRESETS)
 
+from grouprl import registry as _reg  # noqa: E402  (after the table it wraps)
+
+presets_axis = _reg.Axis("preset", PRESETS, callable_=False)
+"""The preset axis over :data:`PRESETS` (``register_preset`` adds to it)."""
+
 
 def baseline_of(name: str) -> Preset:
     """The fair baseline of preset ``name``: ``<name>_baseline``, equal in every field but the
@@ -869,6 +917,84 @@ def baseline_of(name: str) -> Preset:
 def names() -> list[str]:
     """Every preset name, in table order (ALGORITHMS.md §3)."""
     return list(PRESETS)
+
+
+def check(preset: Preset) -> Preset:
+    """``preset`` if every name it holds is registered and every parameter is its method's;
+    else a ValueError naming the field and the valid choices. Built-in and registered
+    presets are held to the same checks."""
+    from grouprl import advantages, losses, sampling
+
+    def one_of(key: str, value: str, valid: list[str]) -> None:
+        if value not in valid:
+            raise ValueError(
+                f"preset {preset.name!r}: unknown {key} {value!r}; valid: {', '.join(valid)}"
+            )
+
+    one_of("estimator", preset.estimator, advantages.token_names())
+    one_of("surrogate", preset.surrogate, list(losses.SURROGATES))
+    one_of("aggregation", preset.aggregation, list(losses.AGGREGATIONS))
+    one_of("kl", preset.kl, losses.kl_names())
+    one_of("sampler", preset.sampler, sampling.names())
+    axis = (
+        advantages.estimators
+        if preset.estimator in advantages.ESTIMATORS
+        else advantages.token_estimators
+    )
+    for key, decl in (
+        ("estimator_params", axis.get(preset.estimator)),
+        ("surrogate_params", losses.surrogates.get(preset.surrogate)),
+    ):
+        valid = decl.setting_names()
+        unknown = sorted(set(getattr(preset, key)) - set(valid))
+        if unknown:
+            raise ValueError(
+                f"preset {preset.name!r}: {key} {unknown} are not settings of "
+                f"{decl.axis} {decl.name!r}; its settings: {', '.join(valid) or 'none'}"
+            )
+    return preset
+
+
+def register_preset(preset: Preset | None = None, /, **fields_: Any) -> Preset:
+    """Register a preset: a :class:`Preset`, or its fields (``name``, ``description``,
+    ``sources`` cited per field over the defaults', and any axis field). Checked as the
+    built-ins are (:func:`check`); with a focal weight its ``<name>_baseline`` is registered
+    too. A name that is taken is a ``grouprl.registry.RegistrationError``."""
+    if preset is None:
+        name = fields_.pop("name", None)
+        if not isinstance(name, str):
+            raise _registry().RegistrationError("register_preset needs name='...'")
+        description = fields_.pop("description", "")
+        sources = fields_.pop("sources", {})
+        for key in ("estimator_params", "surrogate_params"):
+            if key in fields_:
+                fields_[key] = frozen(fields_[key])
+        unknown = set(sources) - set(_DEFAULT_SOURCES)
+        if unknown:
+            raise ValueError(f"preset {name!r}: sources for unknown fields {sorted(unknown)}")
+        preset = Preset(
+            name=name,
+            description=description,
+            sources=frozen({**_DEFAULT_SOURCES, **sources}),
+            **fields_,
+        )
+    elif fields_:
+        raise TypeError("register_preset takes a Preset or its fields, not both")
+    check(preset)
+    if preset.name.endswith(BASELINE_SUFFIX):
+        raise _registry().RegistrationError(
+            f"preset {preset.name!r}: names ending in {BASELINE_SUFFIX!r} are the generated "
+            "fair baselines; pick another name"
+        )
+    for p in _baselines({preset.name: preset}).values():
+        presets_axis.register(p.name, p)
+    return preset
+
+
+def _registry():
+    from grouprl import registry
+
+    return registry
 
 
 def get(name: str) -> Preset:

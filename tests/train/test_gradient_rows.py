@@ -7,9 +7,10 @@ import torch
 from train_toy import make
 
 from grouprl import losses
-from grouprl.train import loop
-from grouprl.train.loop import gradient_rows, train
+from grouprl.train import update
+from grouprl.train.loop import train
 from grouprl.train.sinks import read_jsonl
+from grouprl.train.update import gradient_rows
 
 
 def test_gradient_rows_of_per_token_advantages():
@@ -70,7 +71,7 @@ def test_skipping_the_backward_of_zero_loss_groups_changes_nothing(tmp_path, pre
     (≈ lr·sign(g)) turns that into visible differences where g ≈ 0."""
     grads: dict[str, list[list[torch.Tensor]]] = {"skip": [], "all": []}
     grad_rows: dict[str, int] = {"skip": 0, "all": 0}
-    real_step, real_rows = torch.optim.AdamW.step, loop.gradient_rows
+    real_step, real_rows = torch.optim.AdamW.step, update.gradient_rows
 
     def recording_step(self, *args, **kwargs):
         grads[mode].append([p.grad.clone() for g in self.param_groups for p in g["params"]])
@@ -80,7 +81,7 @@ def test_skipping_the_backward_of_zero_loss_groups_changes_nothing(tmp_path, pre
     rows = {}
     for mode in ("skip", "all"):
         if mode == "all":
-            monkeypatch.setattr(loop, "gradient_rows", lambda r, **k: torch.ones_like(r).bool())
+            monkeypatch.setattr(update, "gradient_rows", lambda r, **k: torch.ones_like(r).bool())
         cfg, inj = make(tmp_path / mode, "optim.steps=1", f"algorithm.preset={preset}",
                         "sampling.prompts_per_step=16", "optim.micro_batch_size=8",
                         "optim.grad_clip=0")  # fmt: skip
@@ -96,7 +97,7 @@ def test_skipping_the_backward_of_zero_loss_groups_changes_nothing(tmp_path, pre
             {k: v for k, v in r.items() if not k.startswith("time/")}
             for r in read_jsonl(tmp_path / mode / "metrics.jsonl")
         ]
-    monkeypatch.setattr(loop, "gradient_rows", real_rows)
+    monkeypatch.setattr(update, "gradient_rows", real_rows)
     assert any(r["acr/rate"] > 0 for r in rows["all"])  # some group collapsed: a real test
     assert grad_rows["skip"] < grad_rows["all"]
     for i, (a, b) in enumerate(zip(rows["skip"], rows["all"])):
@@ -111,7 +112,7 @@ def test_skipping_the_backward_of_zero_loss_groups_changes_nothing(tmp_path, pre
 def test_a_step_where_no_group_has_a_gradient_still_steps_adamw(tmp_path, monkeypatch):
     """All groups collapsed: no backward runs, AdamW still takes its (zero-gradient) step, as
     it did when a backward produced zeros: its step count advances."""
-    monkeypatch.setattr(loop, "gradient_rows", lambda r, **k: torch.zeros_like(r).bool())
+    monkeypatch.setattr(update, "gradient_rows", lambda r, **k: torch.zeros_like(r).bool())
     cfg, inj = make(tmp_path, "optim.steps=2")
     seen = []
     real_step = torch.optim.AdamW.step
@@ -133,7 +134,7 @@ def test_penalty_surrogates_backpropagate_zero_advantage_groups(tmp_path, monkey
     second minibatch): the trainer must not skip those groups. The gradients AdamW receives
     equal those of the run that backpropagates every group."""
     grads: dict[str, list[list[torch.Tensor]]] = {"plan": [], "all": []}
-    real_step, real_rows = torch.optim.AdamW.step, loop.gradient_rows
+    real_step, real_rows = torch.optim.AdamW.step, update.gradient_rows
 
     def recording_step(self, *args, **kwargs):
         grads[mode].append([p.grad.clone() for g in self.param_groups for p in g["params"]])
@@ -143,13 +144,13 @@ def test_penalty_surrogates_backpropagate_zero_advantage_groups(tmp_path, monkey
     params = "beta=0.5" if surrogate == "dro" else "kl_cov_ratio=0.5"
     for mode in ("plan", "all"):
         if mode == "all":
-            monkeypatch.setattr(loop, "gradient_rows", lambda r, **k: torch.ones_like(r).bool())
+            monkeypatch.setattr(update, "gradient_rows", lambda r, **k: torch.ones_like(r).bool())
         cfg, inj = make(tmp_path / mode, "optim.steps=1", "optim.minibatches=2",
                         "sampling.prompts_per_step=16", "optim.grad_clip=0",
                         f"algorithm.overrides.surrogate={surrogate}",
                         f"algorithm.overrides.surrogate_params.{params}")  # fmt: skip
         train(cfg, **inj)
-    monkeypatch.setattr(loop, "gradient_rows", real_rows)
+    monkeypatch.setattr(update, "gradient_rows", real_rows)
     assert len(grads["plan"]) == len(grads["all"]) == 2
     for step_a, step_b in zip(grads["plan"], grads["all"], strict=True):
         for x, y in zip(step_a, step_b):

@@ -45,11 +45,28 @@ from grouprl.losses import correction
 from grouprl.tasks.base import Example
 from grouprl.tasks.verify import BatchScores
 from grouprl.train import config as config_module
-from grouprl.train import filters, loop
+from grouprl.train import filters, inputs, loop, update
 from grouprl.train.config import load_config
 from grouprl.train.loop import Timer, collect_batch, step_advantages
 from grouprl.train.state import setup
 from grouprl.train.targets import Targets
+from grouprl.train.update import LossSpec
+
+
+def _spec(run) -> LossSpec:
+    return LossSpec.of(run.preset, run.cfg)
+
+
+def _parts(run):
+    return run.policy, run.optimizer
+
+
+def _update(run, batch, targets):
+    seed = run.cfg.run.seed * 1_000_003 + run.step
+    return update.update_policy(
+        *_parts(run), batch, targets, _spec(run), schedule=run.cfg.schedule(run.preset),
+        shuffle=torch.Generator().manual_seed(seed), timer=Timer(run.device),
+    )  # fmt: skip
 
 
 class _VariedTask(ToyTask):
@@ -93,14 +110,14 @@ def _selection_inputs(tmp_path, *extra):
 
 def _select(run, batch, targets, loss_mask):
     rows = torch.arange(batch.mask.shape[0])
-    micro = loop.micro_batches(
+    micro = update.micro_batches(
         rows, targets, beta=0.0, g=batch.group_size, size=4,
         every_row=run.preset.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
     )  # fmt: skip
     assert len(micro) > 1  # the step-level path, not the loss call's own
     totals = losses.step_totals(loss_mask, keep=targets.keep, max_len=batch.mask.shape[1])
-    out, selected = loop.step_selection(
-        run, batch, targets, loss_mask, micro, totals, timer=Timer(run.device)
+    out, selected = update.step_selection(
+        run.policy, batch, targets, _spec(run), loss_mask, micro, totals, timer=Timer(run.device)
     )
     return micro, out, selected
 
@@ -252,9 +269,11 @@ def test_the_low_sigma_balance_is_the_trained_loss_of_those_rows_by_hand(tmp_pat
     )  # fmt: skip
     rows = torch.arange(8)
     totals = losses.step_totals(targets.loss_mask(batch.mask), keep=targets.keep, max_len=4)
-    obj = loop.micro_batch_loss(run, batch, targets, rows, totals, timer=Timer(run.device))
+    obj = update.micro_batch_loss(
+        run.policy, batch, targets, _spec(run), rows, totals, timer=Timer(run.device)
+    )
     low = torch.tensor([False] * 4 + [True] * 4)
-    out = loop._balance(run, batch, targets, obj, rows, totals, low)
+    out = update.reward_kl_balance(run.policy, batch, targets, _spec(run), obj, rows, totals, low)
 
     pi = softmax(theta)
 
@@ -300,10 +319,10 @@ def test_the_groups_are_shuffled_by_the_seed_and_step_stream(tmp_path, monkeypat
     )  # fmt: skip
     run.step = 5
     seen: list[list[int]] = []
-    monkeypatch.setattr(loop, "optimizer_step", lambda run, b, t, rows, **k: seen.append(rows))
+    monkeypatch.setattr(update, "optimizer_step", lambda *a, **k: seen.append(a[5]))
     n = batch.mask.shape[0]
     targets = Targets(torch.ones(n), torch.ones(n, dtype=torch.bool), torch.ones(n), None, {})
-    loop.update_policy(run, batch, targets, Timer(run.device))
+    _update(run, batch, targets)
 
     def orders(seed):
         gen = torch.Generator().manual_seed(seed)
@@ -322,14 +341,14 @@ def test_the_update_log_averages_over_the_steps_taken_by_hand():
     # step 1: two micro-batches of 1/4 and 3/4 of the sequences; step 2: half of its
     # sequences in a micro-batch without a loss token (missing 1/2), the other half's
     # statistics rescaled to the whole step
-    one = loop.StepStats()
+    one = update.StepStats()
     one.add({"pg_loss": 0.5, "kl_loss": 0.25, "ratio_mean": 1.0, "kl_mean": 0.1}, 0.25)
     one.add({"pg_loss": -0.125, "kl_loss": 0.125, "ratio_mean": 2.0, "kl_mean": 0.3}, 0.75)
     assert one.losses == {"pg": 0.375, "kl": 0.375}
     assert one.policy == pytest.approx({"ratio_mean": 1.75, "kl_mean": 0.25})
-    two = loop.StepStats(missing=0.5)
+    two = update.StepStats(missing=0.5)
     two.add({"pg_loss": 1.0, "ratio_mean": 3.0}, 0.5)
-    log = loop.UpdateLog(skipped=2, empty=1, balance={"balance/batch/cosine": 0.5})
+    log = update.UpdateLog(skipped=2, empty=1, balance={"balance/batch/cosine": 0.5})
     log.add(one, 4.0)
     log.add(two, 2.0)
     m = log.metrics()
@@ -348,7 +367,7 @@ def test_the_update_log_averages_over_the_steps_taken_by_hand():
         }
     )
     # no step taken: no gradient norm, zero losses, the counts
-    empty = loop.UpdateLog(empty=1).metrics()
+    empty = update.UpdateLog(empty=1).metrics()
     assert empty == {
         "kl/mean": 0.0, "loss/total": 0.0, "optim/steps": 0.0, "optim/skipped_steps": 0.0,
         "optim/empty_steps": 1.0,
@@ -414,9 +433,11 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     n = mask.shape[0]
     adv = torch.tensor([1.0, -1.0] * 4)
     targets = Targets(adv, torch.ones(n, dtype=torch.bool), torch.ones(n), None, {})
-    log = loop.UpdateLog()
+    log = update.UpdateLog()
     rows = torch.arange(n)
-    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    update.optimizer_step(
+        *_parts(run), batch, targets, _spec(run), rows, timer=Timer(run.device), log=log
+    )
     entropy = -sum(p * math.log(p) for p in softmax([-0.5, 0.3, 0.0]))
     assert log.taken == 1 and log.skipped == 0
     assert log.policy["entropy_mean"] == pytest.approx(entropy, rel=1e-5)
@@ -424,14 +445,18 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     assert log.policy["kept_frac"] == pytest.approx(1.0)
     # optim.entropy=false (and no top-entropy selection): the entropy is not computed
     run.cfg = dataclasses.replace(run.cfg, optim=dataclasses.replace(run.cfg.optim, entropy=False))
-    log = loop.UpdateLog()
-    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    log = update.UpdateLog()
+    update.optimizer_step(
+        *_parts(run), batch, targets, _spec(run), rows, timer=Timer(run.device), log=log
+    )
     assert log.taken == 1 and log.policy["entropy_mean"] == 0.0  # 0: not computed
     # every completion masked: an empty step, counted once, no AdamW step
     batch = dataclasses.replace(batch, mask=torch.zeros_like(mask))
     before = [float(x) for x in run.model.theta.detach()]
-    log = loop.UpdateLog()
-    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
+    log = update.UpdateLog()
+    update.optimizer_step(
+        *_parts(run), batch, targets, _spec(run), rows, timer=Timer(run.device), log=log
+    )
     assert (log.empty, log.taken, log.skipped) == (1, 0, 0)
     assert [float(x) for x in run.model.theta.detach()] == before
 
@@ -463,7 +488,9 @@ def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(
     )  # fmt: skip
     rows = torch.arange(n)
     totals = losses.step_totals(batch.mask, keep=targets.keep, max_len=1)
-    loop.micro_batch_loss(run, batch, targets, rows, totals, timer=Timer(run.device))
+    update.micro_batch_loss(
+        run.policy, batch, targets, _spec(run), rows, totals, timer=Timer(run.device)
+    )
     dropped = [a < 0 and d > 0 for a, d in zip(adv, drift)]
     want = [0.0 if drop else w for w, drop in zip(given, dropped)]
     assert [float(x) for x in seen[0][:, 0]] == pytest.approx(want)
@@ -484,7 +511,7 @@ def test_every_sampling_of_a_step_is_timed_by_the_steps_timer(tmp_path, monkeypa
         return sample
 
     monkeypatch.setattr(loop, "sample_groups", recording(loop.sample_groups))
-    monkeypatch.setattr(loop, "greedy_rewards", recording(loop.greedy_rewards))
+    monkeypatch.setattr(inputs, "greedy_rewards", recording(inputs.greedy_rewards))
     for preset in ("agpo", "remax"):
         run, _ = _hand_batch(tmp_path / preset, f"algorithm.preset={preset}")
         timers.clear()
@@ -532,7 +559,7 @@ def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
     torch.set_default_dtype(torch.float64)
     torch.set_default_device("meta")  # the parts go to the run's device, not the default one
     try:
-        out = loop.reward_side(run, [None, None], scores, None, overlong, Timer(run.device))
+        out = inputs.round_inputs(run.preset.reads, _view(run, scores, overlong))
     finally:
         torch.set_default_dtype(default)
         torch.set_default_device(None)
@@ -541,10 +568,18 @@ def test_gdpo_reads_each_functions_rewards_as_float32_parts(tmp_path):
     assert out["reward_parts"].tolist() == [flat[:4], flat[4:]]
     assert out["reward_weights"] == (1.0, 2.0) and "baseline" not in out
     # GRPO sums the functions (the scorer's reward): no parts are collected for it
-    assert loop.combination(run.preset) == "normalize_then_sum"
+    assert run.preset.combination == "normalize_then_sum"
     grpo, _ = _hand_batch(tmp_path / "grpo")
-    assert loop.combination(grpo.preset) == "sum"
-    assert loop.reward_side(grpo, [None, None], scores, None, overlong, Timer(run.device)) == {}
+    assert grpo.preset.combination == "sum" and "reward_parts" not in grpo.preset.reads
+    assert inputs.round_inputs(grpo.preset.reads, _view(grpo, scores, overlong)) == {}
+
+
+def _view(run, scores, overlong) -> inputs.RoundView:
+    """A round of 2 prompts as the round-level providers see it."""
+    return inputs.RoundView(
+        run.policy, run.scorer, [None, None], scores, None, overlong, run.gen, Timer(run.device),
+        run.device,
+    )  # fmt: skip
 
 
 def test_on_a_gpu_each_timed_stage_ends_with_a_synchronisation(monkeypatch):
@@ -638,10 +673,11 @@ def test_an_optimizer_step_measures_the_balance_without_a_low_sigma_subset(tmp_p
     ref = run.reference.logprobs(run.policy, batch)
     targets = Targets(torch.tensor([1.0, -1.0] * 4), torch.ones(n, dtype=torch.bool),
                       torch.ones(n), ref, {})  # fmt: skip
-    log = loop.UpdateLog()
-    loop.optimizer_step(
-        run, batch, targets, torch.arange(n), timer=Timer(run.device), log=log, balance=True
-    )
+    log = update.UpdateLog()
+    update.optimizer_step(
+        *_parts(run), batch, targets, _spec(run), torch.arange(n), timer=Timer(run.device),
+        log=log, balance=True,
+    )  # fmt: skip
     assert log.balance["balance/low_sigma/rows"] == 0.0
     assert log.balance["balance/batch/reward_grad_norm"] > 0
     assert not any(k.startswith("balance/low_sigma/r") and "rows" not in k for k in log.balance)
@@ -659,7 +695,10 @@ def test_each_skipped_minibatch_of_a_step_is_counted(tmp_path):
     n = batch.mask.shape[0]
     targets = Targets(torch.tensor([1.0, -1.0] * 4), torch.ones(n, dtype=torch.bool),
                       torch.ones(n), None, {})  # fmt: skip
-    log = loop.UpdateLog()
+    log = update.UpdateLog()
     for rows in (torch.arange(4), torch.arange(4, 8)):
-        loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=log)
-    assert (log.skipped, log.taken, run.nonfinite_total, run.nonfinite_run) == (2, 0, 2, 2)
+        update.optimizer_step(
+            *_parts(run), batch, targets, _spec(run), rows, timer=Timer(run.device), log=log
+        )
+    assert (log.skipped, log.taken, log.streak, log.diverged) == (2, 0, 2, False)
+    assert (run.nonfinite_total, run.nonfinite_run) == (0, 0)  # the run's: train_step's to set

@@ -34,11 +34,12 @@ from train_toy import WORDS, ToyTask, make
 
 from grouprl import losses
 from grouprl.tasks.base import Example
-from grouprl.train import loop
+from grouprl.train import update
 from grouprl.train.config import ConfigError, load_config
 from grouprl.train.loop import Timer, UpdateLog, collect_batch, step_advantages
 from grouprl.train.state import setup
 from grouprl.train.targets import Targets
+from grouprl.train.update import LossSpec
 
 G = 4
 
@@ -119,16 +120,18 @@ def _trainer_gradient(run, batch, targets, monkeypatch) -> torch.Tensor:
     not taken), flattened."""
     seen = {}
 
-    def capture(run, *, finite, timer):
-        params = [q for q in run.model.parameters() if q.requires_grad]
+    def capture(params, optimizer, spec, *, finite, timer):
         seen["grad"] = torch.cat([q.grad.reshape(-1) for q in params])
-        run.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         return 0.0
 
-    monkeypatch.setattr(loop, "guarded_step", capture)
+    monkeypatch.setattr(update, "guarded_step", capture)
     rows = torch.arange(batch.mask.shape[0])
     torch.manual_seed(7)  # Clip-Cov's draw
-    loop.optimizer_step(run, batch, targets, rows, timer=Timer(run.device), log=UpdateLog())
+    update.optimizer_step(
+        run.policy, run.optimizer, batch, targets, LossSpec.of(run.preset, run.cfg), rows,
+        timer=Timer(run.device), log=UpdateLog(),
+    )  # fmt: skip
     return seen["grad"]
 
 
@@ -137,7 +140,7 @@ def _one_batch_gradient(run, batch, targets, algo=None) -> torch.Tensor:
     quantile taken in that one call), the rows in the order the loop's own split puts them;
     ``algo``: other algorithm options than the run's."""
     p, algo = run.preset, algo or run.cfg.algorithm
-    micro = loop.micro_batches(
+    micro = update.micro_batches(
         torch.arange(batch.mask.shape[0]), targets, beta=p.beta, g=batch.group_size, size=0,
         every_row=p.surrogate not in losses.ZERO_AT_ZERO_ADVANTAGE,
     )  # fmt: skip
@@ -171,7 +174,7 @@ def _differ(a, b):
 
 def test_top_entropy_step_threshold_gives_the_one_batch_gradient(tmp_path, monkeypatch):
     run, batch, targets = _step_inputs(tmp_path / "s", "algorithm.top_entropy_quantile=0.3")
-    assert len(loop.micro_batches(torch.arange(16), targets, beta=0.0, g=4, size=4)) > 1
+    assert len(update.micro_batches(torch.arange(16), targets, beta=0.0, g=4, size=4)) > 1
     got = _trainer_gradient(run, batch, targets, monkeypatch)
     want = _one_batch_gradient(run, batch, targets)
     _assert_close(got, want)

@@ -16,7 +16,7 @@ from train_toy import make
 
 from grouprl import losses
 from grouprl.losses import correction
-from grouprl.train import loop
+from grouprl.train import loop, update
 from grouprl.train.config import ConfigError, load_config
 from grouprl.train.state import setup
 
@@ -34,7 +34,7 @@ def _run(tmp_path, *extra):
 def _record(monkeypatch):
     """Keeps the batch of stage 2b and every ``losses.objective`` call's correction."""
     seen: dict[str, list] = {"batch": [], "weight": [], "keep": [], "rows": []}
-    real_rc, real_obj, real_mbl = loop.rollout_correction, losses.objective, loop.micro_batch_loss
+    real_rc, real_obj, real_mbl = loop.rollout_correction, losses.objective, update.micro_batch_loss
 
     def rc(run, batch, timer):
         out = real_rc(run, batch, timer)
@@ -46,13 +46,13 @@ def _record(monkeypatch):
         seen["keep"].append(k.get("correction_keep"))
         return real_obj(*a, **k)
 
-    def mbl(run, batch, targets, m, totals, *, timer, selected=None):
+    def mbl(policy, batch, targets, spec, m, totals, *, timer, selected=None):
         seen["rows"].append(m.clone())
-        return real_mbl(run, batch, targets, m, totals, timer=timer, selected=selected)
+        return real_mbl(policy, batch, targets, spec, m, totals, timer=timer, selected=selected)
 
     monkeypatch.setattr(loop, "rollout_correction", rc)
     monkeypatch.setattr(loop.losses, "objective", obj)
-    monkeypatch.setattr(loop, "micro_batch_loss", mbl)
+    monkeypatch.setattr(update, "micro_batch_loss", mbl)
     return seen
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from train_toy import make
 
-from grouprl.train import loop
+from grouprl.train import loop, update
 from grouprl.train.state import setup
 from grouprl.train.targets import Targets
 
@@ -54,14 +54,14 @@ def test_micro_batch_plan_puts_gradient_groups_first_in_size_chunks():
         clip={},
     )
     rows = torch.arange(6)
-    plan = loop.micro_batches(rows, t, beta=0.0, g=2, size=2)
+    plan = update.micro_batches(rows, t, beta=0.0, g=2, size=2)
     assert [(m.tolist(), grad) for m, grad in plan] == [
         ([0, 1], True), ([4, 5], True), ([2, 3], False)
     ]  # fmt: skip
-    whole = loop.micro_batches(rows, t, beta=0.0, g=2, size=0)
+    whole = update.micro_batches(rows, t, beta=0.0, g=2, size=0)
     assert [(m.tolist(), grad) for m, grad in whole] == [([0, 1, 4, 5], True), ([2, 3], False)]
     # with a KL term every kept group has a gradient
-    assert [g for _, g in loop.micro_batches(rows, t, beta=0.1, g=2, size=0)] == [True]
+    assert [g for _, g in update.micro_batches(rows, t, beta=0.1, g=2, size=0)] == [True]
 
 
 def _step(tmp_path, batch_fn):
@@ -73,7 +73,11 @@ def _step(tmp_path, batch_fn):
     batch, adv = batch_fn(batch)
     n = batch.size
     targets = Targets(adv, torch.ones(n, dtype=torch.bool), torch.ones(n), None, {"eps_low": 0.2, "eps_high": 0.2})  # fmt: skip
-    log = loop.update_policy(run, batch, targets, loop.Timer(run.device))
+    log = update.update_policy(
+        run.policy, run.optimizer, batch, targets, update.LossSpec.of(run.preset, run.cfg),
+        schedule=run.cfg.schedule(run.preset), shuffle=torch.Generator().manual_seed(0),
+        timer=loop.Timer(run.device),
+    )  # fmt: skip
     return log.metrics(), [p.detach().clone() for p in run.model.parameters()]
 
 
@@ -121,7 +125,7 @@ def test_per_token_advantages_follow_the_rows_and_decide_the_gradient_groups():
     adv[4] = -1.0  # group 2 (rows 4-5)
     t = Targets(adv, torch.ones(6, dtype=torch.bool), torch.ones(6), None, {})
     assert t.rows(torch.tensor([4, 1])).adv.tolist() == [[-1.0] * 3, [0.0, 0.0, 0.5]]
-    plan = loop.micro_batches(torch.arange(6), t, beta=0.0, g=2, size=0)
+    plan = update.micro_batches(torch.arange(6), t, beta=0.0, g=2, size=0)
     assert [(m.tolist(), grad) for m, grad in plan] == [([0, 1, 4, 5], True), ([2, 3], False)]
     with pytest.raises(ValueError, match=r"adv may be \[N, T\] per token"):
         Targets(torch.zeros(6, 3, 2), torch.ones(6, dtype=torch.bool), torch.ones(6), None, {})

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from grouprl import registry
 from grouprl.advantages import (
     baseline,
     combine,
@@ -66,12 +67,16 @@ __all__ = [
     "combine",
     "compute",
     "compute_tokens",
+    "estimators",
     "focal_mean_weight",
     "focal_weight",
     "group_std",
     "kl_reward",
     "names",
     "needs",
+    "register_combination",
+    "register_estimator",
+    "register_token_estimator",
     "resolution",
     "token_names",
     "transforms",
@@ -112,7 +117,7 @@ ALIASES: dict[str, str] = {"reinforce_pp": "reinforce_pp_baseline"}
 """Old name -> current name: ``reinforce_pp`` was REINFORCE++-baseline's name until issue 22,
 when REINFORCE++ without a group baseline (``reinforce_pp_global``) joined it."""
 
-INPUTS = ("lengths", "baseline")
+INPUTS = ("lengths", "baseline", "verifier_rewards", "draw_weights")
 """Per-batch inputs an estimator may read, passed by :func:`compute` (not parameters)."""
 
 DEFAULT_COMBINATION: dict[str, str] = {"gdpo": "normalize_then_sum"}
@@ -127,6 +132,77 @@ TRANSFORMS: dict[str, Callable[..., Any]] = {
 """Keyword of :func:`compute` -> the transform it switches on."""
 
 
+_ADVANTAGE_INPUTS = INPUTS
+
+estimators = registry.Axis(
+    "estimator",
+    ESTIMATORS,
+    positional=("rewards", "valid"),
+    inputs=_ADVANTAGE_INPUTS,
+    skip=registry.INPUTS,
+    example="(rewards [P, G], valid [P, G] | None, *, **settings) -> Advantages",
+)
+"""The estimator axis (:class:`grouprl.registry.Axis` over :data:`ESTIMATORS`)."""
+estimators.declare("remax", reads={"baseline"})
+estimators.declare("opo", reads={"lengths"})
+
+token_estimators = registry.Axis(
+    "token estimator",
+    TOKEN_ESTIMATORS,
+    positional=("rewards", "valid", "mask", "token_rewards"),
+    inputs=("old_logp", "sum_pi_squared"),
+    skip=(*registry.INPUTS, "is_weights"),
+    example="(rewards [P, G], valid, mask [P, G, T], token_rewards [P, G, T], *, **settings) "
+    "-> Advantages with token_values",
+)
+"""The token-level estimator axis (:data:`TOKEN_ESTIMATORS`, ``compute_tokens``)."""
+for _name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
+    token_estimators.declare(_name, reads={"old_logp", "sum_pi_squared"})
+
+combinations = registry.Axis(
+    "reward combination",
+    REWARD_COMBINATIONS,
+    positional=("rewards", "weights"),
+    inputs=("reward_parts",),
+    example="(rewards [P, G, K], weights [K] | None, **settings) -> [P, G]",
+)
+"""The reward-combination axis (:data:`REWARD_COMBINATIONS`): every one but ``sum`` reads
+each reward function's rewards, so the trainer collects them when the combination is used."""
+combinations.declare("normalize_then_sum", reads={"reward_parts"})
+
+transforms_axis = registry.Axis(
+    "transform",
+    TRANSFORMS,
+    positional=("rewards", "valid"),
+    inputs=("trigger", "verifier_rewards"),
+)
+"""The transforms (keywords of :func:`compute`; built-in only): the virtual samples read the
+run's trigger, the focal weight the verifier's unshaped rewards."""
+transforms_axis.declare("virtual", reads={"trigger"})
+transforms_axis.declare("focal_gamma", reads={"verifier_rewards"})
+
+
+def register_estimator(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register a sequence-level estimator ``fn(rewards [P, G], valid, *, **settings) ->
+    Advantages`` as ``name`` (a decorator without ``fn``); ``reads`` names its inputs among
+    lengths, baseline, verifier_rewards and draw_weights, each passed by that keyword
+    (:meth:`grouprl.registry.Axis.register`)."""
+    return estimators.register(name, fn, **declaration)
+
+
+def register_token_estimator(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register a token-level estimator ``fn(rewards, valid, mask, token_rewards, *,
+    **settings) -> Advantages`` (``reads``: old_logp, sum_pi_squared)."""
+    return token_estimators.register(name, fn, **declaration)
+
+
+def register_combination(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register a reward combination ``fn(rewards [P, G, K], weights, **settings) -> [P, G]``;
+    it reads the per-function rewards (``reads={"reward_parts"}`` is implied)."""
+    declaration.setdefault("reads", {"reward_parts"})
+    return combinations.register(name, fn, **declaration)
+
+
 def names() -> list[str]:
     """Every estimator name (sequence level; each also runs through :func:`compute_tokens`)."""
     return list(ESTIMATORS)
@@ -138,20 +214,19 @@ def token_names() -> list[str]:
 
 
 def needs(name: str, **params: Any) -> frozenset[str]:
-    """What estimator ``name`` (with ``params``) reads beyond the rewards.
+    """What estimator ``name`` (with ``params``) reads beyond the rewards: its declaration.
 
     ``"lengths"`` (completion tokens [P, G]), ``"baseline"`` (greedy reward [P]), ``"tokens"``
     (a token-level estimator: ``compute_tokens`` with the token mask), ``"old_logp"`` and
-    ``"sum_pi_squared"`` (the optimal token baseline). A trainer reads this to know what to
-    collect; an unknown name raises the usual error.
+    ``"sum_pi_squared"`` (the optimal token baseline); ``weighting="token"`` reads the
+    lengths. A trainer reads this to know what to collect; an unknown name raises the usual
+    error.
     """
     if name in TOKEN_ESTIMATORS and name not in ESTIMATORS:
-        return frozenset({"tokens", "old_logp", "sum_pi_squared"})
+        return frozenset({"tokens"}) | token_estimators.reads(name)
     accepted = set(keyword_defaults(_estimator(name)))
-    out = set()
-    if "baseline" in accepted:
-        out.add("baseline")
-    if name == "opo" or ("lengths" in accepted and params.get("weighting") == "token"):
+    out = set(estimators.reads(name))
+    if "lengths" in accepted and params.get("weighting") == "token":
         out.add("lengths")
     return frozenset(out)
 
@@ -274,6 +349,11 @@ def _check_inputs(
     return out
 
 
+def _declared(reads: frozenset[str], **given: Any) -> dict[str, Any]:
+    """The ``given`` inputs a registered estimator declares it reads, by their name."""
+    return {k: v for k, v in given.items() if k in reads and v is not None}
+
+
 def _verifier_levels(
     verifier_rewards: torch.Tensor, shape: torch.Size
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -330,6 +410,7 @@ def compute(
     combine_params: Mapping[str, Any] | None = None,
     verifier_rewards: torch.Tensor | None = None,
     group_weight: torch.Tensor | None = None,
+    draw_weights: torch.Tensor | None = None,
     **params: Any,
 ) -> Advantages:
     """Advantages of estimator ``name`` for ``rewards [P, G]`` (NaN = missing), with transforms.
@@ -366,6 +447,8 @@ def compute(
             after every other transform: the prompt sampler's importance weight
             1/(|pool|·p_x) (``sampling.PromptSampler.importance_weights``, ``is_grpo_exact``).
             None: 1.
+        draw_weights: ``[P]`` the same importance weights, handed to an estimator that
+            declares ``reads={"draw_weights"}`` (never multiplied in here).
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
@@ -383,17 +466,12 @@ def compute(
     valid = validate_rewards(rewards)  # None: every reward valid (fast path)
     inputs = _check_inputs(fn, name, rewards, lengths, baseline)
     reads = needs(name, **params)
+    inputs.update(_declared(reads, verifier_rewards=verifier_rewards, draw_weights=draw_weights))
     missing = reads - set(inputs)
     if missing:
         raise ValueError(
             f"estimator {name!r} reads {', '.join(sorted(missing))}: pass "
-            + " and ".join(
-                {
-                    "lengths": "lengths=[P, G] (completion tokens)",
-                    "baseline": "baseline=[P] (greedy rewards)",
-                }[k]
-                for k in sorted(missing)
-            )
+            + " and ".join(f"{k}= ({registry.INPUTS[k]})" for k in sorted(missing))
         )
     if virtual is not None and reads:
         raise ValueError(

@@ -23,6 +23,10 @@ dynamic sampling and overlong handling) act on rollouts, not on the loss: they l
 batch construction in :mod:`grouprl.train.filters`.
 """
 
+import inspect
+from typing import Any
+
+from grouprl import registry
 from grouprl.losses import correction
 from grouprl.losses.aggregation import (
     AGGREGATIONS,
@@ -113,6 +117,10 @@ __all__ = [
     "on_policy_note",
     "on_policy_warning",
     "ppo_clip",
+    "register_aggregation",
+    "register_correction",
+    "register_kl",
+    "register_surrogate",
     "reinforce",
     "sapo",
     "seq_mean_token_mean",
@@ -125,3 +133,137 @@ __all__ = [
     "token_sum",
     "vespo",
 ]
+
+
+# ---- the registration of each loss axis (grouprl.registry) -------------------------------------
+
+
+def _accepted(fn: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``params`` that ``fn`` takes as keywords."""
+    names = inspect.signature(fn).parameters
+    return {k: v for k, v in params.items() if k in names}
+
+
+def _clip_cov_step(logps, old_logps, advs, masks, **params):
+    """Clip-Cov's selection over the step's micro-batches (lists), from its surrogate params."""
+    return clip_cov_select(logps, old_logps, advs, masks, **_accepted(clip_cov_select, params))
+
+
+def _kl_cov_step(logps, old_logps, advs, masks, **params):
+    """KL-Cov's selection over the step's micro-batches (lists), from its surrogate params."""
+    return kl_cov_select(logps, advs, masks, **_accepted(kl_cov_select, params))
+
+
+surrogates = registry.Axis(
+    "surrogate",
+    SURROGATES,
+    positional=("logp", "old_logp", "adv", "mask"),
+    inputs=("entropy", "step_selection"),
+    skip=("stats", "selected", "generator", *registry.INPUTS),
+    keywords={"step_selection": "selected"},
+    example="(logp [N, T], old_logp [N, T], adv [N] | [N, T], mask [N, T], *, stats=True, "
+    "**settings) -> (per_token [N, T], stats dict)",
+)
+"""The surrogate axis over :data:`SURROGATES`. Axis facts in each declaration's ``extra``:
+``select`` (``reads={"step_selection"}``: ``select(logps, old_logps, advs, masks, **params)``
+over the step's micro-batches, whose result comes back as ``selected=``),
+``zero_at_zero_advantage`` (False: a row with A = 0 still has a gradient) and ``clipped``
+(its clip acts only once ρ ≠ 1: the on-policy warning)."""
+for _name in SURROGATES:
+    surrogates.declare(
+        _name,
+        zero_at_zero_advantage=_name in ZERO_AT_ZERO_ADVANTAGE,
+        clipped=_name in CLIPPED,
+    )
+surrogates.declare("clip_cov", reads={"step_selection"}, select=_clip_cov_step)
+surrogates.declare(
+    "kl_cov", reads={"step_selection"}, select=_kl_cov_step, zero_at_zero_advantage=False
+)
+
+
+def register_surrogate(
+    name: str,
+    fn: Any = None,
+    *,
+    select: Any = None,
+    zero_at_zero_advantage: bool = True,
+    clipped: bool = False,
+    **declaration: Any,
+) -> Any:
+    """Register a surrogate ``fn(logp, old_logp, adv, mask, *, stats=True, **settings) ->
+    (per_token [N, T], stats)`` as ``name`` (a decorator without ``fn``).
+
+    ``reads``: ``entropy`` (passed as ``entropy=[N, T]``) and ``step_selection`` (then give
+    ``select=``, a function of the step's micro-batch lists, whose result is passed as
+    ``selected=``); ``zero_at_zero_advantage=False`` when a row with A = 0 still has a
+    gradient (a ratio penalty); ``clipped=True`` when its clip needs ρ ≠ 1 to act.
+    """
+    reads = surrogates._check_reads(name, declaration.get("reads", ()))
+    if "step_selection" in reads and not callable(select):
+        raise registry.RegistrationError(
+            f"surrogate {name!r} reads step_selection: pass select=fn(logps, old_logps, advs, "
+            "masks, **params), the step's selection from lists of micro-batches"
+        )
+    if select is not None and "step_selection" not in reads:
+        raise registry.RegistrationError(
+            f"surrogate {name!r} gives select= but does not read step_selection: add "
+            "reads={'step_selection'}"
+        )
+    if "step_selection" in reads:  # the selection comes back by keyword
+        declaration["reads"] = reads
+    return surrogates.register(
+        name,
+        fn,
+        select=select,
+        zero_at_zero_advantage=zero_at_zero_advantage,
+        clipped=clipped,
+        **declaration,
+    )
+
+
+aggregations = registry.Axis(
+    "aggregation",
+    AGGREGATIONS,
+    positional=("per_token", "mask", "totals"),
+    example="(per_token [N, T], mask [N, T], totals: StepTotals | None = None) -> scalar",
+)
+"""The aggregation axis over :data:`AGGREGATIONS`."""
+
+kl_estimators = registry.Axis(
+    "KL estimator",
+    KL_ESTIMATORS,
+    positional=("logp", "ref_logp"),
+    example="(logp [N, T], ref_logp [N, T], **settings) -> per-token KL [N, T]",
+)
+"""The KL-estimator axis over :data:`KL_ESTIMATORS`."""
+
+corrections = registry.Axis(
+    "rollout correction",
+    CORRECTIONS,
+    positional=("log_ratio", "mask", "adv"),
+    inputs=("current_logp",),
+    keywords={"current_logp": None},
+    example="(log_ratio [N, T], mask [N, T] bool, adv [N] | None = None, *, **settings) -> "
+    "correction.Parts",
+)
+"""The rollout-correction axis over :data:`CORRECTIONS`: ``reads={"current_logp"}`` makes the
+method's log-ratio the current policy's against the rollout engine's, computed per
+micro-batch inside the loss (``opsm``); the others run once per batch."""
+for _name in correction.USES_CURRENT_POLICY:
+    corrections.declare(_name, reads={"current_logp"})
+
+
+def register_aggregation(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register an aggregation ``fn(per_token, mask, totals=None) -> scalar`` as ``name``."""
+    return aggregations.register(name, fn, **declaration)
+
+
+def register_kl(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register a KL estimator ``fn(logp, ref_logp, **settings) -> [N, T]`` as ``name``."""
+    return kl_estimators.register(name, fn, **declaration)
+
+
+def register_correction(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register a rollout correction ``fn(log_ratio, mask, adv=None, **settings) -> Parts``
+    (``reads={"current_logp"}``: computed per micro-batch from the current policy)."""
+    return corrections.register(name, fn, **declaration)

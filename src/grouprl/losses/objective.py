@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from grouprl import registry
 from grouprl.losses.aggregation import StepTotals, entropy_threshold, reduce_masked
 from grouprl.losses.kl import (
     KL_CORRECTIONS,
@@ -71,6 +72,16 @@ def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -
             f"[P] tensor with .repeat_interleave(group_size)"
         )
     return t
+
+
+def _surrogate_params(
+    name: str, params: Mapping[str, float] | None, entropy: torch.Tensor | None
+) -> dict:
+    """The surrogate's keywords: its parameters, and the entropies when it declares them."""
+    out = dict(params or {})
+    if entropy is not None and "entropy" in registry.AXES["surrogate"].reads(name):
+        out["entropy"] = entropy
+    return out
 
 
 def _top_entropy(
@@ -250,8 +261,9 @@ def objective(
     corr_w = _correction_weight(correction_weight, logp)
     any_kept = n_tok > 0
     sur_mask = eff if any_kept else mask_f  # validate the raw inputs when nothing is kept
+    sur_params = _surrogate_params(surrogate, surrogate_params, entropy)
     per_token, sur_stats = surrogate_fn(
-        surrogate, logp, old_logp, adv, sur_mask, stats=stats, **dict(surrogate_params or {})
+        surrogate, logp, old_logp, adv, sur_mask, stats=stats, **sur_params
     )  # [N, T], 0 outside eff
     if not any_kept:
         zero = (per_token * 0.0).sum()  # 0 with the graph: backward() works and adds nothing
