@@ -48,3 +48,24 @@ def under_wide_meta_defaults():
     """The call above: tests that a function makes its tensors on its inputs' device and in
     their dtype, never on torch's default device or in its default dtype."""
     return _under_wide_meta_defaults
+
+
+@pytest.fixture
+def clean_registry():
+    """Every registry put back as it was after the test (tests register methods of their
+    own): each axis's table and declarations, the registration listeners, the plugins
+    loaded."""
+    from grouprl import advantages, losses, plugins, presets, registry  # noqa: F401
+
+    saved = {n: (dict(a.table), dict(a.declarations)) for n, a in registry.AXES.items()}
+    listeners, loaded = list(registry._LISTENERS), dict(plugins._LOADED)
+    yield registry
+    plugins._LOADED.clear()
+    plugins._LOADED.update(loaded)  # a plugin loaded by the test loads (registers) again
+    for name, (table, declarations) in saved.items():
+        axis = registry.AXES[name]
+        axis.table.clear()
+        axis.table.update(table)
+        axis.declarations.clear()
+        axis.declarations.update(declarations)
+    registry._LISTENERS[:] = listeners

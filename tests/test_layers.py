@@ -23,7 +23,7 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
     # AGPO's vote entropy read answers with it)
     "foundation": (
         "=grouprl", "grouprl._json", "grouprl._progress", "grouprl._threads", "grouprl.types",
-        "grouprl.tasks.answers",
+        "grouprl.tasks.answers", "grouprl.registry", "grouprl.plugins",
     ),
     "math": (
         "grouprl.advantages", "grouprl.losses", "grouprl.diagnostics", "grouprl.sampling",

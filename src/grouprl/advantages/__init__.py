@@ -534,6 +534,8 @@ def compute(
         values = _weighted(values, group_weight, stats)
 
     updated = out.updated
+    if updated is None:  # an estimator that does not say: the kept groups with a signal
+        updated = out.keep & (values != 0).any(-1)
     if keep is None:
         keep = out.keep
     else:
@@ -643,11 +645,12 @@ def compute_tokens(
         )
     stats = dict(out.stats)
     stats.setdefault("nan_frac", 0.0 if valid is None else float((~valid).float().mean()))
-    stats["updated_frac"] = float(out.updated.float().mean())
+    updated = out.updated if out.updated is not None else out.keep
+    stats["updated_frac"] = float(updated.float().mean())
     if how is not None:
         stats[f"combine/{how}"] = 1.0
     return Advantages(
-        out.values, out.keep, out.kl_weight, out.scale, stats, out.updated, out.token_values
+        out.values, out.keep, out.kl_weight, out.scale, stats, updated, out.token_values
     )
 
 

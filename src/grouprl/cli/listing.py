@@ -89,9 +89,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(SECTIONS),
         help="only this section",
     )
+    parser.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE.py|MODULE",
+        help="load a plugin first: its methods and presets are listed too (repeatable)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    from grouprl import plugins
+
+    plugins.load_all(getattr(args, "plugins", None) or [])
     console = Console()
     keys = [args.section] if args.section else list(SECTIONS)
     for title, entries in catalogue(keys).items():

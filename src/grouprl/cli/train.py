@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -84,7 +85,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "report and final/ (without it, such a folder is refused)",
     )
     parser.add_argument("--no-progress", action="store_true", help="plain log lines, no bar")
+    add_plugin_argument(parser)
     add_data_arguments(parser)
+
+
+def add_plugin_argument(parser: argparse.ArgumentParser) -> None:
+    """``--plugin FILE.py|MODULE`` (repeatable): methods and presets of your own."""
+    parser.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="FILE.py|MODULE",
+        help="load a plugin that registers methods and presets (repeatable; docs/extending.md)",
+    )
+
+
+def plugin_overrides(args: argparse.Namespace) -> list[str]:
+    """``run.plugins=[...]`` for the ``--plugin`` flags (files as absolute paths, so a run
+    folder's config.yaml finds them from anywhere)."""
+    specs = getattr(args, "plugins", None) or []
+    if not specs:
+        return []
+    paths = [str(Path(p).resolve()) if p.endswith(".py") else p for p in specs]
+    return ["run.plugins=" + json.dumps(paths)]
 
 
 # ---- your own data and reward functions (grouprl.tasks.dataset) ----------------------------
@@ -174,7 +198,7 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
         out.append("run.overwrite=true")
     if args.no_progress:
         out.append("run.progress=false")
-    return out + data_overrides(args) + list(args.overrides)
+    return out + data_overrides(args) + plugin_overrides(args) + list(args.overrides)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -77,6 +77,7 @@ import torch
 from grouprl import advantages as adv_lib
 from grouprl import losses as loss_lib
 from grouprl import presets as preset_lib
+from grouprl import registry
 from grouprl.advantages import VirtualTrigger
 from grouprl.types import Advantages
 
@@ -782,4 +783,29 @@ def fix_trl_probe() -> bool:
 
 REGISTERED: list[str] = register()
 """Every name this import registered in verl."""
+
+
+def _follow(declaration: Any) -> None:
+    """A method registered after this import (a plugin) joins verl's registries too."""
+    name = declaration.name
+    if declaration.axis in ("estimator", "token estimator"):
+        _put(
+            core_algos.ADV_ESTIMATOR_REGISTRY,
+            PREFIX + name,
+            make_estimator(name),
+            core_algos.register_adv_est,
+        )
+    elif declaration.axis == "surrogate":
+        _put(
+            core_algos.POLICY_LOSS_REGISTRY,
+            PREFIX + name,
+            make_policy_loss(name),
+            core_algos.register_policy_loss,
+        )
+    else:
+        return
+    REGISTERED.append(PREFIX + name)
+
+
+registry.on_register(_follow)
 fix_trl_probe()

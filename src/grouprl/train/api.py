@@ -50,6 +50,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from grouprl.presets import DEFAULT as DEFAULT_PRESET
+
 __all__ = ["SECTIONS", "run", "write_report"]
 
 SECTIONS: tuple[str, ...] = ("task", "sampling", "algorithm", "optim", "eval", "run")
@@ -129,12 +131,13 @@ def run(
     dataset: Any = None,
     reward_funcs: Any = None,
     *,
-    preset: str = "grpo",
+    preset: str = DEFAULT_PRESET,
     reward_weights: Sequence[float] | None = None,
     eval_dataset: Any = None,
     tokenizer: Any = None,
     model_config: dict[str, Any] | None = None,
     config: str | Path | None = None,
+    plugins: Sequence[str | Path] = (),
     **sections: dict[str, Any],
 ) -> Any:
     """Train ``model`` on ``dataset`` with ``reward_funcs``; returns ``loop.RunResult``.
@@ -152,6 +155,9 @@ def run(
         tokenizer: the tokenizer of a model object.
         model_config: the ``model`` section's fields (``lora_rank``, ``dtype``, ...).
         config: a YAML run config applied before the section arguments.
+        plugins: ``.py`` files or module names that register methods and presets
+            (``grouprl.plugins``; docs/extending.md), loaded before any name is read and
+            recorded as ``run.plugins``.
         **sections: ``task=``, ``sampling=``, ``algorithm=``, ``optim=``, ``eval=``,
             ``run=`` dicts (module docstring).
     """
@@ -177,6 +183,11 @@ def run(
         "name", model if named else (getattr(model, "name_or_path", "") or "custom")
     )
     sections.setdefault("algorithm", {}).setdefault("preset", preset)
+    if plugins:  # loaded before the names are checked, recorded in the run's config.yaml
+        if isinstance(plugins, (str, Path)):
+            plugins = [plugins]
+        files = [str(Path(p).resolve()) if str(p).endswith(".py") else str(p) for p in plugins]
+        sections.setdefault("run", {})["plugins"] = files
     sections["task"] = {"name": "dataset"}
     # the configuration first (cheap), then the data and reward functions, then the model
     load_config(config, _overrides(sections), validate=False).validate(check_names=named)

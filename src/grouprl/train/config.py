@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from grouprl.presets import DEFAULT as DEFAULT_PRESET
 from grouprl.presets import frozen
 
 __all__ = [
@@ -150,7 +151,7 @@ class AlgorithmConfig:
     """A preset name plus overrides of any of its fields (``beta``, ``surrogate_params``...),
     and the loss options no preset fixes, each passed to ``losses.objective`` by the trainer."""
 
-    preset: str = "grpo"
+    preset: str = DEFAULT_PRESET
     overrides: MappingProxyType = field(default_factory=frozen)
     kl_correction: str | None = None
     """None (the plain KL term), or an importance correction of the loss-side KL term for the
@@ -290,6 +291,9 @@ class RunSectionConfig:
     of a finished run (``grouprl.train.export``), loadable by transformers, TRL and vLLM."""
     merge_lora: bool = False
     """LoRA runs: also write the adapter merged into the base weights to ``<out>/final_merged/``."""
+    plugins: tuple[str, ...] = ()
+    """Plugins loaded before any name is read (``grouprl.plugins``): ``.py`` files or module
+    names that register methods and presets (``grouprl train --plugin``; docs/extending.md)."""
 
 
 @dataclass(frozen=True)
@@ -372,7 +376,11 @@ class RunConfig:
         return Schedule(minibatches, epochs, frozen(source), note)
 
     def validate(self, *, check_names: bool = True) -> RunConfig:
-        """Raise ``ConfigError`` on a configuration that cannot work; returns ``self``."""
+        """Raise ``ConfigError`` on a configuration that cannot work; returns ``self``.
+
+        The plugins of ``run.plugins`` (and the installed ones) are loaded first, so their
+        methods and presets are checked as the built-ins are."""
+        load_plugins(self)
         _check_ranges(self)
         _check_algorithm(self)
         _check_batch(self)
@@ -389,6 +397,16 @@ class RunConfig:
         if check_names:
             _check_names(self)
         return self
+
+
+def load_plugins(cfg: RunConfig) -> None:
+    """Load ``cfg.run.plugins`` and the installed plugins (``grouprl.plugins``)."""
+    from grouprl import plugins
+
+    try:
+        plugins.load_all(cfg.run.plugins)
+    except plugins.PluginError as err:
+        raise ConfigError(f"run.plugins: {err}") from None
 
 
 def _plain(x: Any) -> Any:
@@ -532,12 +550,14 @@ def _resolved_preset(cfg: RunConfig) -> Any:
 def _check_batch(cfg: RunConfig) -> None:
     """Minibatches hold whole groups and micro-batches split minibatches exactly; the preset's
     controller fits its filters."""
+    from grouprl.train.controllers import PER_PROMPT
+
     preset = _resolved_preset(cfg)
-    if preset is not None and preset.controller == "agpo" and preset.dynamic_sampling:
+    if preset is not None and preset.controller in PER_PROMPT and preset.dynamic_sampling:
         raise ConfigError(
-            "the agpo controller sets each prompt's temperature and ε from its probe group, "
-            "while dynamic sampling replaces collapsed groups with prompts drawn later: set "
-            "algorithm.dynamic_sampling=false (the AGPO code has no dynamic sampling)"
+            f"the {preset.controller} controller sets each prompt's temperature and ε from its "
+            "probe group, while dynamic sampling replaces collapsed groups with prompts drawn "
+            "later: set algorithm.dynamic_sampling=false (the AGPO code has no dynamic sampling)"
         )
     m = cfg.optim.minibatches or (cfg.schedule(preset).minibatches if preset else 1)
     n, g = cfg.batch_size, cfg.sampling.group_size

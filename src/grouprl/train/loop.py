@@ -88,6 +88,9 @@ def train(cfg: RunConfig, **injected: Any) -> RunResult:
     that holds an earlier one raises ``ResumeError`` unless ``run.overwrite``
     (``train.resume.fresh_start``).
     """
+    from grouprl.train.config import load_plugins
+
+    load_plugins(cfg)  # a config built without validate() names them too
     with RunLock(cfg.run.out):  # one run per folder
         if not cfg.run.resume:
             resume.fresh_start(cfg)

@@ -120,6 +120,7 @@ BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "run.mmap_threshold_kib",  # where freed memory goes; no number changes
     "run.save_final",  # what is exported at the end (final/)
     "run.merge_lora",
+    "run.plugins",  # where the methods come from; the preset and its overrides are the math
 )
 """Fields that cannot change the math: ``--resume`` lets them change."""
 

@@ -1,0 +1,159 @@
+"""Plugins (grouprl.plugins): the example file trains through ``grouprl train --plugin``, is
+listed by ``grouprl list``, loads from ``grouprl.train.run(plugins=...)`` and from an installed
+package's entry point, all from outside ``src/``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from grouprl import advantages, losses, plugins, presets
+from grouprl.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "plugins" / "my_method.py"
+TINY = "tiny:d=16,layers=2,heads=2,ctx=32"
+
+pytestmark = pytest.mark.usefixtures("clean_registry")
+
+
+def test_the_example_is_the_documented_size_and_registers_three_things():
+    assert len(EXAMPLE.read_text().splitlines()) <= 42  # docs/extending.md: about 40 lines
+    module = plugins.load(EXAMPLE)
+    assert plugins.load(str(EXAMPLE)) is module  # once per process
+    assert advantages.estimators.get("mean_centered").fn is module.mean_centered
+    assert losses.surrogates.get("clipped_reinforce").settings[0].source.startswith("5:")
+    p = presets.get("my_method")
+    assert (p.estimator, p.surrogate, dict(p.surrogate_params)) == (
+        "mean_centered", "clipped_reinforce", {"clip": 5.0}
+    )  # fmt: skip
+
+
+def test_the_example_estimator_and_surrogate_compute_their_hand_derived_values():
+    plugins.load(EXAMPLE)
+    rewards = torch.tensor([[1.0, 0.0, float("nan"), 1.0], [0.0, 0.0, 0.0, 0.0]])
+    out = advantages.compute("mean_centered", rewards, scale=2.0)
+    # group 0: mean of (1, 0, 1) = 2/3 -> (1/3, −2/3, 0, 1/3) / 2; group 1: all 0
+    torch.testing.assert_close(
+        out.values, torch.tensor([[1 / 6, -1 / 3, 0.0, 1 / 6], [0.0, 0.0, 0.0, 0.0]])
+    )
+    assert out.stats["updated_frac"] == 0.5  # the collapsed group carries no signal
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.5]], requires_grad=True)
+    per_token, _ = losses.surrogate(
+        "clipped_reinforce", logp, logp.detach(), torch.tensor([9.0, -1.0]), torch.ones(2, 2)
+    )
+    # −clamp(A, ±5)·logp: A 9 -> 5
+    assert per_token.detach().tolist() == [[5.0, 10.0], [-0.5, -0.5]]
+
+
+def test_a_missing_plugin_is_a_clear_error():
+    with pytest.raises(plugins.PluginError, match=r"not found.*path of a .py file"):
+        plugins.load("no_such_plugin.py")
+    with pytest.raises(plugins.PluginError, match=r"cannot be imported.*needs its .py suffix"):
+        plugins.load("no_such_plugin_module")
+
+
+def test_a_plugin_that_raises_while_loading_says_which(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from grouprl.advantages import register_estimator\n"
+                   "register_estimator('grpo', lambda rewards, valid: None)\n")  # fmt: skip
+    with pytest.raises(plugins.PluginError, match=r"bad.py' failed while loading.*built-in"):
+        plugins.load(bad)
+
+
+def test_an_installed_packages_entry_point_is_loaded(tmp_path, monkeypatch):
+    # an installed distribution, as pip leaves it: a dist-info folder with entry_points.txt
+    (tmp_path / "ep_methods.py").write_text(
+        textwrap.dedent(
+            """
+            from grouprl.advantages import register_estimator
+            from grouprl.types import Advantages
+
+            @register_estimator("ep_centered")
+            def ep_centered(rewards, valid):
+                ones = rewards.new_ones(rewards.shape[0])
+                return Advantages(rewards - rewards.mean(-1, keepdim=True), ones.bool(), ones, ones)
+            """
+        )
+    )
+    info = tmp_path / "ep_methods-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-methods\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[grouprl.plugins]\nep = ep_methods\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert plugins.load_entry_points(again=True) == ["ep"]
+    out = advantages.compute("ep_centered", torch.tensor([[1.0, 0.0]]))
+    assert out.values.tolist() == [[0.5, -0.5]]
+    sys.modules.pop("ep_methods", None)
+
+
+def _spy(monkeypatch, calls):
+    """Record each call of the example's estimator and surrogate (the tables are read at
+    call time)."""
+    for table, name in ((advantages.ESTIMATORS, "mean_centered"),
+                        (losses.SURROGATES, "clipped_reinforce")):  # fmt: skip
+        real = table[name]
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append(_name)
+            return _real(*a, **k)
+
+        monkeypatch.setitem(table, name, spy)
+
+
+def test_grouprl_train_with_the_plugin_trains_the_plugins_methods(tmp_path, monkeypatch):
+    # in a folder outside src/, by the file's path, as a user runs it
+    monkeypatch.chdir(tmp_path)
+    calls: list[str] = []
+    plugins.load(EXAMPLE)  # (then the spies; --plugin finds it loaded)
+    _spy(monkeypatch, calls)
+    out = tmp_path / "run"
+    argv = ["train", "--plugin", str(EXAMPLE), "--preset", "my_method", "--model", TINY,
+            "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--out", str(out),
+            "--no-progress", "--set", "eval.every=0", "--set", "model.warm_start=false",
+            "--set", "run.save_final=false", "--set", "run.report=false"]  # fmt: skip
+    assert cli_main(argv) == 0
+    # one estimator call per step; the surrogate once per optimizer step (one micro-batch)
+    assert calls.count("mean_centered") == 2 and calls.count("clipped_reinforce") == 2
+    recorded = yaml.safe_load((out / "config.yaml").read_text())
+    assert recorded["algorithm"]["preset"] == "my_method"
+    assert recorded["run"]["plugins"] == [str(EXAMPLE)]  # absolute: --config finds it again
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_grouprl_list_with_the_plugin_shows_its_methods(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"}
+    out = subprocess.run(
+        [sys.executable, "-m", "grouprl", "list", "--plugin", str(EXAMPLE)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    for name in ("mean_centered", "clipped_reinforce", "my_method"):
+        assert name in out
+    assert "REINFORCE with bounded advantages" in out
+    bare = subprocess.run(
+        [sys.executable, "-m", "grouprl", "list", "presets"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    assert "my_method" not in bare
+
+
+def test_a_config_that_names_a_plugin_preset_without_the_plugin_lists_the_valid_ones(tmp_path):
+    from grouprl.train.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"unknown preset 'my_method'; valid presets: grpo"):
+        load_config(None, ["algorithm.preset=my_method", f"run.out={tmp_path}"])
+    cfg = load_config(
+        None, ["algorithm.preset=my_method", f"run.plugins=[{json.dumps(str(EXAMPLE))}]"]
+    )
+    assert cfg.algorithm.resolve().surrogate == "clipped_reinforce"
+    with pytest.raises(ConfigError, match=r"run.plugins: plugin file 'gone.py' not found"):
+        load_config(None, ["run.plugins=[gone.py]"])
