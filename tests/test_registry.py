@@ -126,7 +126,7 @@ def test_a_step_selection_needs_its_select_function_and_arrives_as_selected():
 
     with pytest.raises(RegistrationError, match=r"pass select=fn"):
         losses.register_surrogate("sel", sur, reads={"step_selection"})
-    with pytest.raises(RegistrationError, match=r"add reads=\\{'step_selection'\\}"):
+    with pytest.raises(RegistrationError, match=r"add reads=\{'step_selection'\}"):
         losses.register_surrogate("sel", sur, select=lambda *a, **k: None)
     losses.register_surrogate("sel", sur, reads={"step_selection"}, select=lambda *a, **k: [])
     assert callable(losses.surrogates.get("sel").extra["select"])
