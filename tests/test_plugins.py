@@ -157,3 +157,46 @@ def test_a_config_that_names_a_plugin_preset_without_the_plugin_lists_the_valid_
     assert cfg.algorithm.resolve().surrogate == "clipped_reinforce"
     with pytest.raises(ConfigError, match=r"run.plugins: plugin file 'gone.py' not found"):
         load_config(None, ["run.plugins=[gone.py]"])
+
+
+def test_a_preset_override_is_checked_against_the_methods_it_names(tmp_path):
+    from grouprl.train.config import ConfigError, load_config
+
+    plugins.load(EXAMPLE)
+    base = ["algorithm.preset=grpo", "algorithm.surrogate=clipped_reinforce"]
+    with pytest.raises(ConfigError, match=r"\['eps_high', 'eps_low'\] are not settings.*clip"):
+        load_config(None, base)
+    cfg = load_config(None, [*base, "algorithm.surrogate_params={clip: 3.0}"])
+    assert dict(cfg.algorithm.resolve().surrogate_params) == {"clip": 3.0}
+
+
+def test_algorithm_dot_a_methods_setting_sets_it_from_its_registration():
+    from grouprl.train.config import ConfigError, load_config
+
+    plugins.load(EXAMPLE)
+    cfg = load_config(None, ["algorithm.preset=my_method", "algorithm.clip=2.5",
+                             "algorithm.scale=4"])  # fmt: skip
+    p = cfg.algorithm.resolve()
+    assert dict(p.surrogate_params) == {"clip": 2.5} and dict(p.estimator_params) == {"scale": 4}
+    with pytest.raises(ConfigError, match=r"unknown algorithm override\(s\) \['eps_high'\].*clip"):
+        load_config(None, ["algorithm.preset=my_method", "algorithm.eps_high=0.3"])
+
+
+def test_run_with_plugins_trains_the_plugins_preset(tmp_path):
+    from grouprl.train import run
+
+    rows = [{"prompt": f"say {w}", "answer": w} for w in ("a", "b", "c", "d") * 3]
+
+    def correct(completions, answer, **kwargs):
+        return [float(a in c) for c, a in zip(completions, answer)]
+
+    result = run(
+        model=TINY, dataset=rows, reward_funcs=[correct], preset="my_method",
+        plugins=[str(EXAMPLE)], sampling={"group_size": 2, "prompts_per_step": 2,
+        "max_new_tokens": 4}, optim={"steps": 1}, eval={"every": 0},
+        run={"out": str(tmp_path / "r"), "save_final": False, "report": False},
+    )  # fmt: skip
+    assert result.step == 1
+    recorded = yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())
+    assert recorded["run"]["plugins"] == [str(EXAMPLE)]
+    assert recorded["algorithm"]["preset"] == "my_method"

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from grouprl.presets import DEFAULT as DEFAULT_PRESET
-from grouprl.presets import frozen
+from grouprl.presets import Preset, frozen
 
 __all__ = [
     "AlgorithmConfig",
@@ -173,10 +173,50 @@ class AlgorithmConfig:
     entropy quantile) and verl (the covariance selection) take them per micro-batch."""
 
     def resolve(self) -> Any:
-        """The ``grouprl.presets.Preset`` with the overrides applied."""
+        """The ``grouprl.presets.Preset`` with the overrides applied.
+
+        An override that is not a preset field but a setting of the preset's estimator or
+        surrogate (their registered declarations: ``algorithm.clip=3`` for a surrogate that
+        takes ``clip``) goes into ``estimator_params`` / ``surrogate_params``."""
         from grouprl import presets
 
-        return presets.get(self.preset).with_(**dict(self.overrides))
+        base = presets.get(self.preset)
+        changes = dict(self.overrides)
+        settings = method_settings(base.with_(**{k: v for k, v in changes.items()
+                                                 if k in _PRESET_FIELDS}))  # fmt: skip
+        for key in [k for k in changes if k not in _PRESET_FIELDS and k in settings]:
+            where = settings[key]
+            changes[where] = {
+                **dict(changes.get(where, getattr(base, where))),
+                key: changes.pop(key),
+            }
+        return base.with_(**changes)
+
+
+_PRESET_FIELDS = frozenset(
+    f.name for f in fields(Preset) if f.name not in ("name", "description", "sources")
+)
+"""The preset fields ``algorithm.<field>`` sets."""
+
+
+def method_settings(preset: Any) -> dict[str, str]:
+    """Setting name -> ``"estimator_params"`` or ``"surrogate_params"``: the settings of the
+    preset's estimator and surrogate (their registrations) that ``algorithm.<setting>`` sets;
+    a name both take is left out (set it in the params mapping)."""
+    from grouprl import advantages, losses
+
+    axis = advantages.estimators if preset.estimator in advantages.ESTIMATORS else (
+        advantages.token_estimators
+    )  # fmt: skip
+    out: dict[str, str] = {}
+    both: set[str] = set()
+    for where, decl in (("estimator_params", axis.get(preset.estimator)),
+                        ("surrogate_params", losses.surrogates.get(preset.surrogate))):  # fmt: skip
+        for name in decl.setting_names():
+            if name in out:
+                both.add(name)
+            out[name] = where
+    return {k: v for k, v in out.items() if k not in both}
 
 
 @dataclass(frozen=True)
@@ -584,13 +624,22 @@ def _check_names(cfg: RunConfig) -> None:
             f"unknown preset {cfg.algorithm.preset!r}; valid presets: {', '.join(presets.names())}"
         )
     fields_ = {f.name for f in fields(presets.Preset)} - {"name", "description", "sources"}
-    unknown = sorted(set(cfg.algorithm.overrides) - fields_)
+    try:
+        base = presets.get(cfg.algorithm.preset).with_(
+            **{k: v for k, v in cfg.algorithm.overrides.items() if k in fields_}
+        )
+        settings = method_settings(base)
+    except (TypeError, ValueError):
+        settings = {}
+    unknown = sorted(set(cfg.algorithm.overrides) - fields_ - set(settings))
     if unknown:
         raise ConfigError(
-            f"unknown algorithm override(s) {unknown}; valid: {', '.join(sorted(fields_))}"
+            f"unknown algorithm override(s) {unknown}; valid: the preset fields "
+            f"{', '.join(sorted(fields_))}, and the settings of its estimator and surrogate "
+            f"{', '.join(sorted(settings)) or '(none)'}"
         )
     try:
-        resolved = cfg.algorithm.resolve()
+        resolved = presets.check(cfg.algorithm.resolve())  # the names its methods hold
     except (TypeError, ValueError) as err:
         raise ConfigError(f"algorithm overrides: {err}") from None
     from grouprl import sampling
