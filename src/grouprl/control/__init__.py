@@ -26,10 +26,16 @@ CONTROLLERS = {
 }
 """Controller name -> class (each checkpoints with state_dict / load_state_dict)."""
 
+PER_PROMPT: frozenset[str] = frozenset({"agpo"})
+"""A preset's ``controller`` values that set each prompt's temperature and ε from its probe
+group: they cannot run with dynamic sampling, which replaces groups with prompts drawn
+later (the AGPO code has no dynamic sampling)."""
+
 __all__ = [
     "AGPO",
     "CONTROLLERS",
     "KL_CONTROLLERS",
+    "PER_PROMPT",
     "AdaptiveClip",
     "AdaptiveKLController",
     "AdaptiveTemperature",

@@ -271,7 +271,7 @@ here: its covariance selection acts on-policy too."""
 ZERO_AT_ZERO_ADVANTAGE: frozenset[str] = frozenset(SURROGATES) - {"kl_cov", "dro"}
 """Surrogates whose per-token loss (and gradient) is exactly 0 on a row with A = 0: every one
 of the form −A·f(ρ) or −A·w·logp. KL-Cov's |log ρ| penalty and DRO's ½β(log ρ)² act on a row
-whatever its advantage, so a trainer must not skip such rows (``train.loop.gradient_rows``)."""
+whatever its advantage, so a trainer must not skip such rows (``train.update.gradient_rows``)."""
 
 
 def on_policy_warning(name: str, minibatches: int, ppo_epochs: int) -> str | None:

@@ -590,7 +590,7 @@ def _resolved_preset(cfg: RunConfig) -> Any:
 def _check_batch(cfg: RunConfig) -> None:
     """Minibatches hold whole groups and micro-batches split minibatches exactly; the preset's
     controller fits its filters."""
-    from grouprl.train.controllers import PER_PROMPT
+    from grouprl.control import PER_PROMPT
 
     preset = _resolved_preset(cfg)
     if preset is not None and preset.controller in PER_PROMPT and preset.dynamic_sampling:

@@ -154,11 +154,6 @@ CONTROLLERS: dict[str | None, Callable[[Any], Controller]] = {
 """A preset's ``controller`` field -> factory taking the RunConfig."""
 
 
-PER_PROMPT: frozenset[str] = frozenset({"agpo"})
-"""Controllers that set each prompt's temperature and ε from its probe group: they cannot
-run with dynamic sampling, which replaces groups with prompts drawn later."""
-
-
 def make_controller(name: str | None, cfg: Any) -> Controller:
     """The controller a preset names (``None`` = no controller)."""
     if name not in CONTROLLERS:
