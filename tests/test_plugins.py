@@ -29,8 +29,8 @@ def test_the_example_is_the_documented_size_and_registers_three_things():
     assert len(EXAMPLE.read_text().splitlines()) <= 42  # docs/extending.md: about 40 lines
     module = plugins.load(EXAMPLE)
     assert plugins.load(str(EXAMPLE)) is module  # once per process
-    assert advantages.estimators.get("mean_centered").fn is module.mean_centered
-    assert losses.surrogates.get("clipped_reinforce").settings[0].source.startswith("5:")
+    assert advantages.estimator_axis.get("mean_centered").fn is module.mean_centered
+    assert losses.surrogate_axis.get("clipped_reinforce").settings[0].source.startswith("5:")
     p = presets.get("my_method")
     assert (p.estimator, p.surrogate, dict(p.surrogate_params)) == (
         "mean_centered", "clipped_reinforce", {"clip": 5.0}

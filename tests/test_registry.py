@@ -29,7 +29,7 @@ def test_a_registered_estimator_is_in_the_public_table_and_computes():
         "halved", _halved, reads={"lengths"}, sources={"factor": "my paper eq. 3"}
     )
     assert advantages.ESTIMATORS["halved"] is _halved and "halved" in advantages.names()
-    decl = advantages.estimators.get("halved")
+    decl = advantages.estimator_axis.get("halved")
     assert decl.reads == {"lengths"} and not decl.builtin
     # the settings: the keyword parameters with a default, minus the declared inputs
     assert decl.settings == (Setting("factor", 0.5, "float", "my paper eq. 3"),)
@@ -129,7 +129,7 @@ def test_a_step_selection_needs_its_select_function_and_arrives_as_selected():
     with pytest.raises(RegistrationError, match=r"add reads=\{'step_selection'\}"):
         losses.register_surrogate("sel", sur, select=lambda *a, **k: None)
     losses.register_surrogate("sel", sur, reads={"step_selection"}, select=lambda *a, **k: [])
-    assert callable(losses.surrogates.get("sel").extra["select"])
+    assert callable(losses.surrogate_axis.get("sel").extra["select"])
 
 
 def test_sources_for_a_setting_the_function_does_not_have_are_refused():

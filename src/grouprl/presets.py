@@ -200,16 +200,16 @@ class Preset:
         from grouprl.losses import correction
 
         out = set(advantages.needs(self.estimator, **dict(self.estimator_params))) - {"tokens"}
-        out |= advantages.combinations.reads(self.combination)
+        out |= advantages.combination_axis.reads(self.combination)
         if self.virtual is not None:
-            out |= advantages.transforms_axis.reads("virtual")
+            out |= advantages.transform_axis.reads("virtual")
         if self.focal_gamma:
-            out |= advantages.transforms_axis.reads("focal_gamma")
+            out |= advantages.transform_axis.reads("focal_gamma")
         if self.sampler_weight:
             out.add("draw_weights")
-        out |= losses.surrogates.reads(self.surrogate)
+        out |= losses.surrogate_axis.reads(self.surrogate)
         for name, _ in correction.parse_spec(self.rollout_correction):
-            out |= losses.corrections.reads(name)
+            out |= losses.correction_axis.reads(name)
         return frozenset(out)
 
     @property
@@ -894,7 +894,7 @@ PRESETS = _baselines(PRESETS)
 
 from grouprl import registry as _reg  # noqa: E402  (after the table it wraps)
 
-presets_axis = _reg.Axis("preset", PRESETS, callable_=False)
+preset_axis = _reg.Axis("preset", PRESETS, callable_=False)
 """The preset axis over :data:`PRESETS` (``register_preset`` adds to it)."""
 
 
@@ -937,13 +937,13 @@ def check(preset: Preset) -> Preset:
     one_of("kl", preset.kl, losses.kl_names())
     one_of("sampler", preset.sampler, sampling.names())
     axis = (
-        advantages.estimators
+        advantages.estimator_axis
         if preset.estimator in advantages.ESTIMATORS
-        else advantages.token_estimators
+        else advantages.token_estimator_axis
     )
     for key, decl in (
         ("estimator_params", axis.get(preset.estimator)),
-        ("surrogate_params", losses.surrogates.get(preset.surrogate)),
+        ("surrogate_params", losses.surrogate_axis.get(preset.surrogate)),
     ):
         valid = decl.setting_names()
         unknown = sorted(set(getattr(preset, key)) - set(valid))
@@ -987,7 +987,7 @@ def register_preset(preset: Preset | None = None, /, **fields_: Any) -> Preset:
             "fair baselines; pick another name"
         )
     for p in _baselines({preset.name: preset}).values():
-        presets_axis.register(p.name, p)
+        preset_axis.register(p.name, p)
     return preset
 
 

@@ -67,7 +67,7 @@ __all__ = [
     "combine",
     "compute",
     "compute_tokens",
-    "estimators",
+    "estimator_axis",
     "focal_mean_weight",
     "focal_weight",
     "group_std",
@@ -134,7 +134,7 @@ TRANSFORMS: dict[str, Callable[..., Any]] = {
 
 _ADVANTAGE_INPUTS = INPUTS
 
-estimators = registry.Axis(
+estimator_axis = registry.Axis(
     "estimator",
     ESTIMATORS,
     positional=("rewards", "valid"),
@@ -143,10 +143,10 @@ estimators = registry.Axis(
     example="(rewards [P, G], valid [P, G] | None, *, **settings) -> Advantages",
 )
 """The estimator axis (:class:`grouprl.registry.Axis` over :data:`ESTIMATORS`)."""
-estimators.declare("remax", reads={"baseline"})
-estimators.declare("opo", reads={"lengths"})
+estimator_axis.declare("remax", reads={"baseline"})
+estimator_axis.declare("opo", reads={"lengths"})
 
-token_estimators = registry.Axis(
+token_estimator_axis = registry.Axis(
     "token estimator",
     TOKEN_ESTIMATORS,
     positional=("rewards", "valid", "mask", "token_rewards"),
@@ -157,9 +157,9 @@ token_estimators = registry.Axis(
 )
 """The token-level estimator axis (:data:`TOKEN_ESTIMATORS`, ``compute_tokens``)."""
 for _name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
-    token_estimators.declare(_name, reads={"old_logp", "sum_pi_squared"})
+    token_estimator_axis.declare(_name, reads={"old_logp", "sum_pi_squared"})
 
-combinations = registry.Axis(
+combination_axis = registry.Axis(
     "reward combination",
     REWARD_COMBINATIONS,
     positional=("rewards", "weights"),
@@ -168,9 +168,9 @@ combinations = registry.Axis(
 )
 """The reward-combination axis (:data:`REWARD_COMBINATIONS`): every one but ``sum`` reads
 each reward function's rewards, so the trainer collects them when the combination is used."""
-combinations.declare("normalize_then_sum", reads={"reward_parts"})
+combination_axis.declare("normalize_then_sum", reads={"reward_parts"})
 
-transforms_axis = registry.Axis(
+transform_axis = registry.Axis(
     "transform",
     TRANSFORMS,
     positional=("rewards", "valid"),
@@ -178,8 +178,8 @@ transforms_axis = registry.Axis(
 )
 """The transforms (keywords of :func:`compute`; built-in only): the virtual samples read the
 run's trigger, the focal weight the verifier's unshaped rewards."""
-transforms_axis.declare("virtual", reads={"trigger"})
-transforms_axis.declare("focal_gamma", reads={"verifier_rewards"})
+transform_axis.declare("virtual", reads={"trigger"})
+transform_axis.declare("focal_gamma", reads={"verifier_rewards"})
 
 
 def register_estimator(name: str, fn: Any = None, **declaration: Any) -> Any:
@@ -187,20 +187,20 @@ def register_estimator(name: str, fn: Any = None, **declaration: Any) -> Any:
     Advantages`` as ``name`` (a decorator without ``fn``); ``reads`` names its inputs among
     lengths, baseline, verifier_rewards and draw_weights, each passed by that keyword
     (:meth:`grouprl.registry.Axis.register`)."""
-    return estimators.register(name, fn, **declaration)
+    return estimator_axis.register(name, fn, **declaration)
 
 
 def register_token_estimator(name: str, fn: Any = None, **declaration: Any) -> Any:
     """Register a token-level estimator ``fn(rewards, valid, mask, token_rewards, *,
     **settings) -> Advantages`` (``reads``: old_logp, sum_pi_squared)."""
-    return token_estimators.register(name, fn, **declaration)
+    return token_estimator_axis.register(name, fn, **declaration)
 
 
 def register_combination(name: str, fn: Any = None, **declaration: Any) -> Any:
     """Register a reward combination ``fn(rewards [P, G, K], weights, **settings) -> [P, G]``;
     it reads the per-function rewards (``reads={"reward_parts"}`` is implied)."""
     declaration.setdefault("reads", {"reward_parts"})
-    return combinations.register(name, fn, **declaration)
+    return combination_axis.register(name, fn, **declaration)
 
 
 def names() -> list[str]:
@@ -223,9 +223,9 @@ def needs(name: str, **params: Any) -> frozenset[str]:
     error.
     """
     if name in TOKEN_ESTIMATORS and name not in ESTIMATORS:
-        return frozenset({"tokens"}) | token_estimators.reads(name)
+        return frozenset({"tokens"}) | token_estimator_axis.reads(name)
     accepted = set(keyword_defaults(_estimator(name)))
-    out = set(estimators.reads(name))
+    out = set(estimator_axis.reads(name))
     if "lengths" in accepted and params.get("weighting") == "token":
         out.add("lengths")
     return frozenset(out)

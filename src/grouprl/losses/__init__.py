@@ -154,7 +154,7 @@ def _kl_cov_step(logps, old_logps, advs, masks, **params):
     return kl_cov_select(logps, advs, masks, **_accepted(kl_cov_select, params))
 
 
-surrogates = registry.Axis(
+surrogate_axis = registry.Axis(
     "surrogate",
     SURROGATES,
     positional=("logp", "old_logp", "adv", "mask"),
@@ -170,13 +170,13 @@ over the step's micro-batches, whose result comes back as ``selected=``),
 ``zero_at_zero_advantage`` (False: a row with A = 0 still has a gradient) and ``clipped``
 (its clip acts only once ρ ≠ 1: the on-policy warning)."""
 for _name in SURROGATES:
-    surrogates.declare(
+    surrogate_axis.declare(
         _name,
         zero_at_zero_advantage=_name in ZERO_AT_ZERO_ADVANTAGE,
         clipped=_name in CLIPPED,
     )
-surrogates.declare("clip_cov", reads={"step_selection"}, select=_clip_cov_step)
-surrogates.declare(
+surrogate_axis.declare("clip_cov", reads={"step_selection"}, select=_clip_cov_step)
+surrogate_axis.declare(
     "kl_cov", reads={"step_selection"}, select=_kl_cov_step, zero_at_zero_advantage=False
 )
 
@@ -198,7 +198,7 @@ def register_surrogate(
     ``selected=``); ``zero_at_zero_advantage=False`` when a row with A = 0 still has a
     gradient (a ratio penalty); ``clipped=True`` when its clip needs ρ ≠ 1 to act.
     """
-    reads = surrogates._check_reads(name, declaration.get("reads", ()))
+    reads = surrogate_axis._check_reads(name, declaration.get("reads", ()))
     if "step_selection" in reads and not callable(select):
         raise registry.RegistrationError(
             f"surrogate {name!r} reads step_selection: pass select=fn(logps, old_logps, advs, "
@@ -211,7 +211,7 @@ def register_surrogate(
         )
     if "step_selection" in reads:  # the selection comes back by keyword
         declaration["reads"] = reads
-    return surrogates.register(
+    return surrogate_axis.register(
         name,
         fn,
         select=select,
@@ -221,7 +221,7 @@ def register_surrogate(
     )
 
 
-aggregations = registry.Axis(
+aggregation_axis = registry.Axis(
     "aggregation",
     AGGREGATIONS,
     positional=("per_token", "mask", "totals"),
@@ -229,7 +229,7 @@ aggregations = registry.Axis(
 )
 """The aggregation axis over :data:`AGGREGATIONS`."""
 
-kl_estimators = registry.Axis(
+kl_axis = registry.Axis(
     "KL estimator",
     KL_ESTIMATORS,
     positional=("logp", "ref_logp"),
@@ -237,7 +237,7 @@ kl_estimators = registry.Axis(
 )
 """The KL-estimator axis over :data:`KL_ESTIMATORS`."""
 
-corrections = registry.Axis(
+correction_axis = registry.Axis(
     "rollout correction",
     CORRECTIONS,
     positional=("log_ratio", "mask", "adv"),
@@ -250,20 +250,20 @@ corrections = registry.Axis(
 method's log-ratio the current policy's against the rollout engine's, computed per
 micro-batch inside the loss (``opsm``); the others run once per batch."""
 for _name in correction.USES_CURRENT_POLICY:
-    corrections.declare(_name, reads={"current_logp"})
+    correction_axis.declare(_name, reads={"current_logp"})
 
 
 def register_aggregation(name: str, fn: Any = None, **declaration: Any) -> Any:
     """Register an aggregation ``fn(per_token, mask, totals=None) -> scalar`` as ``name``."""
-    return aggregations.register(name, fn, **declaration)
+    return aggregation_axis.register(name, fn, **declaration)
 
 
 def register_kl(name: str, fn: Any = None, **declaration: Any) -> Any:
     """Register a KL estimator ``fn(logp, ref_logp, **settings) -> [N, T]`` as ``name``."""
-    return kl_estimators.register(name, fn, **declaration)
+    return kl_axis.register(name, fn, **declaration)
 
 
 def register_correction(name: str, fn: Any = None, **declaration: Any) -> Any:
     """Register a rollout correction ``fn(log_ratio, mask, adv=None, **settings) -> Parts``
     (``reads={"current_logp"}``: computed per micro-batch from the current policy)."""
-    return corrections.register(name, fn, **declaration)
+    return correction_axis.register(name, fn, **declaration)

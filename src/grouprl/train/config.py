@@ -205,13 +205,13 @@ def method_settings(preset: Any) -> dict[str, str]:
     a name both take is left out (set it in the params mapping)."""
     from grouprl import advantages, losses
 
-    axis = advantages.estimators if preset.estimator in advantages.ESTIMATORS else (
-        advantages.token_estimators
+    axis = advantages.estimator_axis if preset.estimator in advantages.ESTIMATORS else (
+        advantages.token_estimator_axis
     )  # fmt: skip
     out: dict[str, str] = {}
     both: set[str] = set()
     for where, decl in (("estimator_params", axis.get(preset.estimator)),
-                        ("surrogate_params", losses.surrogates.get(preset.surrogate))):  # fmt: skip
+                        ("surrogate_params", losses.surrogate_axis.get(preset.surrogate))):  # fmt: skip
         for name in decl.setting_names():
             if name in out:
                 both.add(name)

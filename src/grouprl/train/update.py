@@ -74,7 +74,7 @@ class LossSpec:
     def of(cls, preset: Any, cfg: Any) -> LossSpec:
         """The spec of ``preset`` (resolved) under config ``cfg``."""
         algo, optim = cfg.algorithm, cfg.optim
-        decl = losses.surrogates.get(preset.surrogate)
+        decl = losses.surrogate_axis.get(preset.surrogate)
         per_batch, per_micro = split_correction(preset.rollout_correction)
         return cls(
             surrogate=preset.surrogate,
@@ -125,7 +125,7 @@ def split_correction(text: str) -> tuple[tuple, tuple]:
     """``(per batch, per micro-batch)`` parts of a rollout-correction spec: the methods that
     declare ``reads={"current_logp"}`` run in the loss, the others once on the whole batch."""
     spec = correction.parse_spec(text)
-    now = {n for n, _ in spec if "current_logp" in losses.corrections.reads(n)}
+    now = {n for n, _ in spec if "current_logp" in losses.correction_axis.reads(n)}
     return (
         tuple((n, p) for n, p in spec if n not in now),
         tuple((n, p) for n, p in spec if n in now),
