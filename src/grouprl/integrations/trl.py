@@ -738,6 +738,8 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             if use_ours:
                 settings["beta"] = float(spec.beta)
             settings["use_bias_correction_kl"] = False  # a preset's KL is the plain estimator
+            if float(settings.get("beta", getattr(targs, "beta", 0.0))) == 0.0:
+                settings.pop("use_bias_correction_kl")  # no KL term: the field is unused
         if self.grouprl_mode != "trl":
             combination = spec.reward_combination or adv_lib.DEFAULT_COMBINATION.get(
                 spec.estimator, "sum"
