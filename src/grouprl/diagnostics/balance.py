@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import torch
 
-from grouprl.diagnostics.scale import updated_groups
+from grouprl.diagnostics.inverse_scale import updated_groups
 from grouprl.types import Advantages
 
 __all__ = [

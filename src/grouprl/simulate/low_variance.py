@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from grouprl.diagnostics.balance import low_sigma_groups, reward_kl_balance
-from grouprl.diagnostics.scale import updated_groups
+from grouprl.diagnostics.inverse_scale import updated_groups
 from grouprl.losses.kl import k3
 from grouprl.losses.objective import objective
 from grouprl.report.html import figure
