@@ -299,8 +299,8 @@ def on_policy_note(name: str, preset: str, minibatches: int, ppo_epochs: int) ->
 
     The same fact as :func:`on_policy_warning` (ρ ≡ 1, the clip never acts), but nothing to
     fix: the preset's sources take one update per generation batch (DeepSeekMath §4.2 for
-    ``grpo``; ALGORITHMS.md §3 "Update schedule"), so it is said once, as a note [OURS: issue
-    25, where the default run opened on a warning that read as "the default is broken"].
+    ``grpo``; ALGORITHMS.md §3 "Update schedule"), so it is said once, as a note [OURS: a warning at a preset's own schedule
+    reads as "the default is broken"].
     None when the warning's condition does not hold.
     """
     if on_policy_warning(name, minibatches, ppo_epochs) is None:

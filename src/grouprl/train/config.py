@@ -120,8 +120,8 @@ class SamplingConfig:
     max_new_tokens: int = 32
     draw: str = "inverse_cdf"
     """How a token is drawn (``grouprl.rollout.hf.DRAWS``): ``inverse_cdf`` (one uniform per
-    row) or ``multinomial`` (``torch.multinomial``, as HF and TRL, and grouprl before issue
-    26). The same distribution; the draws for one seed differ [OURS default: ~ the lm head's
+    row) or ``multinomial`` (``torch.multinomial``, as HF and TRL, to repeat runs
+    made with it). The same distribution; the draws for one seed differ [OURS default: ~ the lm head's
     cost saved per decode step on a 49k vocabulary]."""
     max_unscorable_frac: float = 0.5
     """Stop the run when more than this fraction of a step's rewards are NaN (unscorable):
@@ -458,8 +458,8 @@ LOGGERS: dict[str, tuple[str, str]] = {
 
 
 def _check_loggers(run: RunSectionConfig) -> None:
-    """A logger asked for (true) but not installed is an error before the run [OURS: issue
-    25, ``run.wandb=true`` without wandb ran to the end without a word]."""
+    """A logger asked for (true) but not installed is an error before the run [OURS: ``run.wandb=true``
+    without wandb must not run to the end without a word]."""
     for name, (module, command) in LOGGERS.items():
         if getattr(run, name) is True and importlib.util.find_spec(module) is None:
             raise ConfigError(
