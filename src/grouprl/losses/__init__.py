@@ -49,12 +49,15 @@ from grouprl.losses.kl import (
     k2,
     k3,
     kl,
+    kl_autograd,
     kl_corrected,
+    kl_corrected_autograd,
     kl_names,
     token_entropy,
 )
 from grouprl.losses.objective import Objective, objective
 from grouprl.losses.surrogates import (
+    AUTOGRAD_FORMS,
     CLIPPED,
     SURROGATES,
     ZERO_AT_ZERO_ADVANTAGE,
@@ -77,6 +80,7 @@ from grouprl.losses.surrogates import (
 
 __all__ = [
     "AGGREGATIONS",
+    "AUTOGRAD_FORMS",
     "CLIPPED",
     "CORRECTIONS",
     "EXACT_UNDER_ACCUMULATION",
@@ -104,7 +108,9 @@ __all__ = [
     "k2",
     "k3",
     "kl",
+    "kl_autograd",
     "kl_corrected",
+    "kl_corrected_autograd",
     "kl_cov",
     "kl_cov_select",
     "kl_names",
