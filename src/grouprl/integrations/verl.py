@@ -725,6 +725,15 @@ _LOSS_PARAMS: dict[str, Callable[[Any], dict[str, float]]] = {
     "dro": lambda c: {"beta": _policy_loss_fields(c, ("dro_beta",)).get("dro_beta")},
     # vespo: no verl counterpart and no ActorConfig field; TRL's defaults
     "vespo": lambda c: {},
+    # topr: verl pull request 6986's PolicyLossConfig fields (absent from verl 0.9.1: 0 / 1)
+    "topr": lambda c: {
+        ours: value
+        for theirs, ours in (
+            ("topr_negative_ratio_lower", "ratio_low"),
+            ("topr_negative_ratio_upper", "ratio_high"),
+        )
+        for value in _policy_loss_fields(c, (theirs,)).values()
+    },
 }
 """Surrogate -> its parameters read from verl's ActorConfig (same meaning as verl's losses)."""
 

@@ -72,6 +72,7 @@ from grouprl.losses.surrogates import (
     reinforce,
     sapo,
     surrogate,
+    topr,
     vespo,
 )
 
@@ -123,5 +124,6 @@ __all__ = [
     "token_entropy",
     "token_mean",
     "token_sum",
+    "topr",
     "vespo",
 ]

@@ -45,6 +45,7 @@ from grouprl.losses.ratio import (
     pessimistic_bounds,
     ratio_stats,
 )
+from grouprl.losses.topr import topr
 from grouprl.losses.trust_region import dppo_kl, dppo_tv, dro
 from grouprl.types import to_floats
 
@@ -67,6 +68,7 @@ __all__ = [
     "reinforce",
     "sapo",
     "surrogate",
+    "topr",
     "vespo",
 ]
 
@@ -253,6 +255,7 @@ SURROGATES: dict[str, SurrogateFn] = {
     "dppo_tv": dppo_tv,
     "dppo_kl": dppo_kl,
     "dro": dro,
+    "topr": topr,
 }
 """Surrogate name -> function ``(logp, old_logp, adv, mask, *, stats=True, **params) ->
 (per_token, stats)``."""
@@ -260,6 +263,7 @@ SURROGATES: dict[str, SurrogateFn] = {
 
 CLIPPED: frozenset[str] = frozenset(
     {"ppo_clip", "cispo", "gspo", "sapo", "gmpo", "vespo", "kl_cov", "dppo_tv", "dppo_kl", "dro"}
+    | {"topr"}
 )
 """Surrogates whose clip, gate, weight or penalty depends on ρ = π/π_old: it can only act once
 the policy has moved, i.e. from the second optimizer step on the same generation batch; at
