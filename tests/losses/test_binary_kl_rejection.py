@@ -20,7 +20,7 @@ from grouprl import losses
 from grouprl.losses.divergence_rs import token_divergence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "advantages"))
-import openrlhf_ref as ref  # noqa: E402
+import openrlhf_ref as ref
 
 F64 = torch.float64
 
