@@ -54,6 +54,7 @@ from grouprl.losses.kl import (
     token_entropy,
 )
 from grouprl.losses.objective import Objective, objective
+from grouprl.losses.sample_weights import sample_weights
 from grouprl.losses.surrogates import (
     CLIPPED,
     SURROGATES,
@@ -115,6 +116,7 @@ __all__ = [
     "on_policy_warning",
     "ppo_clip",
     "reinforce",
+    "sample_weights",
     "sapo",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
