@@ -9,10 +9,31 @@ not only their difference: the binary KL of a token depends on how likely it was
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["DIVERGENCES", "DROPS", "PROB_CLAMP", "binary_kl_rejection", "token_divergence"]
+from grouprl.losses.ratio import LOG_RATIO_CLAMP
+
+__all__ = [
+    "DIVERGENCES",
+    "DROPS",
+    "PROB_CLAMP",
+    "RejectionParts",
+    "binary_kl_rejection",
+    "token_divergence",
+]
+
+
+class RejectionParts(NamedTuple):
+    """What :func:`binary_kl_rejection` returns: the fields of ``correction.Parts``
+    (``weight [N, T]``, ``keep [N, T]`` bool, ``stats``), defined here because
+    :mod:`grouprl.losses.correction` imports this module for its registry."""
+
+    weight: torch.Tensor
+    keep: torch.Tensor
+    stats: dict[str, torch.Tensor]
+
 
 PROB_CLAMP = 1e-6
 """Probabilities are clamped to ``[1e-6, 1 − 1e-6]`` before the logs (OpenRLHF 0.11.2
@@ -52,7 +73,7 @@ def binary_kl_rejection(
     divergence: str = "binary_kl",
     drop: str = "reject",
     is_weight: bool = False,
-):
+) -> RejectionParts:
     """Reject tokens / sequences whose binary KL (or TV) to the rollout exceeds ``threshold``.
 
     The statistic is :func:`token_divergence` per token (``level="token"``) or its mean over
@@ -71,8 +92,6 @@ def binary_kl_rejection(
     Stats: ``rejected_frac`` (valid tokens dropped), ``rejected_seq_frac`` (sequences that
     lost a token), ``divergence_mean`` (token mean of the statistic).
     """
-    from grouprl.losses.correction import SAFETY_BOUND, Parts  # correction imports this module
-
     if not isinstance(threshold, int | float) or not (math.isfinite(threshold) and threshold >= 0):
         raise ValueError(
             f"binary_kl: needs threshold >= 0, the largest {divergence} kept (an upper bound "
@@ -93,7 +112,7 @@ def binary_kl_rejection(
     dropped = mask & ~ok
     weight = m
     if is_weight:
-        weight = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * m
+        weight = torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)) * m
     if drop == "zero":
         weight, keep = weight * ok.to(weight.dtype), mask.clone()
     else:
@@ -105,4 +124,4 @@ def binary_kl_rejection(
         "rejected_seq_frac": dropped.any(-1).to(m.dtype).sum() / n_rows,
         "divergence_mean": div_mean,
     }
-    return Parts(weight, keep, stats)
+    return RejectionParts(weight, keep, stats)
