@@ -439,7 +439,7 @@ def test_registered_losses_equal_verls_and_backpropagate(ours, theirs, config, m
 
 
 NEW_LOSSES = [
-    # issue 22: (grouprl name, verl name, ActorConfig fields, PolicyLossConfig fields, modes)
+    # the peers' methods: (grouprl name, verl name, ActorConfig fields, PolicyLossConfig fields, modes)
     ("grouprl_sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, {}, ["seq-mean-token-mean"]),
     ("grouprl_gmpo", "geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.3}, {}, ["seq-mean-token-mean"]),
     ("grouprl_clip_cov", "clip_cov", {}, {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0}, ["token-mean", "token-sum"]),

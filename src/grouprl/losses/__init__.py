@@ -49,13 +49,16 @@ from grouprl.losses.kl import (
     k2,
     k3,
     kl,
+    kl_autograd,
     kl_corrected,
+    kl_corrected_autograd,
     kl_names,
     token_entropy,
 )
 from grouprl.losses.objective import Objective, objective
 from grouprl.losses.sample_weights import sample_weights
 from grouprl.losses.surrogates import (
+    AUTOGRAD_FORMS,
     CLIPPED,
     SURROGATES,
     ZERO_AT_ZERO_ADVANTAGE,
@@ -79,6 +82,7 @@ from grouprl.losses.surrogates import (
 
 __all__ = [
     "AGGREGATIONS",
+    "AUTOGRAD_FORMS",
     "CLIPPED",
     "CORRECTIONS",
     "EXACT_UNDER_ACCUMULATION",
@@ -106,7 +110,9 @@ __all__ = [
     "k2",
     "k3",
     "kl",
+    "kl_autograd",
     "kl_corrected",
+    "kl_corrected_autograd",
     "kl_cov",
     "kl_cov_select",
     "kl_names",

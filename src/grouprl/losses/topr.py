@@ -9,10 +9,17 @@ import math
 
 import torch
 
-from grouprl.losses.ratio import check_inputs, linearized, masked_log_ratio, ratio_stats
+from grouprl.losses.ratio import (
+    autograd_inputs,
+    autograd_masked,
+    check_inputs,
+    linearized,
+    masked_log_ratio,
+    ratio_stats,
+)
 from grouprl.types import to_floats
 
-__all__ = ["RATIO_LEVELS", "topr", "topr_weights"]
+__all__ = ["RATIO_LEVELS", "topr", "topr_autograd", "topr_weights"]
 
 RATIO_LEVELS = ("seq_mean", "seq_sum")
 """How TOPR's sequence ratio is formed from the token log-ratios: ``seq_mean`` =
@@ -58,6 +65,16 @@ def topr_weights(
     return weight, seq_ratio
 
 
+def _check_bounds(ratio_low: float, ratio_high: float) -> None:
+    if not (math.isfinite(ratio_low) and math.isfinite(ratio_high) and ratio_low >= 0):
+        raise ValueError(
+            f"topr: ratio_low / ratio_high must be finite with ratio_low >= 0, got "
+            f"{ratio_low} / {ratio_high}"
+        )
+    if ratio_high < ratio_low:
+        raise ValueError(f"topr: ratio_high {ratio_high} is below ratio_low {ratio_low}")
+
+
 def topr(
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -87,13 +104,7 @@ def topr(
     ``taper_weight_mean`` (mean w over sequences with a valid token; verl's
     ``actor/topr_taper_weight_mean``), ``negative_frac`` (sequences with A < 0).
     """
-    if not (math.isfinite(ratio_low) and math.isfinite(ratio_high) and ratio_low >= 0):
-        raise ValueError(
-            f"topr: ratio_low / ratio_high must be finite with ratio_low >= 0, got "
-            f"{ratio_low} / {ratio_high}"
-        )
-    if ratio_high < ratio_low:
-        raise ValueError(f"topr: ratio_high {ratio_high} is below ratio_low {ratio_low}")
+    _check_bounds(ratio_low, ratio_high)
     lp, old, adv, mask = check_inputs(logp, old_logp, adv, mask)
     with torch.no_grad():
         log_ratio = masked_log_ratio(lp, old, mask)  # [N, T], 0 at padding
@@ -120,3 +131,27 @@ def topr(
     else:
         per_token = linearized(logp, value, slope * mask)
     return per_token, ({} if values is None else to_floats(values))
+
+
+def topr_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    ratio_low: float = 0.0,
+    ratio_high: float = 1.0,
+    ratio_level: str = "seq_mean",
+) -> torch.Tensor:
+    """:func:`topr` in plain autograd: ``−A·sg(w_i)·logp`` with :func:`topr_weights`."""
+    _check_bounds(ratio_low, ratio_high)
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    weight, _ = topr_weights(
+        (lp - old).detach() * m,
+        a,
+        m,
+        ratio_low=ratio_low,
+        ratio_high=ratio_high,
+        ratio_level=ratio_level,
+    )
+    return autograd_masked(-a * weight.detach() * lp, m)
