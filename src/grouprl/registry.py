@@ -57,6 +57,8 @@ INPUTS: dict[str, str] = {
     "the declaration's select= from one no-grad forward before the first backward",
     "current_logp": "the current policy's log-probs (a rollout correction computed per "
     "micro-batch inside the loss, against the rollout engine's log-probs)",
+    "train_logp": "the trainer's log-probs of the batch [N, T] (a rollout correction)",
+    "rollout_logp": "the rollout engine's log-probs of the batch [N, T] (a rollout correction)",
 }
 """Input name -> what the trainer provides under that name (``train/inputs.py`` provides
 each one; ``tests/train/test_inputs.py`` holds the two lists equal)."""

@@ -53,12 +53,16 @@ from grouprl.losses.kl import (
     k2,
     k3,
     kl,
+    kl_autograd,
     kl_corrected,
+    kl_corrected_autograd,
     kl_names,
     token_entropy,
 )
 from grouprl.losses.objective import Objective, objective
+from grouprl.losses.sample_weights import sample_weights
 from grouprl.losses.surrogates import (
+    AUTOGRAD_FORMS,
     CLIPPED,
     SURROGATES,
     ZERO_AT_ZERO_ADVANTAGE,
@@ -76,11 +80,13 @@ from grouprl.losses.surrogates import (
     reinforce,
     sapo,
     surrogate,
+    topr,
     vespo,
 )
 
 __all__ = [
     "AGGREGATIONS",
+    "AUTOGRAD_FORMS",
     "CLIPPED",
     "CORRECTIONS",
     "EXACT_UNDER_ACCUMULATION",
@@ -108,7 +114,9 @@ __all__ = [
     "k2",
     "k3",
     "kl",
+    "kl_autograd",
     "kl_corrected",
+    "kl_corrected_autograd",
     "kl_cov",
     "kl_cov_select",
     "kl_names",
@@ -122,6 +130,7 @@ __all__ = [
     "register_kl",
     "register_surrogate",
     "reinforce",
+    "sample_weights",
     "sapo",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
@@ -131,6 +140,7 @@ __all__ = [
     "token_entropy",
     "token_mean",
     "token_sum",
+    "topr",
     "vespo",
 ]
 
@@ -241,8 +251,9 @@ correction_axis = registry.Axis(
     "rollout correction",
     CORRECTIONS,
     positional=("log_ratio", "mask", "adv"),
-    inputs=("current_logp",),
+    inputs=("current_logp", *correction.LOGP_INPUTS),
     keywords={"current_logp": None},
+    skip=correction.LOGP_INPUTS,
     example="(log_ratio [N, T], mask [N, T] bool, adv [N] | None = None, *, **settings) -> "
     "correction.Parts",
 )
@@ -251,6 +262,10 @@ method's log-ratio the current policy's against the rollout engine's, computed p
 micro-batch inside the loss (``opsm``); the others run once per batch."""
 for _name in correction.USES_CURRENT_POLICY:
     correction_axis.declare(_name, reads={"current_logp"})
+for _name, _fn in CORRECTIONS.items():  # the log-probs themselves, as correction.compute gives
+    _takes = set(inspect.signature(_fn).parameters) & set(correction.LOGP_INPUTS)
+    if _takes:
+        correction_axis.declare(_name, reads=_takes)
 
 
 def register_aggregation(name: str, fn: Any = None, **declaration: Any) -> Any:

@@ -104,5 +104,7 @@ LOSS: Mapping[str, str] = {
     "entropy": "train.update: the policy's log-probs with entropy=True",
     "step_selection": "train.update.step_selection: the surrogate's select over the step",
     "current_logp": "train.update: the rollout correction of the micro-batch's log-probs",
+    "train_logp": "losses.correction.compute: the batch's log-probs at the training precision",
+    "rollout_logp": "losses.correction.compute: the rollout engine's log-probs (stage 2b)",
 }
 """Loss-side inputs, provided inside the update (where each is computed)."""

@@ -160,7 +160,7 @@ def schedule_lines(cfg: RunConfig, preset: Any) -> list[str]:
     A clip-based surrogate at one optimizer step per batch is a one-line note when that is
     the preset's own schedule (its sources': ``losses.on_policy_note``) and a warning with
     what to set when ``optim.minibatches`` / ``optim.ppo_epochs`` chose another one
-    (``losses.on_policy_warning``) [OURS: issue 25, the default run opened on a warning].
+    (``losses.on_policy_warning``) [OURS: a warning is for a schedule the user changed].
     """
     schedule = cfg.schedule(preset)  # the preset's update schedule unless optim sets it
     n, epochs = schedule.minibatches, schedule.ppo_epochs
