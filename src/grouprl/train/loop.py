@@ -10,13 +10,16 @@ One step, its stages in order, the step's tensors as locals::
     2b.  correction    rollouts sampled at another precision (model.rollout_precision): the
                        behaviour log-probs recomputed at the training precision, mismatch/*
                        metrics, the preset's rollout correction      (rollout_correction)
-    3.   advantages    advantages.compute(preset) → per sample: adv [N], keep [N], kl_weight [N]
+    3.   advantages    advantages.compute(preset) with the inputs the preset's methods
+                       declare (Preset.reads, provided by name: train/inputs.py) → per
+                       sample: adv [N], keep [N], kl_weight [N]   (step_advantages)
     4.   reference     ref_logp [N, T] (β > 0 only); the controller's clip bounds; all of it
                        one frozen Targets (train/targets.py)
     5.   update        epochs × minibatches of whole groups; each minibatch is one AdamW step
                        whose micro-batches share one StepTotals and the step's token
-                       selections (top-entropy threshold, Clip-Cov / KL-Cov), so
-                       accumulation is exact                      (update_policy, below)
+                       selections (the top-entropy threshold, a surrogate's declared
+                       step_selection), so accumulation is exact; the objective's settings
+                       are the run's LossSpec      (train/update.py: update_policy)
     6.   metrics       one dict built explicitly: rollout counters, update means, the
                        diagnostics' step metrics, run-health warnings, stage times
 
