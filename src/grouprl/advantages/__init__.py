@@ -133,6 +133,10 @@ TRANSFORMS: dict[str, Callable[..., Any]] = {
 
 
 _ADVANTAGE_INPUTS = INPUTS
+_INPUT_HINTS = {
+    "lengths": "lengths=[P, G] (completion tokens)",
+    "baseline": "baseline=[P] (greedy rewards)",
+}
 
 estimator_axis = registry.Axis(
     "estimator",
@@ -471,7 +475,9 @@ def compute(
     if missing:
         raise ValueError(
             f"estimator {name!r} reads {', '.join(sorted(missing))}: pass "
-            + " and ".join(f"{k}= ({registry.INPUTS[k]})" for k in sorted(missing))
+            + " and ".join(
+                _INPUT_HINTS.get(k, f"{k}= ({registry.INPUTS[k]})") for k in sorted(missing)
+            )
         )
     if virtual is not None and reads:
         raise ValueError(

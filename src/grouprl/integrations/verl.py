@@ -940,9 +940,6 @@ def _follow(declaration: Any) -> None:
             make_policy_loss(name),
             core_algos.register_policy_loss,
         )
-    else:
-        return
-    REGISTERED.append(PREFIX + name)
 
 
 registry.on_register(_follow)
