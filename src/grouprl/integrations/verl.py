@@ -423,7 +423,9 @@ def _apply_singleton_rule(
 ) -> torch.Tensor:
     """verl's singleton rule on ``values [P, W]``: a lone sample's advantage is its reward."""
     single = (counts == 1)[:, None] & ~torch.isnan(rewards)  # [P, W]
-    lone = rewards / (1.0 + eps) if name in _SIGMA_EPS_ESTIMATORS else rewards
+    # verl's singleton std is torch.tensor(1.0), float32: 1 + eps in float32, as verl has it
+    denom = (torch.tensor(1.0) + eps).to(rewards.device)
+    lone = rewards / denom if name in _SIGMA_EPS_ESTIMATORS else rewards
     return torch.where(single, lone, values)
 
 
