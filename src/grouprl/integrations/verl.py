@@ -135,8 +135,8 @@ SINGLETON_RULES = ("zero", "verl")
 
 ``"zero"`` (default, ALGORITHMS.md §0): no baseline exists, advantage 0. ``"verl"``: verl's
 rule (``compute_grpo_outcome_advantage`` / ``group_mean_std``: mean 0, std 1 for a
-singleton): the raw reward, divided by ``1 + eps`` for the estimators that divide by a
-per-group ``σ + eps`` (:data:`_SIGMA_EPS_ESTIMATORS`).
+singleton): the raw reward, divided by ``1 + eps`` (in float32, verl's ``torch.tensor(1.0)``)
+for the estimators that divide by a per-group ``σ + eps`` (:data:`_SIGMA_EPS_ESTIMATORS`).
 """
 
 _SIGMA_EPS_ESTIMATORS = frozenset({"grpo", "grpo_beta_comp"})
