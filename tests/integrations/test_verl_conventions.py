@@ -84,6 +84,12 @@ def test_a_keyword_the_estimator_cannot_honour_is_refused_by_name():
         ours("grpo")(tlr, mask, index, reward_baselines=torch.zeros(N))
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo=False does not change"):
         ours("grpo_beta_comp")(tlr, mask, index, norm_adv_by_std_in_grpo=False)
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo=False does not change"):
+        cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})
+        ours("grpo_beta_comp")(tlr, mask, index, config=cfg)
+    cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})  # verl's rloo ignores it too
+    want, _ = core_algos.compute_rloo_outcome_advantage(tlr, mask, index, config=cfg)
+    torch.testing.assert_close(ours("rloo")(tlr, mask, index, config=cfg)[0], want)
 
 
 # --------------------------------------------------------------------------- (b) dtype

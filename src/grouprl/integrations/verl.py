@@ -536,8 +536,9 @@ def _call_keywords(name: str, extra: dict[str, Any], config: Any, kwargs: dict[s
 
     ``epsilon`` (verl's σ floor, 1e-6) is our ``eps``; ``norm_adv_by_std_in_grpo`` (the
     keyword, else ``config.norm_adv_by_std_in_grpo``) selects Dr. GRPO for ``grpo`` and sets
-    ``norm_by_std`` for ``grpo_passk`` (verl reads it from the config there); a keyword the
-    estimator cannot honour is a ValueError naming it.
+    ``norm_by_std`` for ``grpo_passk`` (verl reads it from the config there); ``False`` for
+    ``grpo_beta_comp`` (config or keyword) or as a keyword for any other estimator is a
+    ValueError naming it, as is any keyword the estimator cannot honour.
     """
     params = adv_lib.TOKEN_ESTIMATORS.get(name, adv_lib.ESTIMATORS.get(name))
     params = params.__kwdefaults__ or {}
@@ -564,7 +565,7 @@ def _call_keywords(name: str, extra: dict[str, Any], config: Any, kwargs: dict[s
         return _STD_SWITCH[name]
     if name == "grpo_passk":
         kwargs["norm_by_std"] = norm
-    elif explicit and not norm:
+    elif not norm and (explicit or name in _SIGMA_EPS_ESTIMATORS):
         raise ValueError(
             f"norm_adv_by_std_in_grpo=False does not change {PREFIX + name}; it applies to "
             f"{PREFIX}grpo (Dr. GRPO) and {PREFIX}grpo_passk"
