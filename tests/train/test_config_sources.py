@@ -88,3 +88,18 @@ def test_print_config_prints_and_trains_nothing(tmp_path, capsys):
 def test_types_are_checked_by_the_field_types(override, message):
     with pytest.raises(C.ConfigError, match=message):
         C.load_config(None, [override])
+
+
+def test_valid_names_come_from_the_registries(monkeypatch):
+    from grouprl.rollout import hf
+    from grouprl.train import policy
+
+    with pytest.raises(C.ConfigError, match=f"sampling.draw must be one of {', '.join(hf.DRAWS)}"):
+        C.load_config(None, ["sampling.draw=gumbel"])
+    monkeypatch.setattr(hf, "DRAWS", (*hf.DRAWS, "gumbel"))
+    assert C.load_config(None, ["sampling.draw=gumbel"]).sampling.draw == "gumbel"
+    with pytest.raises(C.ConfigError, match="model.autocast must be one of none, bfloat16, bf16"):
+        C.load_config(None, ["model.autocast=fp8"])
+    monkeypatch.setattr(policy, "PRECISIONS", {**policy.PRECISIONS, "fp8": None})
+    assert C.load_config(None, ["model.autocast=fp8"]).model.autocast == "fp8"
+    assert C.load_config(None, ["model.rollout_precision=fp8"]).model.rollout_precision == "fp8"

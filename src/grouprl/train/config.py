@@ -427,8 +427,10 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.temperature and eval.temperature must be > 0")
     if not 0 < s.top_p <= 1:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p}")
-    if s.draw not in ("inverse_cdf", "multinomial"):
-        raise ConfigError(f"sampling.draw must be inverse_cdf or multinomial, got {s.draw!r}")
+    from grouprl.rollout.hf import DRAWS  # the sampler's own list of draws
+
+    if s.draw not in DRAWS:
+        raise ConfigError(f"sampling.draw must be one of {', '.join(DRAWS)}, got {s.draw!r}")
     if s.pool_size < 0 or 0 < s.pool_size < s.prompts_per_step:
         raise ConfigError(
             f"sampling.pool_size must be 0 (automatic) or at least sampling.prompts_per_step="
@@ -508,11 +510,16 @@ def _check_model_runtime(m: ModelConfig) -> None:
     """dtype, autocast, attention and device spellings (availability is checked at set-up)."""
     if m.dtype not in _DTYPES:
         raise ConfigError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {m.dtype!r}")
-    if m.autocast not in ("none", "bfloat16", "bf16"):
-        raise ConfigError(f"model.autocast must be none or bfloat16, got {m.autocast!r}")
-    if m.rollout_precision not in ("same", "none", "bfloat16", "bf16"):
+    from grouprl.train.policy import PRECISIONS  # the policy's own list of precisions
+
+    if m.autocast not in PRECISIONS:
         raise ConfigError(
-            f"model.rollout_precision must be same, none or bfloat16, got {m.rollout_precision!r}"
+            f"model.autocast must be one of {', '.join(PRECISIONS)}, got {m.autocast!r}"
+        )
+    if m.rollout_precision not in ("same", *PRECISIONS):
+        raise ConfigError(
+            f"model.rollout_precision must be one of same, {', '.join(PRECISIONS)}, got "
+            f"{m.rollout_precision!r}"
         )
     if m.attention not in ("sdpa", "eager"):
         raise ConfigError(f"model.attention must be sdpa or eager, got {m.attention!r}")
