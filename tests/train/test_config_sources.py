@@ -7,6 +7,7 @@ source of a field by hand from which layer sets it.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -94,11 +95,13 @@ def test_valid_names_come_from_the_registries(monkeypatch):
     from grouprl.rollout import hf
     from grouprl.train import policy
 
-    with pytest.raises(C.ConfigError, match=f"sampling.draw must be one of {', '.join(hf.DRAWS)}"):
+    with pytest.raises(
+        C.ConfigError, match=re.escape(f"sampling.draw must be one of {', '.join(hf.DRAWS)}")
+    ):
         C.load_config(None, ["sampling.draw=gumbel"])
     monkeypatch.setattr(hf, "DRAWS", (*hf.DRAWS, "gumbel"))
     assert C.load_config(None, ["sampling.draw=gumbel"]).sampling.draw == "gumbel"
-    with pytest.raises(C.ConfigError, match="model.autocast must be one of none, bfloat16, bf16"):
+    with pytest.raises(C.ConfigError, match=r"model\.autocast must be one of none, bfloat16, bf16"):
         C.load_config(None, ["model.autocast=fp8"])
     monkeypatch.setattr(policy, "PRECISIONS", {**policy.PRECISIONS, "fp8": None})
     assert C.load_config(None, ["model.autocast=fp8"]).model.autocast == "fp8"
