@@ -82,6 +82,7 @@ def _trainer(s, task, model, tok, out):
     return model
 
 
+@pytest.mark.slow
 def test_the_one_file_grpo_ends_with_the_trainers_parameters(setup, tmp_path):
     ex, s, task, model, tok = setup
     start = {k: v.detach().clone() for k, v in model.named_parameters()}
