@@ -95,19 +95,28 @@ def grpo_step(model, optimizer, tokenizer, task, step, s: Settings, gen, forward
     rows = adv.view(s.prompts, s.group).ne(0).any(1).repeat_interleave(s.group).nonzero()[:, 0]
     mask = roll.completion_mask.float()  # [N, T]
     totals = losses.step_totals(mask)  # the mean runs over every sequence, skipped ones too
-    logp = forward(model, roll, rows, s.temperature)  # 5. [n, T]
-    per_token, stats = losses.ppo_clip(  # 6. [n, T]
-        logp, roll.old_logp[rows].float(), adv[rows], mask[rows],
-        eps_low=s.clip_eps, eps_high=s.clip_eps,
-    )  # fmt: skip
-    loss = losses.aggregate("seq_mean_token_mean", per_token, mask[rows], totals)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    stats, loss = {}, torch.zeros(())
+    if len(rows):
+        logp = forward(model, roll, rows, s.temperature)  # 5. [n, T]
+        per_token, stats = losses.ppo_clip(  # 6. [n, T]
+            logp, roll.old_logp[rows].float(), adv[rows], mask[rows],
+            eps_low=s.clip_eps, eps_high=s.clip_eps,
+        )  # fmt: skip
+        loss = losses.aggregate("seq_mean_token_mean", per_token, mask[rows], totals)
+        loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
+    if not len(rows):  # every group collapsed: a zero gradient, and AdamW still steps
+        for p in params:
+            p.grad = torch.zeros_like(p)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, s.grad_clip)
     optimizer.step()
-    return {"reward": float(rewards.mean()), "loss": float(loss.detach()), "grad_norm": float(grad_norm),
-            "ratio_max": stats["ratio_max"]}  # fmt: skip
+    return {
+        "reward": float(rewards.mean()),
+        "loss": float(loss.detach()),
+        "grad_norm": float(grad_norm),
+        "ratio_max": stats.get("ratio_max", 1.0),
+    }
 
 
 def seed_everything(seed: int) -> None:

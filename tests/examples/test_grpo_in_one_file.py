@@ -111,3 +111,15 @@ def test_the_plain_forward_is_the_trainers_to_float_precision(setup):
         got = ex.current_logprobs(model, roll, rows, s.temperature)
         want = _trainers_forward(model, roll, rows, s.temperature)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_where_every_group_collapsed_moves_nothing(setup):
+    # an untrained model solves no maze: every group all-wrong, every advantage 0; the step
+    # is AdamW's on a zero gradient, which leaves the weights where they are (m = v = 0)
+    ex, s, task, _, tok = setup
+    model, _ = models.load("tiny", task=task, seed=s.seed)
+    start = {k: v.detach().clone() for k, v in model.named_parameters()}
+    seen = []
+    out = ex.train(s, model, tok, task, say=seen.append)
+    assert "reward 0.0000" in seen[-1] and "grad_norm 0.0000" in seen[-1]
+    assert all(torch.equal(v, start[k]) for k, v in out.named_parameters())
