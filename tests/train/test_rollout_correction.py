@@ -162,7 +162,7 @@ def test_a_correction_with_matched_precision_says_so(tmp_path, capsys):
 
 def test_bad_settings_are_config_errors(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"model\.rollout_precision must be same, none or bfloat16"
+        ConfigError, match=r"model\.rollout_precision must be one of same, none, bfloat16"
     ):
         load_config(None, ["model.rollout_precision=fp8", f"run.out={tmp_path}"])
     with pytest.raises(ConfigError, match="unknown rollout correction 'icepo'; valid corrections"):
