@@ -123,6 +123,7 @@ def test_shaping_metrics_known_answer():
     m = shaping_metrics(rewards, cut)
     assert m == {
         "truncated/trained_frac": pytest.approx(3 / 7),
+        "truncated/trained_count": 3.0,
         "truncated/floor_frac": 1.0,
         "truncated/finished_floor_frac": pytest.approx(1 / 4),  # (0,1) of 4 scored finished
     }
@@ -135,21 +136,31 @@ def test_shaping_metrics_known_answer():
 
 
 def test_truncation_zeroed_fires_on_cut_answers_scored_at_the_floor():
-    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, float("nan"), 0.0]])
-    cut = torch.tensor([[False, False, True, True], [False, False, False, True]])
+    nan = float("nan")
+    # 2 x 8, one NaN: 5 cut completions (row 0's last four, row 1's last), all at 0; of the
+    # 10 scored finished ones 2 are at 0. Were truncation irrelevant, all 5 at the floor
+    # would have the chance 0.2^5 = 3.2e-4 <= 0.01
+    rewards = torch.tensor([[1.0, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 0, nan, 0]])
+    cut = torch.zeros(2, 8, dtype=torch.bool)
+    cut[0, 4:] = True
+    cut[1, 7] = True
     h = RunHealth()
     (line,) = h.update(3, shaping_metrics(rewards, cut))
     assert line.startswith(
-        "[truncation_zeroed] step 3: 43% of the trained completions were cut at the token "
-        "limit and 100% of them score the reward floor (25% of finished ones do)"
+        "[truncation_zeroed] step 3: 33% of the trained completions were cut at the token "
+        "limit and 100% of them score the reward floor (20% of finished ones do)"
     )
     assert "overlong='mask'" in line and "mask_truncated_completions=True" in line
     # the same batch with the cut completions masked out of the loss: nothing trained on
     assert RunHealth().update(3, shaping_metrics(rewards, torch.zeros_like(cut))) == []
-    # a cut answer that scores 1 (the verifier reads partial answers): 2 of 3 at the floor
+    # a cut answer that scores 1 (the verifier reads partial answers): 4 of 5 at the floor
     ok = rewards.clone()
-    ok[0, 2] = 1.0
+    ok[0, 4] = 1.0
     assert RunHealth().update(3, shaping_metrics(ok, cut)) == []
+    # only row 1's cut one, at 0, where 6 of the 14 finished are: chance 0.43 > 0.01, quiet
+    one = torch.zeros(2, 8, dtype=torch.bool)
+    one[1, 7] = True
+    assert RunHealth().update(3, shaping_metrics(rewards, one)) == []
 
 
 def test_the_new_rules_resume_exactly():

@@ -125,9 +125,11 @@ class HealthConfig:
     ``truncation_zeroed`` rule to look at them [OURS]."""
     trunc_floor: float = 0.95
     """Truncated completions scoring the reward floor at least this often, ... [OURS]"""
-    trunc_floor_gap: float = 0.2
-    """... and finished ones at least this much less often = the verifier zeroes cut-off
-    answers: the update teaches "shorter", not "correct" [OURS]."""
+    trunc_floor_chance: float = 0.01
+    """... where the chance that that many would if truncation did not matter, the finished
+    ones' floor share to the power of their number, is at most this = the verifier zeroes
+    cut-off answers: the update teaches "shorter", not "correct" [OURS: a one-sided binomial
+    bound, so a handful of cut samples in a mostly-wrong batch stays quiet]."""
 
 
 TREND_KEYS = ("policy/entropy_mean", "length/mean", "reward/mean", "reward/correct_mean")
@@ -635,9 +637,11 @@ class RunHealth:
         share = m.get("truncated/trained_frac")
         floor = m.get("truncated/floor_frac")
         finished = m.get("truncated/finished_floor_frac")
-        if share is None or floor is None or finished is None or not share >= c.trunc_floor_min:
+        count = m.get("truncated/trained_count")
+        if None in (share, floor, finished, count) or not share >= c.trunc_floor_min:
             return []
-        if not (floor >= c.trunc_floor and finished <= floor - c.trunc_floor_gap):
+        chance = finished ** (count * floor)  # all of them at the floor by the base rate
+        if not (floor >= c.trunc_floor and chance <= c.trunc_floor_chance):
             return []
         return [
             Finding(

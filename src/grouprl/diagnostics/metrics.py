@@ -142,8 +142,8 @@ def shaping_metrics(
         verifier_rewards: ``[P, G]`` the verifier's rewards before shaping (soft overlong
             penalty, extra reward terms), or None when the rewards are the verifier's.
 
-    Keys: ``truncated/trained_frac`` (share of the scored samples that are truncated and
-    trained on), ``truncated/floor_frac`` and ``truncated/finished_floor_frac`` (share of the
+    Keys: ``truncated/trained_frac`` and ``truncated/trained_count`` (share and number of the
+    scored samples that are truncated and trained on), ``truncated/floor_frac`` and ``truncated/finished_floor_frac`` (share of the
     truncated / the finished scored samples whose verifier reward is at the floor, within
     1e-6 of the range; 0.0 when there are none), and ``reward/correct_mean`` (mean verifier
     reward; only with ``verifier_rewards``) [OURS: the quantities the peers' users compute
@@ -158,6 +158,7 @@ def shaping_metrics(
     f = torch.float64
     out = {
         "truncated/trained_frac": cut.sum().to(f) / valid.sum().clamp_min(1),
+        "truncated/trained_count": cut.sum().to(f),
         "truncated/floor_frac": (cut & at_floor).sum().to(f) / cut.sum().clamp_min(1),
         "truncated/finished_floor_frac": (done & at_floor).sum().to(f) / done.sum().clamp_min(1),
     }
