@@ -176,3 +176,33 @@ def test_the_new_rules_resume_exactly():
     resumed.load_state_dict(copy.deepcopy(first.state_dict()))
     got += _feed(resumed, rows[13:], start=13)
     assert got == want and resumed.state_dict() == whole.state_dict()
+
+
+def test_kept_mass_bias_of_a_renormalising_engine_and_the_truncated_sampling_rule():
+    from grouprl.diagnostics import mismatch_metrics
+
+    # two positions; top-p 0.7 keeps {0.5, 0.3} of [0.5, 0.3, 0.15, 0.05] (mass above 0.15 is
+    # 0.8 >= 0.7) and {0.9} of [0.9, 0.06, 0.04]: kept masses 0.8 and 0.9. An engine returning
+    # log(p / M) for the drawn tokens 0, 1 (row 0) and 0 (row 1) against the trainer's log p
+    p = [[0.5, 0.3], [0.9, 0.9]]
+    mass = [[0.8, 0.8], [0.9, 0.9]]
+    train = torch.tensor(p).log()
+    roll = (torch.tensor(p) / torch.tensor(mass)).log()
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    m = mismatch_metrics(train, roll, mask)
+    assert m["mismatch/ratio_mean"] == pytest.approx((0.8 + 0.8 + 0.9) / 3)
+    assert m["mismatch/ratio_le1_frac"] == 1.0 and m["mismatch/ratio_max"] == pytest.approx(0.9)
+    (line,) = [x for x in RunHealth().update(1, m) if x.startswith("[truncated_sampling]")]
+    assert line.startswith(
+        "[truncated_sampling] step 1: no token's ratio pi_train/pi_rollout exceeds 1 (max 0.9, "
+        "mean ratio 0.833 = the mean kept mass)"
+    )
+    # engine noise on both sides of 1: quiet
+    g = torch.Generator().manual_seed(0)
+    noisy = train + 0.05 * torch.randn(train.shape, generator=g)
+    m2 = mismatch_metrics(train, noisy, mask)
+    assert m2["mismatch/ratio_max"] > 1
+    assert not [x for x in RunHealth().update(1, m2) if x.startswith("[truncated_sampling]")]
+    # the same log-probs on both sides (the trainer's own sampler): quiet
+    same = mismatch_metrics(train, train, mask)
+    assert RunHealth().update(1, same) == []

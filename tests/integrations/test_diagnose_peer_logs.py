@@ -304,3 +304,45 @@ def test_trl_completions_with_an_accuracy_column_feed_the_hacking_rule(tmp_path)
     d = diagnose_groups(gf, reward_range=(0.0, 2.0))
     (hack,) = [w for w in d.warnings if w.startswith("[reward_hacking]")]
     assert "rose by +1 " in hack and "moved by +0 " in hack
+
+
+def test_truncated_sampling_read_from_trl_and_verl_logs(tmp_path, monkeypatch, capsys):
+    transformers = pytest.importorskip("transformers")
+    # TRL's logged IS ratios of a vLLM that renormalised over top-p: all <= 1
+    history = [
+        {
+            "step": 1,
+            "sampling/sampling_logp_difference/mean": 0.08,
+            "sampling/sampling_logp_difference/max": 0.4,
+            "sampling/importance_sampling_ratio/min": 0.67,
+            "sampling/importance_sampling_ratio/mean": 0.92,
+            "sampling/importance_sampling_ratio/max": 1.0,
+        }
+    ]
+    trl_dir = tmp_path / "trl"
+    trl_dir.mkdir()
+    transformers.TrainerState(log_history=history).save_to_json(str(trl_dir / "trainer_state.json"))
+    assert main(["diagnose", str(trl_dir), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "[truncated_sampling] step 1: no token's ratio pi_train/pi_rollout exceeds 1 (max 1" in out
+    )
+    assert "mean ratio 0.92 = the mean kept mass" in out
+    # verl's own rollout_corr metrics where the engine's log-probs sit above the trainer's by
+    # the log of a kept mass (0.9 at every token)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tracking = pytest.importorskip("verl.utils.tracking")
+        rch = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
+    path = tmp_path / "exp.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
+    logger = tracking.FileLogger("proj", "exp")
+    old = -torch.rand(6, 5, generator=torch.Generator().manual_seed(0)) * 2
+    _, _, metrics = rch.compute_rollout_correction_and_rejection_mask(
+        old, old - math.log(0.9), torch.ones(6, 5), rollout_is="token", rollout_is_threshold=2.0
+    )
+    logger.log(metrics, 1)
+    logger.finish()
+    assert main(["diagnose", str(path), "--no-report"]) == 0
+    out = capsys.readouterr().out
+    assert "[truncated_sampling] step 1" in out and "mean ratio 0.9 =" in out

@@ -92,6 +92,13 @@ class HealthConfig:
     IcePop at their published bounds never act; ten times that calls for a correction]. Once
     on, the condition holds down to half of it (so a KL that hovers at the limit is one
     episode)."""
+    truncated_ratio_max: float = 1.0 + 1e-4
+    """Every token ratio π_train/π_rollout at most this (``mismatch/ratio_max``, or a peer's
+    logged ``corr/weight_max``), ... [OURS: an engine's numerical noise scatters ratios to
+    both sides of 1; a renormalised truncated support puts every one at the kept mass ≤ 1]"""
+    truncated_gap: float = 1e-4
+    """... with a mean |log ρ| (``mismatch/kl_k1``, or ``mismatch/logp_diff_mean``) above
+    this = the rollout log-probs look renormalised over a truncated top-p / top-k support."""
     clip_frac: float = 0.2
     """Share of tokens clipped (``policy/clip_frac_low`` + ``policy/clip_frac_high``, or
     ``policy/clip_frac_region`` where a trainer logs no direction) above this = the update is
@@ -288,6 +295,7 @@ class RunHealth:
         findings += self._clip_rule(metrics)
         findings += self._trend_rules(metrics)
         findings += self._truncation_zeroed_rule(metrics)
+        findings += self._truncated_sampling_rule(metrics)
         return self._track(step, findings, metrics)
 
     def _track(self, step: int, findings: list[Finding], metrics: dict[str, float]) -> list[str]:
@@ -632,6 +640,33 @@ class RunHealth:
                 )
         return out
 
+    def _truncated_sampling_rule(self, m: dict[str, float]) -> list[Finding]:
+        c = self.config
+        top = m.get("mismatch/ratio_max", m.get("corr/weight_max"))
+        gap = m.get("mismatch/kl_k1", m.get("mismatch/logp_diff_mean"))
+        if (
+            top is None
+            or gap is None
+            or not (top <= c.truncated_ratio_max and gap > c.truncated_gap)
+        ):
+            return []
+        kept = m.get("mismatch/ratio_mean", m.get("corr/weight_mean"))
+        mass = f", mean ratio {kept:.3g} = the mean kept mass" if kept is not None else ""
+        return [
+            Finding(
+                "truncated_sampling",
+                gap,
+                f"no token's ratio pi_train/pi_rollout exceeds 1 (max {top:.4g}{mass}): the "
+                "rollout log-probs look renormalised over the top-p / top-k tokens the engine "
+                "kept, so every ratio carries the log of the kept mass, not a policy difference",
+                "score both sides on one support: full-softmax log-probs from the engine, or "
+                "the trainer's log-probs over the same kept tokens; a rollout correction would "
+                "reweight by the kept mass; sampling with top_p=1, top_k off removes it",
+                f"mean |log ratio| {gap:.2g}",
+                log_scale=True,
+            )
+        ]
+
     def _truncation_zeroed_rule(self, m: dict[str, float]) -> list[Finding]:
         c = self.config
         share = m.get("truncated/trained_frac")
@@ -716,6 +751,7 @@ _RULE_KEYS: dict[str, tuple[str, ...]] = {
     "length_drift": ("length/mean",),
     "reward_hacking": ("reward/correct_mean",),
     "truncation_zeroed": ("truncated/trained_frac",),
+    "truncated_sampling": ("mismatch/ratio_max", "corr/weight_max"),
 }
 """Rule -> the metrics it reads. Only a step that logs one of them can clear the rule's
 episode: an evaluation-only row, or a step between two R/KL measurements, leaves it as it is."""
