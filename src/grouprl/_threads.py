@@ -2,7 +2,7 @@
 
 torch's own default is one thread per physical core. On cores that other processes already
 keep busy that is the worst choice: every parallel region waits for a thread the scheduler
-has not run yet. Measured on the maze miniature, 20 steps on 2 cores (issue 25): idle, 11 s
+has not run yet. Measured on the maze miniature, 20 steps on 2 cores: idle, 11 s
 at two threads and 12 s at one; beside four busy processes, 105 s at two and 37 s at one.
 So auto takes the cores that the load average leaves free, at least one, at most torch's
 count: all of them on an idle laptop, one on a shared machine [OURS].
@@ -12,7 +12,7 @@ is imported (the command line does it), so its thread pools start at that size, 
 ``OMP_WAIT_POLICY=PASSIVE``: an OpenMP thread that waits sleeps instead of spinning. Spinning
 is what made two threads so slow on busy cores: at a load average of ~25 on the same 2 cores
 (nice 10), 20 steps took 2.8 s a step at one thread and 107 s a step at two (11 steps
-measured), and 5 steps at two with ``PASSIVE`` 2.0 s a step [OURS, issue 25]. A value the
+measured), and 5 steps at two with ``PASSIVE`` 2.0 s a step [OURS]. A value the
 user set for any of the three is kept, and auto then follows ``OMP_NUM_THREADS``.
 """
 

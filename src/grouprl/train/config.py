@@ -120,8 +120,8 @@ class SamplingConfig:
     max_new_tokens: int = 32
     draw: str = "inverse_cdf"
     """How a token is drawn (``grouprl.rollout.hf.DRAWS``): ``inverse_cdf`` (one uniform per
-    row) or ``multinomial`` (``torch.multinomial``, as HF and TRL, and grouprl before issue
-    26). The same distribution; the draws for one seed differ [OURS default: ~ the lm head's
+    row) or ``multinomial`` (``torch.multinomial``, as HF and TRL, to repeat runs
+    made with it). The same distribution; the draws for one seed differ [OURS default: ~ the lm head's
     cost saved per decode step on a 49k vocabulary]."""
     max_unscorable_frac: float = 0.5
     """Stop the run when more than this fraction of a step's rewards are NaN (unscorable):
@@ -199,7 +199,7 @@ class OptimConfig:
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the former maze default (5×5, 300 GRPO steps,
     32 x 8): 5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 ->
-    0.334/0.385); 2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate
+    0.334/0.385); 2e-4 (the rate of the maze prototype in docs/models.md) made pass@1 oscillate
     (0.10-0.16) and pass@16 fall to 0.28; 1e-4 was in between. Kept for the 4×4 miniature
     (docs/training.md, "The default run")."""
     weight_decay: float = 0.0
@@ -284,7 +284,7 @@ class RunSectionConfig:
     threads: int = 0
     """torch threads; 0 = auto (``grouprl._threads.choose_threads``): the cores the 1-minute
     load average leaves free, at least 1 and at most torch's own count, or
-    ``OMP_NUM_THREADS`` when set; a positive number is taken as it is. [OURS] issue 25: on 2
+    ``OMP_NUM_THREADS`` when set; a positive number is taken as it is. [OURS] on 2
     cores, 20 maze steps took 11 s idle at torch's two threads and 12 s at one, but beside four
     busy processes 105 s at two and 37 s at one (2.8x); ``benchmarks/train_step.py``
     measures a given count."""
@@ -294,8 +294,7 @@ class RunSectionConfig:
     instead of the heap's high-water mark; 0 = glibc's growing default (nothing set). [OURS,
     measured] 128 makes one SmolLM2 step peak at 4.10 GB instead of 4.53 GB, but every freed
     block of 128 KiB or more is a munmap and its next use page faults: the default maze run
-    took 132 s instead of 75 s from an empty cache (54.8 s instead of 1.1 s of system time; 2
-    idle cores, load 0.7-1.2, torch 2.13), so it is opt-in: ``--set run.mmap_threshold_kib=128``
+    took 132 s instead of 75 s from an empty cache (54.8 s instead of 1.1 s of system time, docs/results.md), so it is opt-in: ``--set run.mmap_threshold_kib=128``
     where the peak memory matters more than the time."""
     save_final: bool = True
     """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
@@ -471,8 +470,8 @@ LOGGERS: dict[str, tuple[str, str]] = {
 
 
 def _check_loggers(run: RunSectionConfig) -> None:
-    """A logger asked for (true) but not installed is an error before the run [OURS: issue
-    25, ``run.wandb=true`` without wandb ran to the end without a word]."""
+    """A logger asked for (true) but not installed is an error before the run [OURS: ``run.wandb=true``
+    without wandb must not run to the end without a word]."""
     for name, (module, command) in LOGGERS.items():
         if getattr(run, name) is True and importlib.util.find_spec(module) is None:
             raise ConfigError(
@@ -761,7 +760,7 @@ MAZE_MINIATURE: dict[str, dict[str, Any]] = {
 """What ``grouprl train`` runs with no arguments: 4×4 mazes with 1–5-move answers (the maze
 reproduction's regime, reproductions/maze), a 700-step warm start, 150 GRPO steps of 16 mazes
 × 16 completions, at most 10 new tokens (an answer is ≤ 5 moves and EOS). [OURS] chosen by
-pilots (issue 25; docs/training.md, "The default run"): the former default (5×5, any path,
+pilots (docs/training.md, "The default run"): the former default (5×5, any path,
 1,400 SFT steps, 300 steps of 32 × 8) collapsed 72–81 % of its groups, mostly all-wrong, and
 printed a stall warning; here 16 completions a maze keep the collapse rate near 0.2–0.3, and
 the run fits in a few minutes on 2 cores."""
