@@ -103,8 +103,8 @@ class HealthConfig:
     """Share of tokens clipped (``policy/clip_frac_low`` + ``policy/clip_frac_high``, or
     ``policy/clip_frac_region`` where a trainer logs no direction) above this = the update is
     cut by its trust region on a large share of tokens [OURS: at one epoch on fresh samples
-    the first minibatch clips nothing; PPO practice reads clip fractions above ~0.2 as steps
-    too large for the clip range]."""
+    the first minibatch clips nothing; a fifth of the tokens cut means steps large for the
+    clip range]."""
     clip_side: float = 2 / 3
     """One bound holding at least this share of the clipped tokens names the direction
     (``high`` / ``low``); below it, ``both`` [OURS]."""
@@ -133,8 +133,9 @@ class HealthConfig:
     trunc_floor: float = 0.95
     """Truncated completions scoring the reward floor at least this often, ... [OURS]"""
     trunc_floor_chance: float = 0.01
-    """... where the chance that that many would if truncation did not matter, the finished
-    ones' floor share to the power of their number, is at most this = the verifier zeroes
+    """... where the chance that that many would if truncation did not matter (the finished
+    ones' floor share to the power of the number of truncated ones at the floor) is at most
+    this = the verifier zeroes
     cut-off answers: the update teaches "shorter", not "correct" [OURS: a one-sided binomial
     bound, so a handful of cut samples in a mostly-wrong batch stays quiet]."""
 
