@@ -263,6 +263,8 @@ SUMMARY_KEYS = (
     "mismatch/ratio_p01",
     "mismatch/ratio_p99",
     "mismatch/ratio_max",
+    "mismatch/ratio_mean",
+    "mismatch/ratio_le1_frac",
     "corr/weight_mean",
     "corr/weight_max",
     "corr/zeroed_frac",
