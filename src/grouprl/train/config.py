@@ -144,6 +144,18 @@ class SamplingConfig:
     every step), and ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs a pool when
     the preset sets none [OURS]. A dataset task with fewer rows gives a pool of its distinct
     rows."""
+    curriculum_low: float = 0.05
+    """Curriculum sampler (``algorithm.sampler=curriculum``, ``grouprl.sampling.
+    CurriculumSampler``): a prompt whose estimated pass rate falls below this is set aside."""
+    curriculum_high: float = 0.95
+    """... or rises above this [OURS: the band's edges]."""
+    curriculum_revisit: int = 20
+    """Steps a set-aside prompt waits before it is drawn again [OURS]."""
+    curriculum_decay: float = 0.5
+    """Weight of the old pass-rate counts at each visit (1 = never forget) [OURS]."""
+    curriculum_prior_strength: float = 2.0
+    """Pseudo-visits of the prior (the visited prompts' mean pass rate) an unseen prompt
+    starts from [OURS]."""
     max_resample_tries: int = 3
     """Dynamic sampling (DAPO): rounds of extra prompts before training on a short batch;
     DAPO's code uses ``max_num_gen_batches`` (0 = unlimited) [OURS default 3]."""
@@ -590,6 +602,11 @@ def _check_names(cfg: RunConfig) -> None:
         raise ConfigError(
             f"unknown prompt sampler algorithm.sampler={sampler!r}; valid: "
             f"{', '.join(sampling.names())}"
+        )
+    if sampler == "curriculum" and resolved.sampler_weight:
+        raise ConfigError(
+            "algorithm.sampler=curriculum gives no importance weight (its draws are not i.i.d.): "
+            "set algorithm.sampler_weight=false, or use the sigma sampler"
         )
     from grouprl import tasks
 
