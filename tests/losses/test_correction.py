@@ -233,6 +233,7 @@ SURROGATE_PARAMS = {
     "dppo_tv": {},
     "dppo_kl": {},
     "dro": {"beta": 0.1},
+    "topr": {},
 }
 
 

@@ -56,6 +56,7 @@ from grouprl.losses.kl import (
     token_entropy,
 )
 from grouprl.losses.objective import Objective, objective
+from grouprl.losses.sample_weights import sample_weights
 from grouprl.losses.surrogates import (
     AUTOGRAD_FORMS,
     CLIPPED,
@@ -75,6 +76,7 @@ from grouprl.losses.surrogates import (
     reinforce,
     sapo,
     surrogate,
+    topr,
     vespo,
 )
 
@@ -120,6 +122,7 @@ __all__ = [
     "on_policy_warning",
     "ppo_clip",
     "reinforce",
+    "sample_weights",
     "sapo",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
@@ -129,5 +132,6 @@ __all__ = [
     "token_entropy",
     "token_mean",
     "token_sum",
+    "topr",
     "vespo",
 ]

@@ -47,6 +47,7 @@ from grouprl.losses.ratio import (
     pessimistic_bounds,
     ratio_stats,
 )
+from grouprl.losses.topr import topr, topr_autograd
 from grouprl.losses.trust_region import (
     dppo_kl,
     dppo_kl_autograd,
@@ -81,6 +82,7 @@ __all__ = [
     "reinforce_autograd",
     "sapo",
     "surrogate",
+    "topr",
     "vespo",
 ]
 
@@ -338,6 +340,7 @@ SURROGATES: dict[str, SurrogateFn] = {
     "dppo_tv": dppo_tv,
     "dppo_kl": dppo_kl,
     "dro": dro,
+    "topr": topr,
 }
 """Surrogate name -> function ``(logp, old_logp, adv, mask, *, stats=True, **params) ->
 (per_token, stats)``."""
@@ -355,6 +358,7 @@ AUTOGRAD_FORMS: dict[str, Callable[..., torch.Tensor]] = {
     "dppo_tv": dppo_tv_autograd,
     "dppo_kl": dppo_kl_autograd,
     "dro": dro_autograd,
+    "topr": topr_autograd,
 }
 """Surrogate name -> its plain autograd form ``(logp, old_logp, adv, mask, **params) ->
 per_token [N, T]``: the formula as the papers and peers write it, with the same parameters
@@ -365,6 +369,7 @@ value and gradient equal to the fast form's."""
 
 CLIPPED: frozenset[str] = frozenset(
     {"ppo_clip", "cispo", "gspo", "sapo", "gmpo", "vespo", "kl_cov", "dppo_tv", "dppo_kl", "dro"}
+    | {"topr"}
 )
 """Surrogates whose clip, gate, weight or penalty depends on ρ = π/π_old: it can only act once
 the policy has moved, i.e. from the second optimizer step on the same generation batch; at
