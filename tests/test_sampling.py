@@ -201,7 +201,7 @@ def test_state_dict_round_trip_reproduces_the_draws():
 
 
 def test_sampler_errors_say_what_to_do():
-    assert sampling.names() == ["uniform", "sigma"]
+    assert sampling.names() == ["uniform", "sigma", "curriculum"]
     with pytest.raises(ValueError, match="valid samplers: uniform, sigma"):
         sampling.make("prioritized", 10)
     with pytest.raises(ValueError, match="accepts"):

@@ -49,7 +49,7 @@ class Preset:
     Loss half: ``surrogate`` (+ ``surrogate_params``: clip bounds...), ``aggregation``,
     ``kl`` estimator and ``beta`` (0 = no KL term), batch filters ``dynamic_sampling`` and
     ``overlong`` (None | "mask" | "soft"), and ``controller`` (None | "agpo").
-    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma");
+    Prompt half: ``sampler``, a name in :data:`grouprl.sampling.SAMPLERS` ("uniform" | "sigma" | "curriculum");
     ``pool_size`` (0 = the task's fresh stream, > 0 = that many train prompts drawn once, which
     the sampler draws from; ``sampling.pool_size`` overrides it); ``sampler_weight`` (multiply
     each group's advantages by the importance weight 1/(|pool|·p_x) of its draw).

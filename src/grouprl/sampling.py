@@ -56,7 +56,16 @@ from typing import Any, ClassVar
 
 import torch
 
-__all__ = ["SAMPLERS", "PromptSampler", "SigmaSampler", "UniformSampler", "load", "make", "names"]
+__all__ = [
+    "SAMPLERS",
+    "CurriculumSampler",
+    "PromptSampler",
+    "SigmaSampler",
+    "UniformSampler",
+    "load",
+    "make",
+    "names",
+]
 
 DEFAULT_SIGMA_FLOOR = 0.05
 """[OURS] σ_floor for rewards in [0, 1]: a prompt whose estimate is 0 (every visit collapsed) is
@@ -126,6 +135,22 @@ class PromptSampler:
         The base sampler only checks the input.
         """
         _check_observation(indices, sigma, self.pool_size)
+
+    def begin_step(self, step: int) -> None:
+        """A new training step starts (before its first draw); memoryless samplers ignore it."""
+
+    def observe_groups(
+        self,
+        indices: torch.Tensor,
+        sigma: torch.Tensor,
+        successes: torch.Tensor,
+        trials: torch.Tensor,
+    ) -> None:
+        """Everything the trainer knows of the groups ``indices [P]`` drew: the within-group
+        reward std ``sigma [P]``, the summed success (valid rewards rescaled to [0, 1])
+        ``successes [P]`` and the number of valid rewards ``trials [P]``. The default hands
+        ``sigma`` to :meth:`observe`."""
+        self.observe(indices, sigma)
 
     def stats(self) -> dict[str, float]:
         """Numbers worth logging: ``sampler/p_max_over_uniform`` (max p · pool) and
@@ -283,7 +308,211 @@ class SigmaSampler(PromptSampler):
             raise ValueError("sampler state has per-prompt arrays of the wrong length")
 
 
-SAMPLERS: dict[str, type[PromptSampler]] = {"uniform": UniformSampler, "sigma": SigmaSampler}
+class CurriculumSampler(PromptSampler):
+    """A pass-rate curriculum: prompts whose estimated pass rate leaves a band are set aside and
+    revisited on a schedule; each step draws distinct prompts, in-band ones first.
+
+    The difficulty filters and curricula of the peers (prime-rl's ``easy_threshold`` /
+    ``hard_threshold`` buffer, AReaL's and NeMo-RL's dynamic filtering, verl's curriculum
+    sampler) keep per-prompt pass rates and drop the always-solved and never-solved prompts;
+    this is one such sampler, its rules [OURS] where the peers differ:
+
+    - **pass rate per prompt**, online: a Beta(a_x, b_x) whose counts decay at each visit,
+      a ← λ·a + successes, b ← λ·b + failures (``decay`` λ, default 0.5: the policy moves
+      between visits, so old visits fade); p̂_x = a/(a + b). An unseen prompt starts from the
+      **prior** Beta(k·m, k·(1 − m)), k = ``prior_strength`` (default 2) and m the mean p̂ of
+      the visited prompts (0.5 before any visit), so it is eligible while the pool is.
+    - **band**: after a visit, a prompt with p̂ < ``band[0]`` or p̂ > ``band[1]`` (default
+      0.05, 0.95: with λ = 0.5 and k = 2 one all-wrong or all-correct group of G ≥ 16 puts it
+      out) is set aside for ``revisit`` steps (default 20); then it is eligible again and its
+      next visit decides anew.
+    - **each step** (:meth:`begin_step`): :meth:`sample` draws eligible prompts uniformly
+      without replacement, never one drawn earlier in the same step (dynamic sampling's later
+      rounds included), and **backfills** with set-aside prompts, soonest due first, when too
+      few are eligible; only a step that has drawn the whole pool draws a prompt again
+      (``sampler/repeated``), eligible ones first.
+      Uniform among the eligible keeps the in-band distribution the data's.
+
+    Composable with dynamic sampling: the sampler only chooses which prompts are generated;
+    the filter still drops the groups that came out collapsed. Its draws are not i.i.d. from
+    :meth:`probabilities`, so it gives no importance weight (``sampler_weight`` needs
+    ``uniform`` or ``sigma``). The whole state (counts, set-aside schedule, the step and what
+    it has drawn) is in :meth:`state_dict`: a resumed run draws exactly what an uninterrupted
+    one would.
+    """
+
+    name = "curriculum"
+
+    def __init__(
+        self,
+        pool_size: int,
+        *,
+        band: tuple[float, float] = (0.05, 0.95),
+        revisit: int = 20,
+        decay: float = 0.5,
+        prior_strength: float = 2.0,
+    ) -> None:
+        super().__init__(pool_size, replacement=False)
+        lo, hi = (float(x) for x in band)
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(
+                f"band must be (low, high) pass rates with 0 <= low < high <= 1, got {band!r}"
+            )
+        if isinstance(revisit, bool) or not isinstance(revisit, int) or revisit < 1:
+            raise ValueError(f"revisit must be a positive number of steps, got {revisit!r}")
+        if not 0.0 <= float(decay) <= 1.0:
+            raise ValueError(f"decay must be in [0, 1] (1 = never forget), got {decay!r}")
+        if not float(prior_strength) > 0:
+            raise ValueError(f"prior_strength must be > 0, got {prior_strength!r}")
+        self.band = (lo, hi)
+        self.revisit = revisit
+        self.decay = float(decay)
+        self.prior_strength = float(prior_strength)
+        self.a = torch.zeros(pool_size, dtype=torch.float64)  # [pool] success counts
+        self.b = torch.zeros(pool_size, dtype=torch.float64)  # [pool] failure counts
+        self.visits = torch.zeros(pool_size, dtype=torch.long)  # [pool]
+        self.aside_until = torch.zeros(pool_size, dtype=torch.long)  # [pool] eligible from
+        self.step = 0
+        self.drawn = torch.zeros(pool_size, dtype=torch.bool)  # [pool] drawn this step
+        self.backfilled = 0
+        self.repeated = 0
+
+    def pass_rate(self) -> torch.Tensor:
+        """``[pool]`` float64 p̂: the posterior mean; the prior mean m for unseen prompts."""
+        seen = self.visits > 0
+        est = self.a / (self.a + self.b).clamp_min(1e-12)
+        return torch.where(seen, est, torch.full_like(est, self._prior_mean()))
+
+    def _prior_mean(self) -> float:
+        seen = self.visits > 0
+        if not bool(seen.any()):
+            return 0.5
+        return float((self.a[seen] / (self.a[seen] + self.b[seen]).clamp_min(1e-12)).mean())
+
+    def eligible(self) -> torch.Tensor:
+        """``[pool]`` bool: not set aside at the current step."""
+        return self.aside_until <= self.step
+
+    def probabilities(self) -> torch.Tensor:
+        """Uniform over the eligible prompts (over the pool when none is): the distribution of
+        one draw at the start of a step."""
+        ok = self.eligible().to(torch.float64)
+        if not bool(ok.any()):
+            ok = torch.ones_like(ok)
+        return ok / ok.sum()
+
+    def begin_step(self, step: int) -> None:
+        if int(step) != self.step:
+            self.drawn.zero_()
+        self.step = int(step)
+
+    def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n (prompts per step) must be a positive int, got {n!r}")
+        order = torch.randperm(self.pool_size, generator=generator)  # [pool] random ties
+        ok, free = self.eligible()[order], ~self.drawn[order]  # [pool] in that order
+        # classes: 0 eligible and not drawn this step; 1 set aside, not drawn (soonest due
+        # first); 2, 3 the same two once drawn this step (repeats, only when the rest is spent)
+        key = (~ok).long() + 2 * (~free).long()  # [pool]
+        due = torch.where(ok, 0, self.aside_until[order])  # [pool]
+        by_due = torch.sort(due, stable=True).indices
+        by_key = by_due[torch.sort(key[by_due], stable=True).indices]  # (key, due, random)
+        pos = by_key[torch.arange(n) % self.pool_size]  # [n] a draw above the pool cycles it
+        taken = order[pos]  # [n]
+        self.backfilled = int((key[pos] == 1).sum())
+        self.repeated = int((key[pos] >= 2).sum()) + max(0, n - self.pool_size)
+        self.drawn[taken] = True
+        return taken
+
+    def importance_weights(self, indices: torch.Tensor) -> torch.Tensor:
+        """``[P]`` NaN: draws without replacement from a moving eligible set carry no
+        importance weight (a run cannot combine this sampler with ``sampler_weight``)."""
+        _check_observation(indices, torch.zeros(indices.shape, dtype=torch.float64), self.pool_size)
+        return torch.full(indices.shape, math.nan, dtype=torch.float64)
+
+    def observe(self, indices: torch.Tensor, sigma: torch.Tensor) -> None:
+        """Checks only: the curriculum learns from :meth:`observe_groups` (pass rates)."""
+        _check_observation(indices, sigma, self.pool_size)
+
+    def observe_groups(
+        self,
+        indices: torch.Tensor,
+        sigma: torch.Tensor,
+        successes: torch.Tensor,
+        trials: torch.Tensor,
+    ) -> None:
+        """Update each visited prompt's pass rate and set aside those outside the band.
+
+        ``successes [P]`` and ``trials [P]``: summed success in [0, 1] units and valid rewards
+        of each group; a group with no valid reward is not a visit."""
+        _check_observation(indices, sigma, self.pool_size)
+        if successes.shape != indices.shape or trials.shape != indices.shape:
+            raise ValueError("successes and trials must be [P] like indices")
+        lam, k, (lo, hi) = self.decay, self.prior_strength, self.band
+        for i, s, t in zip(indices.tolist(), successes.double().tolist(), trials.double().tolist()):
+            if not t > 0:
+                continue
+            if self.visits[i] == 0:
+                m = self._prior_mean()
+                self.a[i], self.b[i] = k * m, k * (1.0 - m)
+            self.a[i] = lam * self.a[i] + s
+            self.b[i] = lam * self.b[i] + (t - s)
+            self.visits[i] += 1
+            p = float(self.a[i] / (self.a[i] + self.b[i]))
+            if p < lo or p > hi:
+                self.aside_until[i] = self.step + 1 + self.revisit
+            else:
+                self.aside_until[i] = 0
+
+    def stats(self) -> dict[str, float]:
+        seen = self.visits > 0
+        return {
+            "sampler/eligible_frac": float(self.eligible().double().mean()),
+            "sampler/visited_frac": float(seen.double().mean()),
+            "sampler/pass_rate_mean": self._prior_mean() if bool(seen.any()) else math.nan,
+            "sampler/backfilled": float(self.backfilled),
+            "sampler/repeated": float(self.repeated),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "band": list(self.band),
+            "revisit": self.revisit,
+            "decay": self.decay,
+            "prior_strength": self.prior_strength,
+            "a": self.a.clone(),
+            "b": self.b.clone(),
+            "visits": self.visits.clone(),
+            "aside_until": self.aside_until.clone(),
+            "step": self.step,
+            "drawn": self.drawn.clone(),
+            "backfilled": self.backfilled,
+            "repeated": self.repeated,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.band = (float(state["band"][0]), float(state["band"][1]))
+        self.revisit = int(state["revisit"])
+        self.decay = float(state["decay"])
+        self.prior_strength = float(state["prior_strength"])
+        for key, dtype in (("a", torch.float64), ("b", torch.float64), ("visits", torch.long),
+                           ("aside_until", torch.long), ("drawn", torch.bool)):  # fmt: skip
+            t = torch.as_tensor(state[key], dtype=dtype).clone()
+            if t.shape != (self.pool_size,):
+                raise ValueError(f"sampler state {key!r} has the wrong length for the pool")
+            setattr(self, key, t)
+        self.step = int(state["step"])
+        self.backfilled = int(state.get("backfilled", 0))
+        self.repeated = int(state.get("repeated", 0))
+
+
+SAMPLERS: dict[str, type[PromptSampler]] = {
+    "uniform": UniformSampler,
+    "sigma": SigmaSampler,
+    "curriculum": CurriculumSampler,
+}
 """Sampler name -> class ``(pool_size, **params)`` (``Preset.sampler`` names one)."""
 
 
@@ -319,5 +548,5 @@ def load(state: dict[str, Any]) -> PromptSampler:
             f"{type(state).__name__}"
         )
     sampler = SAMPLERS[state["name"]](int(state["pool_size"]))
-    sampler.load_state_dict(state)
+    sampler.load_state_dict(state)  # its parameters come with the state
     return sampler

@@ -84,6 +84,12 @@ def test_a_keyword_the_estimator_cannot_honour_is_refused_by_name():
         ours("grpo")(tlr, mask, index, reward_baselines=torch.zeros(N))
     with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo=False does not change"):
         ours("grpo_beta_comp")(tlr, mask, index, norm_adv_by_std_in_grpo=False)
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo=False does not change"):
+        cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})
+        ours("grpo_beta_comp")(tlr, mask, index, config=cfg)
+    cfg = OmegaConf.create({"norm_adv_by_std_in_grpo": False})  # verl's rloo ignores it too
+    want, _ = core_algos.compute_rloo_outcome_advantage(tlr, mask, index, config=cfg)
+    torch.testing.assert_close(ours("rloo")(tlr, mask, index, config=cfg)[0], want)
 
 
 # --------------------------------------------------------------------------- (b) dtype
@@ -224,3 +230,15 @@ def test_gmpo_with_rollout_is_weights_weights_the_sequence_by_their_geometric_me
     torch.testing.assert_close(seq_w[4], w[4, 0], atol=1e-8, rtol=1e-8)
     torch.testing.assert_close(seq_w[0], (w[0, :3].prod()) ** (1 / 3), atol=1e-8, rtol=1e-8)
     assert torch.equal(gv._is_weights("ppo_clip", w, mask), w)  # every other loss: per token
+
+
+@pytest.mark.parametrize("norm", [True, False])
+def test_grpo_with_verls_singleton_rule_and_either_norm_equals_verls(norm):
+    tlr, mask, _ = batch(10, outcome=True)
+    index = np.array([f"u{min(i // 4, 4)}" if i < 20 else f"s{i}" for i in range(N)], dtype=object)
+    cfg = OmegaConf.create({"grouprl": {"singleton": "verl"}})
+    want, _ = core_algos.compute_grpo_outcome_advantage(
+        tlr, mask, index, norm_adv_by_std_in_grpo=norm
+    )
+    got, _ = ours("grpo")(tlr, mask, index, config=cfg, norm_adv_by_std_in_grpo=norm)
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)

@@ -110,6 +110,11 @@ def test_progress_shows_without_a_terminal(tmp_path, monkeypatch, capsys):
     assert cli.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1] == "threads: 1 (run.threads; --set run.threads=N to choose)"
+    assert lines[2] == (
+        "config: defaults < model profile tiny (grouprl/configs/model_tiny.yaml) < task "
+        "profile tiny+maze (grouprl/configs/task_tiny_maze.yaml) < command line "
+        "(--print-config shows each value's source)"
+    )
     assert any(
         x.startswith("SFT warm start: 20 steps of supervised training on maze") for x in lines
     )

@@ -79,7 +79,7 @@ def test_device_resolution_and_clear_errors():
             load_config(None, [f"model.device={bad}"])
     with pytest.raises(ConfigError, match=r"model\.dtype must be one of"):
         load_config(None, ["model.dtype=int8"])
-    with pytest.raises(ConfigError, match=r"model\.autocast must be none or bfloat16"):
+    with pytest.raises(ConfigError, match=r"model\.autocast must be one of none, bfloat16"):
         load_config(None, ["model.autocast=fp8"])
     assert load_config(None, ["model.dtype=bf16"]).model.torch_dtype is torch.bfloat16
 

@@ -159,3 +159,50 @@ def test_is_grpo_exact_weights_each_group_by_its_draw(tmp_path, monkeypatch):
     run.step = 1
     loop.train_step(run)
     assert seen[-1] is None
+
+
+def test_curriculum_with_dynamic_sampling_draws_each_prompt_once_per_step(tmp_path, monkeypatch):
+    cfg, inj = make(tmp_path, "algorithm.preset=dapo", "algorithm.sampler=curriculum",
+                    "sampling.pool_size=12", "optim.steps=4", "sampling.max_resample_tries=3",
+                    "sampling.curriculum_revisit=2")  # fmt: skip
+    run = setup(cfg, **inj)
+    assert run.prompts.sampler.name == "curriculum" and run.prompts.sampler.revisit == 2
+    drawn: dict[int, list[int]] = {}
+    real = Prompts.draw
+
+    def spy(self, n, step, round_):
+        examples, idx = real(self, n, step, round_)
+        drawn.setdefault(step, []).extend(idx.tolist())
+        return examples, idx
+
+    monkeypatch.setattr(Prompts, "draw", spy)
+    train(cfg, **inj)
+    assert len(drawn) == 4
+    assert any(len(v) > cfg.sampling.prompts_per_step for v in drawn.values())  # resampled
+    assert all(len(v) == len(set(v)) for v in drawn.values())  # never twice in a step
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert all("sampler/eligible_frac" in r for r in rows if "loss/total" in r)
+
+
+def test_curriculum_resume_equals_no_resume(tmp_path):
+    common = ["algorithm.preset=dapo", "algorithm.sampler=curriculum", "sampling.pool_size=10",
+              "optim.steps=6", "run.every=2", "sampling.curriculum_revisit=2"]  # fmt: skip
+    cfg, inj = make(tmp_path / "full", *common)
+    train(cfg, **inj)
+    cfg, inj = make(tmp_path / "parts", *common, "optim.steps=2")
+    train(cfg, **inj)
+    cfg, inj = make(tmp_path / "parts", *common, "run.resume=true")
+    train(cfg, **inj)
+
+    def rows(d):
+        return [{k: v for k, v in r.items() if not k.startswith("time/")}
+                for r in read_jsonl(d / "metrics.jsonl")]  # fmt: skip
+
+    full = rows(tmp_path / "full")
+    assert rows(tmp_path / "parts") == full
+    assert any(r["sampler/eligible_frac"] < 1 for r in full)  # prompts were set aside
+
+
+def test_curriculum_config_errors():
+    with pytest.raises(ConfigError, match="curriculum gives no importance weight"):
+        load_config(None, ["algorithm.sampler=curriculum", "algorithm.sampler_weight=true"])

@@ -67,7 +67,12 @@ def test_bf16_rollouts_log_their_mismatch_and_step_one_is_on_policy_for_the_trai
 
 @pytest.mark.parametrize(
     "spec",
-    ["token_tis:cap=1.0005", "icepop:low=0.9995,high=1.0005", "seq_mis:cap=1.001"],
+    [
+        "token_tis:cap=1.0005",
+        "icepop:low=0.9995,high=1.0005",
+        "seq_mis:cap=1.001",
+        "binary_kl:threshold=1e-7,level=token,drop=zero,is_weight=true",
+    ],
 )
 def test_the_corrections_weights_reach_the_loss(tmp_path, monkeypatch, spec):
     seen = _record(monkeypatch)
@@ -157,7 +162,7 @@ def test_a_correction_with_matched_precision_says_so(tmp_path, capsys):
 
 def test_bad_settings_are_config_errors(tmp_path):
     with pytest.raises(
-        ConfigError, match=r"model\.rollout_precision must be same, none or bfloat16"
+        ConfigError, match=r"model\.rollout_precision must be one of same, none, bfloat16"
     ):
         load_config(None, ["model.rollout_precision=fp8", f"run.out={tmp_path}"])
     with pytest.raises(ConfigError, match="unknown rollout correction 'icepo'; valid corrections"):

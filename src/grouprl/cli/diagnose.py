@@ -77,6 +77,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="W",
         help="TRL logs: GRPOConfig.reward_weights, one per reward column (default 1 each)",
     )
+    parser.add_argument(
+        "--correct-key",
+        default=None,
+        metavar="NAME",
+        help="TRL / verl logs: the reward function (TRL) or reward extra info (verl) that holds "
+        "the verifier's correctness, for the reward-hacking rule (default: one named acc, "
+        "accuracy, correct, correctness, is_correct or accuracy_reward)",
+    )
 
 
 def _fmt(v) -> str:
@@ -159,7 +167,7 @@ def _print_diagnosis(console, d, gf, max_rows) -> None:
 
 def _print_mismatch(console, mlog, replay: bool) -> list[str]:
     """The rollout-vs-trainer mismatch table of a run's logged metrics (or where they are);
-    returns the ``rollout_mismatch`` warnings a live run would have raised."""
+    returns the health warnings a live run would have raised from them."""
     from rich.markup import escape
 
     from grouprl.diagnostics.mismatch import summarize
@@ -175,8 +183,15 @@ def _print_mismatch(console, mlog, replay: bool) -> list[str]:
                 f"{mlog.path}: no rollout-vs-trainer mismatch metrics logged", style="dim"
             )
         return []
-    title = f"Rollout vs trainer mismatch ({mlog.source} log, {len(mlog.rows)} steps)"
-    _table(console, title, summarize(mlog.rows), ("quantity", "steps", "first", "last", "max"))
+    summary = summarize(mlog.rows)
+    if summary:
+        title = f"Rollout vs trainer mismatch ({mlog.source} log, {len(mlog.rows)} steps)"
+        _table(console, title, summary, ("quantity", "steps", "first", "last", "max"))
+    else:  # the trainer's metrics without mismatch keys: only the health rules read them
+        console.print(
+            f"{mlog.path}: {len(mlog.rows)} logged steps, no rollout-vs-trainer mismatch metrics",
+            style="dim",
+        )
     warnings = replay_health(mlog.rows)
     if replay:
         for w in warnings:
@@ -191,7 +206,10 @@ def _load(path: Path, args: argparse.Namespace, load_groups):
     if external.detect(path) is None:
         return load_groups(path)
     return external.load(
-        path, reward_columns=args.reward_columns, reward_weights=args.reward_weights
+        path,
+        reward_columns=args.reward_columns,
+        reward_weights=args.reward_weights,
+        correct=args.correct_key,
     )
 
 
@@ -200,7 +218,9 @@ def _open(args: argparse.Namespace):
     from grouprl.diagnostics.diagnose import diagnose_groups, load_groups
     from grouprl.diagnostics.external import load_mismatch
 
-    mlog = load_mismatch(args.path)  # rollout-vs-trainer metrics, where the logs hold them
+    mlog = load_mismatch(
+        args.path, correct=args.correct_key
+    )  # rollout-vs-trainer metrics, where the logs hold them
     if mlog is not None and mlog.metrics_only:
         return mlog, None, None, None
     groups_path, run_dir = _resolve(args.path)

@@ -60,6 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override any field, e.g. --set optim.lr=1e-4 (repeatable)",
     )
     parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the resolved config, each value with where it came from, and exit",
+    )
+    parser.add_argument(
         "--model", help="tiny[:d=64,layers=4], smollm2, a folder, a .gguf, an HF id"
     )
     parser.add_argument("--task", help="maze, math, or a reasoning-gym dataset (basic_arithmetic)")
@@ -204,10 +209,21 @@ def overrides_from_args(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Load and validate the config (before any model is loaded), then train."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download at run time
-    from grouprl.train.config import ConfigError, load_config
+    from grouprl.train.config import (
+        ConfigError,
+        config_layers,
+        config_sources,
+        describe_config,
+        load_config,
+    )
 
     try:
-        cfg = load_config(args.config, overrides_from_args(args))
+        overrides = overrides_from_args(args)
+        cfg = load_config(args.config, overrides)
+        if args.print_config:
+            print(describe_config(cfg, config_sources(args.config, overrides)))
+            return 0
+        layers = [where for where, _ in config_layers(args.config, overrides)]
         task = build_task(cfg)  # the dataset task fails here, before any model loads
     except (ConfigError, OSError, UnicodeDecodeError) as err:
         return _fail(_config_message(args.config, err), 2)
@@ -222,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
         f"grouprl train: {cfg.model.name} on {cfg.task.name} with {cfg.algorithm.preset}, "
         f"{cfg.optim.steps} steps of {cfg.sampling.prompts_per_step} x "
         f"{cfg.sampling.group_size}; run folder {cfg.run.out}\n"
-        f"threads: {threads} ({why}; --set run.threads=N to choose)",
+        f"threads: {threads} ({why}; --set run.threads=N to choose)\n"
+        f"config: defaults < {' < '.join(layers)} (--print-config shows each value's source)",
         flush=True,
     )
     return _train(cfg, task)

@@ -27,7 +27,7 @@ from grouprl.diagnostics.balance import (
 )
 from grouprl.diagnostics.health import HealthConfig, RunHealth
 from grouprl.diagnostics.inverse_scale import inverse_scale_tail, updated_groups
-from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, step_metrics
+from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, shaping_metrics, step_metrics
 from grouprl.diagnostics.mismatch import MISMATCH_KEYS, effective_sample_size, mismatch_metrics
 from grouprl.diagnostics.passk import pass_at_k
 from grouprl.diagnostics.regime import gradient_orthogonality, per_prompt_gradients, sigma_stats
@@ -60,6 +60,7 @@ __all__ = [
     "pass_at_k",
     "per_prompt_gradients",
     "reward_kl_balance",
+    "shaping_metrics",
     "sigma_stats",
     "step_metrics",
     "subset_keys",

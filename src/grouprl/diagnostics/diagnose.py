@@ -62,6 +62,9 @@ class GroupFile:
     errors: list[tuple[int, str]]
     n_errors: int
     n_lines: int
+    step_metrics: dict[Any, dict[str, float]] = field(default_factory=dict)
+    """Per-step metrics in our names the log holds beside the rewards (a TRL / verl log's
+    verified correctness, ``reward/correct_mean``), fed to the health rules with the rows."""
 
     @property
     def n_groups(self) -> int:
@@ -253,6 +256,7 @@ def diagnose_groups(
     for i, row in enumerate(steps):
         metrics = {k: float(v) for k, v in row.items() if "/" in k}
         metrics["scale/inv_p99"] = grpo_p99.get(i, 0.0)
+        metrics.update(groups.step_metrics.get(row["step"] if row["step"] != "-" else None, {}))
         s = row["step"] if isinstance(row["step"], int) else i
         warnings += health.update(s, metrics)
     out_of_range = sum(not r.pop("_range_ok") for r in steps)

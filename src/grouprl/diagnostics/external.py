@@ -21,6 +21,12 @@ identical prompts in one batch therefore count as one group of 2G, and a note sa
   with ``input`` (the decoded prompt), ``output``, ``gts``, ``score``, ``step`` and the reward
   manager's extra infos. ``score`` is ``token_level_scores.sum(-1)``: the reward the trainer
   combined, as its estimators see it (before a KL-in-reward penalty).
+
+Verified correctness, for the ``reward_hacking`` rule: a reward-function column (TRL) or a
+reward extra info (verl) named like a correctness score (:data:`CORRECT_NAMES`, or the
+``correct`` argument) is read beside the combined reward as ``reward/correct_mean`` per step.
+The trainers' metric logs (TRL's ``trainer_state.json`` ``log_history``, verl's file logger)
+are read into our metric names for the health rules (:data:`HEALTH_PEER_KEYS`).
 """
 
 from __future__ import annotations
@@ -40,10 +46,14 @@ from grouprl._json import jsonl_lines, read_jsonl
 from grouprl.diagnostics.diagnose import MAX_ERRORS_KEPT, GroupFile
 
 __all__ = [
+    "CORRECT_NAMES",
+    "HEALTH_PEER_KEYS",
     "SOURCES",
     "ExternalGroups",
     "MismatchLog",
     "detect",
+    "health_from_peer_log",
+    "is_correct_name",
     "load",
     "load_mismatch",
     "load_trl",
@@ -58,6 +68,42 @@ TRL_FIXED_COLUMNS = ("step", "prompt", "completion", "advantage")
 """Columns of TRL's table that are not reward-function columns."""
 VERL_KEYS = ("input", "output", "score")
 """Keys every line of verl's dump has (with ``gts`` and ``step``)."""
+CORRECT_NAMES = ("acc", "accuracy", "correct", "correctness", "is_correct", "accuracy_reward")
+"""Names of a reward function (TRL) or a reward extra info (verl) read as the verifier's
+correctness (case-insensitive); TRL's own ``trl.rewards.accuracy_reward`` is one [OURS]."""
+
+HEALTH_PEER_KEYS: dict[str, dict[str, str]] = {
+    "trl": {
+        "clip_ratio/low_mean": "policy/clip_frac_low",
+        "clip_ratio/high_mean": "policy/clip_frac_high",
+        "clip_ratio/region_mean": "policy/clip_frac_region",
+        "entropy": "policy/entropy_mean",
+        "completions/mean_length": "length/mean",
+        "completions/clipped_ratio": "length/truncated_frac",
+        "reward": "reward/mean",
+    },
+    "verl": {
+        "actor/pg_clipfrac": "policy/clip_frac_region",
+        "actor/entropy": "policy/entropy_mean",
+        "response_length/mean": "length/mean",
+        "response_length/clip_ratio": "length/truncated_frac",
+        "critic/score/mean": "reward/mean",
+    },
+}
+"""Metric names TRL 1.16 (``GRPOTrainer._compute_loss`` / ``_generate_and_score_completions``)
+and verl 0.9.1 (``metric_utils.compute_data_metrics``, ``core_algos.compute_policy_loss_*``)
+log -> the names the health rules read. TRL's ``clip_ratio/low_mean`` is A < 0 with ratio <
+1 − ε_low and ``high_mean`` A > 0 with ratio > 1 + ε_high, our ``policy/clip_frac_low`` /
+``_high``; verl's ``pg_clipfrac`` counts both bounds together (its ``pg_clipfrac_lower`` is
+the dual-clip bound, not the low one), so a verl log gives ``clip_bound`` no direction.
+TRL's ``rewards/<function>/mean`` of a correctness function (:data:`CORRECT_NAMES`) becomes
+``reward/correct_mean``. Neither log holds which completions were truncated together with
+their rewards, so ``truncation_zeroed`` reads only our runs."""
+
+
+def is_correct_name(name: str) -> bool:
+    """Whether a reward function / extra-info name reads as a correctness score."""
+    return name.lower() in CORRECT_NAMES
 
 
 @dataclass
@@ -74,6 +120,8 @@ class _Sample:
     step: int
     prompt: str
     reward: float
+    correct: float = math.nan
+    """The verifier's correctness of the sample, NaN where the log has none."""
 
 
 class _Collector:
@@ -84,10 +132,13 @@ class _Collector:
         self.errors: list[tuple[int, str]] = []
         self.n_errors = 0
         self.n_rows = 0
+        self.correct: dict[int, list[float]] = {}
 
     def add(self, sample: _Sample) -> None:
         self.n_rows += 1
         self.steps.setdefault(sample.step, {}).setdefault(sample.prompt, []).append(sample.reward)
+        if not math.isnan(sample.correct):
+            self.correct.setdefault(sample.step, []).append(sample.correct)
 
     def error(self, row: int, message: str) -> None:
         self.n_rows += 1
@@ -115,8 +166,18 @@ class _Collector:
                 f"{ragged} step(s) have groups of different sizes (NaN-padded): a prompt that "
                 "appears twice in one batch counts as one group"
             )
+        correct = {
+            step: {"reward/correct_mean": sum(v) / len(v)} for step, v in self.correct.items()
+        }
         return ExternalGroups(
-            path, batches, self.errors, self.n_errors, self.n_rows, source=source, notes=notes
+            path,
+            batches,
+            self.errors,
+            self.n_errors,
+            self.n_rows,
+            step_metrics=correct,
+            source=source,
+            notes=notes,
         )
 
 
@@ -239,7 +300,12 @@ def _trl_reward_columns(names: Sequence[str], rows: list[dict], path: Path) -> l
 
 
 def _trl_batch(
-    path: Path, names: list[str], rows: list[dict], cols: list[str], weights: list[float]
+    path: Path,
+    names: list[str],
+    rows: list[dict],
+    cols: list[str],
+    weights: list[float],
+    correct: str | None = None,
 ) -> Iterator[_Sample | tuple[int, str]]:
     unknown = [c for c in cols if c not in names]
     if unknown:
@@ -256,7 +322,10 @@ def _trl_batch(
         scored = [(w, v) for w, v in zip(weights, values) if not math.isnan(v)]
         # TRL: weighted nansum; a row where every reward function returned None is NaN
         reward = sum(w * v for w, v in scored) if scored else math.nan
-        yield _Sample(step, _prompt_key(row["prompt"]), reward)
+        ok = math.nan
+        if correct is not None and isinstance(row.get(correct), (int, float)):
+            ok = float(row[correct])
+        yield _Sample(step, _prompt_key(row["prompt"]), reward, ok)
 
 
 def _batch_signature(rows: list[dict], cols: list[str]) -> str:
@@ -267,17 +336,32 @@ def _batch_signature(rows: list[dict], cols: list[str]) -> str:
     )
 
 
+def _correct_column(names: Sequence[str], cols: Sequence[str], given: str | None, where: Path):
+    """The correctness column: ``given`` (must exist), or the one reward column of several
+    named like a correctness score; None when the reward is one function (it is then the
+    correctness itself) or none is so named."""
+    if given is not None:
+        if given not in names:
+            raise ValueError(f"{where}: no column {given!r} for --correct-key (has {list(names)})")
+        return given
+    named = [c for c in cols if is_correct_name(c)]
+    return named[0] if len(cols) > 1 and named else None
+
+
 def load_trl(
     path: str | Path,
     reward_columns: Sequence[str] | None = None,
     reward_weights: Sequence[float] | None = None,
+    correct: str | None = None,
 ) -> ExternalGroups:
     """Groups from TRL's ``completions_<step>.parquet`` files (a file, ``completions/`` or
     TRL's ``output_dir``).
 
     ``reward_columns``: the reward-function columns (default: the numeric columns between
     ``completion`` and ``advantage``); ``reward_weights``: ``GRPOConfig.reward_weights`` in the
-    same order (default 1 each). A file whose rows repeat the previous file's (TRL logs its
+    same order (default 1 each); ``correct``: the column holding the verifier's correctness
+    (default: a reward column named in :data:`CORRECT_NAMES`, when there are several). A file
+    whose rows repeat the previous file's (TRL logs its
     latest generation batch at every logging step, so a batch trained on for several steps is
     logged several times) is skipped, with a note.
     """
@@ -288,6 +372,7 @@ def load_trl(
     out, notes = _Collector(), []
     cols: list[str] | None = list(reward_columns) if reward_columns else None
     weights: list[float] = []
+    ok_col: str | None = None
     previous = None
     for f in files:
         names, rows = _read_parquet(f)
@@ -296,6 +381,10 @@ def load_trl(
             continue
         if cols is None:
             cols = _trl_reward_columns(names, rows, f)
+        if ok_col is None:
+            ok_col = _correct_column(names, cols, correct, f)
+            if ok_col is not None:
+                notes.append(f"verified correctness = {ok_col!r} (reward_hacking rule)")
         if not weights:
             weights = [1.0] * len(cols) if reward_weights is None else list(reward_weights)
             if len(weights) != len(cols):
@@ -313,7 +402,7 @@ def load_trl(
             notes.append(f"{f.name} repeats the previous file's generation batch: skipped")
             continue
         previous = signature
-        for item in _trl_batch(f, names, rows, cols, weights):
+        for item in _trl_batch(f, names, rows, cols, weights, ok_col):
             if isinstance(item, _Sample):
                 out.add(item)
             else:
@@ -322,7 +411,9 @@ def load_trl(
 
 
 # --------------------------------------------------------------------------- verl
-def _verl_lines(files: Iterable[Path], score_key: str) -> Iterator[_Sample | tuple[int, str]]:
+def _verl_lines(
+    files: Iterable[Path], score_key: str, correct: str | None = None
+) -> Iterator[_Sample | tuple[int, str]]:
     for f in files:
         try:
             lines = list(jsonl_lines(f))
@@ -340,28 +431,38 @@ def _verl_lines(files: Iterable[Path], score_key: str) -> Iterator[_Sample | tup
                 step = obj["step"]
                 if isinstance(step, bool) or not isinstance(step, int):
                     raise ValueError(f"step {step!r} is not an integer")
-                yield _Sample(step, _prompt_key(obj["input"]), _as_reward(obj[score_key]))
+                ok = obj.get(correct) if correct is not None else None
+                ok = float(ok) if isinstance(ok, (int, float)) else math.nan
+                yield _Sample(step, _prompt_key(obj["input"]), _as_reward(obj[score_key]), ok)
             except ValueError as err:
                 yield no, f"{f.name} line {no}: {err}"
 
 
-def load_verl(path: str | Path, score_key: str = "score") -> ExternalGroups:
+def load_verl(
+    path: str | Path, score_key: str = "score", correct: str | None = None
+) -> ExternalGroups:
     """Groups from verl's ``rollout_data_dir`` (a folder of ``<step>.jsonl``, or one file).
 
     ``score_key``: the field holding the reward (default verl's ``score``; a reward manager's
-    extra info, e.g. ``acc``, can be read instead).
+    extra info, e.g. ``acc``, can be read instead). ``correct``: the extra info holding the
+    verifier's correctness (default: the first line's field named in :data:`CORRECT_NAMES`).
     """
     path = Path(path)
     files = [path] if path.is_file() else _numbered(path, VERL_FILE) if path.is_dir() else []
     if not files:
         raise ValueError(f"{path}: no <step>.jsonl files (verl trainer.rollout_data_dir)")
     out = _Collector()
-    for item in _verl_lines(files, score_key):
+    notes = [f"verl reward = '{score_key}' of each line ({len(files)} file(s))"]
+    if correct is None:
+        first = _first_object(files[0]) or {}
+        correct = next((k for k in first if is_correct_name(k) and k != score_key), None)
+    if correct is not None:
+        notes.append(f"verified correctness = {correct!r} (reward_hacking rule)")
+    for item in _verl_lines(files, score_key, correct):
         if isinstance(item, _Sample):
             out.add(item)
         else:
             out.error(*item)
-    notes = [f"verl reward = '{score_key}' of each line ({len(files)} file(s))"]
     return out.build(path, "verl", notes)
 
 
@@ -375,9 +476,11 @@ def load(
     *,
     reward_columns: Sequence[str] | None = None,
     reward_weights: Sequence[float] | None = None,
+    correct: str | None = None,
 ) -> ExternalGroups:
     """Read ``path`` with the reader of ``source`` (default: :func:`detect`); the reward
-    columns and weights are TRL's (given for a verl log, they are an error)."""
+    columns and weights are TRL's (given for a verl log, they are an error); ``correct``
+    names the verifier's correctness column (TRL) or extra info (verl)."""
     source = source or detect(path)
     if source not in SOURCES:
         raise ValueError(
@@ -385,13 +488,13 @@ def load(
             "rollout_data_dir (<step>.jsonl)"
         )
     if source == "trl":
-        return load_trl(path, reward_columns, reward_weights)
+        return load_trl(path, reward_columns, reward_weights, correct)
     if reward_columns is not None or reward_weights is not None:
         raise ValueError(
             f"--reward-columns / --reward-weights apply to TRL logs; {path} is a {source} log "
             "(its 'score' is already the combined reward)"
         )
-    return SOURCES[source](path)
+    return load_verl(path, correct=correct)
 
 
 # --------------------------------------------------------------------------- mismatch metrics
@@ -441,19 +544,49 @@ def _trl_state(path: Path) -> Path | None:
     return None
 
 
-def _mismatch_rows(source: str, steps: Iterable[tuple[int, dict]]) -> list[dict[str, float]]:
+def health_from_peer_log(
+    source: str, metrics: dict[str, Any], correct: str | None = None
+) -> dict[str, float]:
+    """One logged step of ``source`` (``"trl"``, ``"verl"``) in the names the health rules
+    read (:data:`HEALTH_PEER_KEYS`); TRL's ``rewards/<correct>/mean`` (default: the function
+    named in :data:`CORRECT_NAMES`, when the run has several) as ``reward/correct_mean``."""
+    names = HEALTH_PEER_KEYS.get(source, {})
+    out: dict[str, float] = {}
+    for key, value in metrics.items():
+        if key in names and isinstance(value, int | float) and not isinstance(value, bool):
+            out[names[key]] = float(value)
+    if source == "trl":
+        funcs = [k[len("rewards/") : -len("/mean")] for k in metrics if _TRL_FUNC.match(k)]
+        pick = correct
+        if pick is None and len(funcs) > 1:
+            pick = next((f for f in funcs if is_correct_name(f)), None)
+        value = metrics.get(f"rewards/{pick}/mean") if pick is not None else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out["reward/correct_mean"] = float(value)
+    return out
+
+
+_TRL_FUNC = re.compile(r"^rewards/(.+)/mean$")
+
+
+def _mismatch_rows(
+    source: str, steps: Iterable[tuple[int, dict]], correct: str | None = None
+) -> list[dict[str, float]]:
     from grouprl.diagnostics.mismatch import from_peer_log
 
     rows = []
     for step, metrics in steps:
         ours = from_peer_log(source, metrics)
+        if source != "grouprl":
+            ours.update(health_from_peer_log(source, metrics, correct))
         if ours:
             rows.append({"step": float(step), **ours})
     return rows
 
 
-def load_mismatch(path: str | Path) -> MismatchLog | None:
-    """The mismatch metrics ``path`` holds: a grouprl run folder (``metrics.jsonl``), a TRL
+def load_mismatch(path: str | Path, correct: str | None = None) -> MismatchLog | None:
+    """The mismatch metrics (and, for TRL / verl, the health rules' metrics,
+    :func:`health_from_peer_log`) ``path`` holds: a grouprl run folder (``metrics.jsonl``), a TRL
     output_dir or ``trainer_state.json`` (``log_history``), a verl file-logger JSONL. For a
     TRL / verl rollout log without them, a log with no rows and a note saying where they are.
     None when ``path`` is none of these."""
@@ -461,7 +594,7 @@ def load_mismatch(path: str | Path) -> MismatchLog | None:
     if _is_verl_metrics_file(path):
         lines = read_jsonl(path)  # a torn last line is skipped
         steps = ((int(o["step"]), o["data"]) for o in lines if isinstance(o, dict))
-        return MismatchLog("verl", path, _mismatch_rows("verl", steps), metrics_only=True)
+        return MismatchLog("verl", path, _mismatch_rows("verl", steps, correct), metrics_only=True)
     if path.is_dir() and (path / "metrics.jsonl").is_file():
         rows = {  # by step, the last row of a repeated step winning (report.read_metrics)
             int(r["step"]): r
@@ -475,7 +608,8 @@ def load_mismatch(path: str | Path) -> MismatchLog | None:
         history = json.loads(state.read_text()).get("log_history", [])
         steps = ((int(h.get("step", 0)), h) for h in history if isinstance(h, dict))
         only = path.is_file() or detect(path) is None  # no completions log beside it
-        return MismatchLog("trl", state, _mismatch_rows("trl", steps), metrics_only=only)
+        rows = _mismatch_rows("trl", steps, correct)
+        return MismatchLog("trl", state, rows, metrics_only=only)
     source = detect(path)
     if source == "trl":
         return MismatchLog("trl", path, notes=[TRL_NO_LOGPROBS])

@@ -92,6 +92,56 @@ class HealthConfig:
     IcePop at their published bounds never act; ten times that calls for a correction]. Once
     on, the condition holds down to half of it (so a KL that hovers at the limit is one
     episode)."""
+    truncated_ratio_max: float = 1.0 + 1e-4
+    """Every token ratio π_train/π_rollout at most this (``mismatch/ratio_max``, or a peer's
+    logged ``corr/weight_max``), ... [OURS: an engine's numerical noise scatters ratios to
+    both sides of 1; a renormalised truncated support puts every one at the kept mass ≤ 1]"""
+    truncated_gap: float = 1e-4
+    """... with a mean |log ρ| (``mismatch/kl_k1``, or ``mismatch/logp_diff_mean``) above
+    this = the rollout log-probs look renormalised over a truncated top-p / top-k support."""
+    clip_frac: float = 0.2
+    """Share of tokens clipped (``policy/clip_frac_low`` + ``policy/clip_frac_high``, or
+    ``policy/clip_frac_region`` where a trainer logs no direction) above this = the update is
+    cut by its trust region on a large share of tokens [OURS: at one epoch on fresh samples
+    the first minibatch clips nothing; a fifth of the tokens cut means steps large for the
+    clip range]."""
+    clip_side: float = 2 / 3
+    """One bound holding at least this share of the clipped tokens names the direction
+    (``high`` / ``low``); below it, ``both`` [OURS]."""
+    trend_window: int = 10
+    """Steps per window of the trend rules (entropy, length, shaped vs verified reward): the
+    mean of the latest ``trend_window`` logged values against the mean of the first
+    ``trend_window``; a rule needs ``2 × trend_window`` logged values [OURS]."""
+    entropy_fall: float = 0.5
+    """Latest window's entropy below this share of the first window's = entropy falling
+    (before ``entropy_frac`` calls it a collapse) [OURS]."""
+    entropy_rise: float = 2.0
+    """Latest window's entropy above this multiple of the first window's = entropy rising
+    (the policy spreading towards noise) [OURS]."""
+    length_factor: float = 2.0
+    """Mean response length of the latest window above this multiple, or below its inverse,
+    of the first window's = length drift [OURS]."""
+    hack_rise: float = 0.1
+    """Shaped reward (``reward/mean``) risen by at least this (its own units) between the
+    windows, while ... [OURS]"""
+    hack_share: float = 0.25
+    """... the verifier's correctness (``reward/correct_mean``) rose by at most this share of
+    that rise = the shaped reward is being gamed [OURS]."""
+    trunc_floor_min: float = 0.05
+    """Least share of trained-on completions that were cut at the token limit for the
+    ``truncation_zeroed`` rule to look at them [OURS]."""
+    trunc_floor: float = 0.95
+    """Truncated completions scoring the reward floor at least this often, ... [OURS]"""
+    trunc_floor_chance: float = 0.01
+    """... where the chance that that many would if truncation did not matter (the finished
+    ones' floor share to the power of the number of truncated ones at the floor) is at most
+    this = the verifier zeroes
+    cut-off answers: the update teaches "shorter", not "correct" [OURS: a one-sided binomial
+    bound, so a handful of cut samples in a mostly-wrong batch stays quiet]."""
+
+
+TREND_KEYS = ("policy/entropy_mean", "length/mean", "reward/mean", "reward/correct_mean")
+"""The metrics whose first and latest windows the trend rules compare."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +221,7 @@ class RunHealth:
         self.stall_run = 0
         self.window: deque[float] = deque(maxlen=self.config.window)
         self.entropy_ref: float | None = None
+        self.trends: dict[str, _Trend] = {k: _Trend(self.config.trend_window) for k in TREND_KEYS}
         self.open: dict[str, Episode] = {}
         self.closed: list[Episode] = []
 
@@ -238,6 +289,14 @@ class RunHealth:
         findings += self._loss_rule(metrics)
         findings += self._policy_rules(metrics)
         findings += self._mismatch_rule(metrics)
+        for key, trend in self.trends.items():
+            v = metrics.get(key)
+            if v is not None and math.isfinite(v):
+                trend.add(float(v))
+        findings += self._clip_rule(metrics)
+        findings += self._trend_rules(metrics)
+        findings += self._truncation_zeroed_rule(metrics)
+        findings += self._truncated_sampling_rule(metrics)
         return self._track(step, findings, metrics)
 
     def _track(self, step: int, findings: list[Finding], metrics: dict[str, float]) -> list[str]:
@@ -489,6 +548,152 @@ class RunHealth:
             )
         ]
 
+    def _clip_rule(self, m: dict[str, float]) -> list[Finding]:
+        c = self.config
+        low, high = m.get("policy/clip_frac_low"), m.get("policy/clip_frac_high")
+        if low is not None and high is not None:
+            total = low + high
+            if not total > c.clip_frac:
+                return []
+            side = (
+                "high"
+                if high >= c.clip_side * total
+                else "low"
+                if low >= c.clip_side * total
+                else "both"
+            )
+            seen = (
+                f"{total:.0%} of tokens clipped: {high:.0%} at the high bound (A > 0, ratio > "
+                f"1 + eps_high), {low:.0%} at the low bound (A < 0, ratio < 1 - eps_low)"
+            )
+        else:
+            total = m.get("policy/clip_frac_region")
+            if total is None or not total > c.clip_frac:
+                return []
+            side = "unknown"
+            seen = f"{total:.0%} of tokens clipped (this log does not say at which bound)"
+        return [
+            Finding(
+                "clip_bound",
+                total,
+                seen,
+                CLIP_ADVICE[side],
+                f"{total:.0%} clipped, {side}" + (" bound" if side in ("high", "low") else ""),
+                kind=side,
+            )
+        ]
+
+    def _trend_rules(self, m: dict[str, float]) -> list[Finding]:
+        c, out = self.config, []
+        w = c.trend_window
+        ent = self.trends["policy/entropy_mean"]
+        if "policy/entropy_mean" in m and ent.ready and ent.first_mean > 0:
+            r = ent.last_mean / ent.first_mean
+            ref = self.entropy_ref or 0.0  # entropy_collapse says it, when it fires
+            collapsed = m["policy/entropy_mean"] < self.config.entropy_frac * ref
+            if (r < c.entropy_fall and not collapsed) or r > c.entropy_rise:
+                kind = "falling" if r < 1 else "rising"
+                out.append(
+                    Finding(
+                        "entropy_trend",
+                        r,
+                        f"policy entropy {kind}: {ent.last_mean:.3g} over the last {w} steps, "
+                        f"{r:.2g}x the {ent.first_mean:.3g} of the first {w}",
+                        ENTROPY_ADVICE[kind],
+                        f"entropy {r:.2g}x the first {w} steps'",
+                        kind=kind,
+                        log_scale=True,
+                    )
+                )
+        ln = self.trends["length/mean"]
+        if "length/mean" in m and ln.ready and ln.first_mean > 0:
+            r = ln.last_mean / ln.first_mean
+            if r > c.length_factor or r < 1 / c.length_factor:
+                kind = "growing" if r > 1 else "shrinking"
+                out.append(
+                    Finding(
+                        "length_drift",
+                        r,
+                        f"mean response length {kind}: {ln.last_mean:.4g} tokens over the last "
+                        f"{w} steps, {r:.2g}x the {ln.first_mean:.4g} of the first {w}",
+                        LENGTH_ADVICE[kind],
+                        f"length {r:.2g}x the first {w} steps'",
+                        kind=kind,
+                        log_scale=True,
+                    )
+                )
+        rew, cor = self.trends["reward/mean"], self.trends["reward/correct_mean"]
+        if "reward/correct_mean" in m and rew.ready and cor.ready:
+            d_rew, d_cor = rew.last_mean - rew.first_mean, cor.last_mean - cor.first_mean
+            if d_rew >= c.hack_rise and d_cor <= c.hack_share * d_rew:
+                out.append(
+                    Finding(
+                        "reward_hacking",
+                        d_rew,
+                        f"the shaped reward rose by {d_rew:+.3g} (mean of the last {w} steps "
+                        f"against the first {w}) while verified correctness moved by "
+                        f"{d_cor:+.3g}",
+                        "the policy is gaming the shaping (format, length or a learned reward): "
+                        "read samples, lower the shaping weights or cap them, and select "
+                        "checkpoints on the verifier's correctness, not the shaped reward",
+                        f"shaped {d_rew:+.3g}, correct {d_cor:+.3g}",
+                    )
+                )
+        return out
+
+    def _truncated_sampling_rule(self, m: dict[str, float]) -> list[Finding]:
+        c = self.config
+        top = m.get("mismatch/ratio_max", m.get("corr/weight_max"))
+        gap = m.get("mismatch/kl_k1", m.get("mismatch/logp_diff_mean"))
+        if (
+            top is None
+            or gap is None
+            or not (top <= c.truncated_ratio_max and gap > c.truncated_gap)
+        ):
+            return []
+        kept = m.get("mismatch/ratio_mean", m.get("corr/weight_mean"))
+        mass = f", mean ratio {kept:.3g} = the mean kept mass" if kept is not None else ""
+        return [
+            Finding(
+                "truncated_sampling",
+                gap,
+                f"no token's ratio pi_train/pi_rollout exceeds 1 (max {top:.4g}{mass}): the "
+                "rollout log-probs look renormalised over the top-p / top-k tokens the engine "
+                "kept, so every ratio carries the log of the kept mass, not a policy difference",
+                "score both sides on one support: full-softmax log-probs from the engine, or "
+                "the trainer's log-probs over the same kept tokens; a rollout correction would "
+                "reweight by the kept mass; sampling with top_p=1, top_k off removes it",
+                f"mean |log ratio| {gap:.2g}",
+                log_scale=True,
+            )
+        ]
+
+    def _truncation_zeroed_rule(self, m: dict[str, float]) -> list[Finding]:
+        c = self.config
+        share = m.get("truncated/trained_frac")
+        floor = m.get("truncated/floor_frac")
+        finished = m.get("truncated/finished_floor_frac")
+        count = m.get("truncated/trained_count")
+        if None in (share, floor, finished, count) or not share >= c.trunc_floor_min:
+            return []
+        chance = finished ** (count * floor)  # all of them at the floor by the base rate
+        if not (floor >= c.trunc_floor and chance <= c.trunc_floor_chance):
+            return []
+        return [
+            Finding(
+                "truncation_zeroed",
+                share,
+                f"{share:.0%} of the trained completions were cut at the token limit and "
+                f"{floor:.0%} of them score the reward floor ({finished:.0%} of finished ones "
+                "do): the verifier reads a cut-off answer as wrong, so their negative "
+                "advantages teach 'shorter', not 'correct'",
+                "mask truncated completions out of the loss (preset field overlong='mask', "
+                "DAPO's overlong filter; TRL: mask_truncated_completions=True), or raise "
+                "max_new_tokens",
+                f"{share:.0%} truncated, {floor:.0%} of them at the floor",
+            )
+        ]
+
     # -- checkpointing ---------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -502,6 +707,7 @@ class RunHealth:
             "stall_run": self.stall_run,
             "window": list(self.window),
             "entropy_ref": self.entropy_ref,
+            "trends": {k: t.state_dict() for k, t in self.trends.items()},
             "open": [asdict(e) for e in self.open.values()],
             "closed": [asdict(e) for e in self.closed],
         }
@@ -521,6 +727,10 @@ class RunHealth:
         self.window = deque((float(x) for x in state["window"]), maxlen=self.config.window)
         ref = state.get("entropy_ref")
         self.entropy_ref = None if ref is None else float(ref)
+        self.trends = {k: _Trend(self.config.trend_window) for k in TREND_KEYS}
+        for k, t in state.get("trends", {}).items():
+            if k in self.trends:
+                self.trends[k].load_state_dict(t)
         self.open = {e["rule"]: _episode(e) for e in state.get("open", [])}
         self.closed = [_episode(e) for e in state.get("closed", [])]
 
@@ -537,9 +747,103 @@ _RULE_KEYS: dict[str, tuple[str, ...]] = {
     "entropy_collapse": ("policy/entropy_mean",),
     "truncation": ("length/truncated_frac",),
     "rollout_mismatch": ("mismatch/kl_k3",),
+    "clip_bound": ("policy/clip_frac_low", "policy/clip_frac_high", "policy/clip_frac_region"),
+    "entropy_trend": ("policy/entropy_mean",),
+    "length_drift": ("length/mean",),
+    "reward_hacking": ("reward/correct_mean",),
+    "truncation_zeroed": ("truncated/trained_frac",),
+    "truncated_sampling": ("mismatch/ratio_max", "corr/weight_max"),
 }
 """Rule -> the metrics it reads. Only a step that logs one of them can clear the rule's
 episode: an evaluation-only row, or a step between two R/KL measurements, leaves it as it is."""
+
+
+CLIP_ADVICE: dict[str, str] = {
+    "high": (
+        "the upper bound stops reinforcing tokens whose probability already rose (exploration "
+        "capped): clip-higher (eps_high 0.28, DAPO §3.1) or a lower learning rate"
+    ),
+    "low": (
+        "the lower bound stops pushing down negative-advantage tokens the update already made "
+        "rarer (the policy moves fast on wrong samples): a lower learning rate or fewer "
+        "epochs / minibatches per generation batch; do not widen eps_low"
+    ),
+    "both": (
+        "the update leaves the trust region on both sides: a lower learning rate, or fewer "
+        "epochs / minibatches per generation batch"
+    ),
+    "unknown": (
+        "steps too large for the clip range: a lower learning rate or fewer updates per "
+        "generation batch; log the two bounds apart (TRL clip_ratio/low_mean and "
+        "clip_ratio/high_mean) to see which one cuts"
+    ),
+}
+"""What ``clip_bound`` recommends, by the bound that holds most clipped tokens
+(DAPO §3.1 for clip-higher; the rest [OURS])."""
+
+ENTROPY_ADVICE: dict[str, str] = {
+    "falling": (
+        "exploration is narrowing ahead of a collapse: clip-higher (eps_high 0.28), a focal "
+        "weight, a higher temperature or a lower learning rate"
+    ),
+    "rising": (
+        "the policy is spreading towards noise: a lower learning rate, a tighter clip, or a "
+        "larger KL coefficient beta; read samples for gibberish"
+    ),
+}
+"""What ``entropy_trend`` recommends [OURS; clip-higher: DAPO §3.1]."""
+
+LENGTH_ADVICE: dict[str, str] = {
+    "growing": (
+        "watch truncation and repetition: raise max_new_tokens or use overlong shaping if "
+        "answers are cut; a sequence-mean loss (1/|o|) down-weights the tokens of long wrong "
+        "answers (Dr. GRPO §3.1): token-sum normalisation (dr_grpo) removes that bias"
+    ),
+    "shrinking": (
+        "short answers are being rewarded or long ones punished: check for a length penalty, "
+        "a verifier that zeroes truncated answers (truncation_zeroed), or a sequence-mean "
+        "loss favouring short correct answers (Dr. GRPO §3.1)"
+    ),
+}
+"""What ``length_drift`` recommends (Dr. GRPO §3.1 on the length bias of 1/|o|; the rest
+[OURS])."""
+
+
+class _Trend:
+    """The first ``window`` values of a metric and the latest ``window`` (deque)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.first: list[float] = []
+        self.last: deque[float] = deque(maxlen=window)
+        self.n = 0
+
+    def add(self, v: float) -> None:
+        self.n += 1
+        if len(self.first) < self.window:
+            self.first.append(v)
+        self.last.append(v)
+
+    @property
+    def ready(self) -> bool:
+        """The two windows do not overlap: ``2 × window`` values seen."""
+        return self.n >= 2 * self.window
+
+    @property
+    def first_mean(self) -> float:
+        return sum(self.first) / len(self.first)
+
+    @property
+    def last_mean(self) -> float:
+        return sum(self.last) / len(self.last)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first": list(self.first), "last": list(self.last), "n": self.n}
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.first = [float(x) for x in d["first"]]
+        self.last = deque((float(x) for x in d["last"]), maxlen=self.window)
+        self.n = int(d["n"])
 
 
 def _episode(d: dict[str, Any]) -> Episode:

@@ -10,7 +10,7 @@ from grouprl.diagnostics.inverse_scale import inverse_scale_tail, updated_groups
 from grouprl.diagnostics.regime import sigma_mean_cv
 from grouprl.types import Advantages, to_floats
 
-__all__ = ["STEP_METRIC_KEYS", "step_metrics"]
+__all__ = ["STEP_METRIC_KEYS", "shaping_metrics", "step_metrics"]
 
 STEP_METRIC_KEYS: tuple[str, ...] = (
     "acr/rate",
@@ -123,3 +123,46 @@ def step_metrics(
         "regime/mixed_hi_frac": mixed_hi,
     }
     return to_floats(step)
+
+
+def shaping_metrics(
+    rewards: torch.Tensor,
+    truncated: torch.Tensor,
+    *,
+    reward_range: tuple[float, float] = (0.0, 1.0),
+    verifier_rewards: torch.Tensor | None = None,
+) -> dict[str, float]:
+    """What the health rules ``truncation_zeroed`` and ``reward_hacking`` read, as floats.
+
+    Args:
+        rewards: ``[P, G]`` the rewards the update trains on (NaN = unscorable).
+        truncated: ``[P, G]`` or ``[P·G]`` bool, completions cut at the token limit that the
+            loss trains on (a truncated completion masked out of the loss is not one).
+        reward_range: ``(lo, hi)``; ``lo`` is the floor a verifier gives a wrong answer.
+        verifier_rewards: ``[P, G]`` the verifier's rewards before shaping (soft overlong
+            penalty, extra reward terms), or None when the rewards are the verifier's.
+
+    Keys: ``truncated/trained_frac`` and ``truncated/trained_count`` (share and number of the
+    scored samples that are truncated and trained on), ``truncated/floor_frac`` and ``truncated/finished_floor_frac`` (share of the
+    truncated / the finished scored samples whose verifier reward is at the floor, within
+    1e-6 of the range; 0.0 when there are none), and ``reward/correct_mean`` (mean verifier
+    reward; only with ``verifier_rewards``) [OURS: the quantities the peers' users compute
+    by hand, TRL #5697, verl #7823].
+    """
+    ver = rewards if verifier_rewards is None else verifier_rewards  # [P, G]
+    valid = ~torch.isnan(ver)  # [P, G]
+    cut = truncated.reshape(ver.shape).to(torch.bool) & valid  # [P, G]
+    done = ~truncated.reshape(ver.shape).to(torch.bool) & valid  # [P, G]
+    lo, hi = float(reward_range[0]), float(reward_range[1])
+    at_floor = valid & (torch.nan_to_num(ver, nan=hi) <= lo + 1e-6 * (hi - lo))  # [P, G]
+    f = torch.float64
+    out = {
+        "truncated/trained_frac": cut.sum().to(f) / valid.sum().clamp_min(1),
+        "truncated/trained_count": cut.sum().to(f),
+        "truncated/floor_frac": (cut & at_floor).sum().to(f) / cut.sum().clamp_min(1),
+        "truncated/finished_floor_frac": (done & at_floor).sum().to(f) / done.sum().clamp_min(1),
+    }
+    if verifier_rewards is not None:
+        vals = torch.where(valid, ver, torch.zeros_like(ver)).to(f)
+        out["reward/correct_mean"] = vals.sum() / valid.sum().clamp_min(1)
+    return to_floats(out)

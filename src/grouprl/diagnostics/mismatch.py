@@ -21,7 +21,12 @@ ones), :func:`mismatch_metrics` returns flat ``mismatch/*`` floats:
 - ``logp_diff_mean``, ``logp_diff_max``: mean / max of ``|train − rollout|`` (TRL
   ``sampling/sampling_logp_difference/{mean,max}``);
 - ``ratio_min``, ``ratio_p01``, ``ratio_p50``, ``ratio_p99``, ``ratio_max``: token ratios
-  before truncation; ``seq_log_ratio_p01`` / ``_p99``: quantiles of Σ_t log ρ_t.
+  before truncation; ``seq_log_ratio_p01`` / ``_p99``: quantiles of Σ_t log ρ_t;
+- ``ratio_mean`` (token mean of ρ) and ``ratio_le1_frac`` (share of tokens with ρ ≤ 1)
+  [OURS]: the **kept-mass bias** of an engine that renormalises its log-probs over the
+  top-p / top-k tokens it kept (TRL #6789): there π_rollout = π/M on the kept tokens, M the
+  kept mass, so ρ = M ≤ 1 at every token, ``ratio_le1_frac`` = 1 and ``ratio_mean`` is the
+  mean kept mass (the health rule ``truncated_sampling`` reads these).
 
 Sequences without a valid token count in none of the sequence statistics [OURS: verl's
 ``chi2_seq`` averages over every row, an empty row adding (e^0)² = 1].
@@ -71,6 +76,8 @@ MISMATCH_KEYS = (
     "mismatch/ratio_p50",
     "mismatch/ratio_p99",
     "mismatch/ratio_max",
+    "mismatch/ratio_mean",
+    "mismatch/ratio_le1_frac",
     "mismatch/seq_log_ratio_p01",
     "mismatch/seq_log_ratio_p99",
 )
@@ -188,6 +195,8 @@ def mismatch_metrics(
     }
     tok = quantiles(rho[valid], {"min": 0.0, **QUANTILES, "max": 1.0})
     out.update({f"ratio_{k}": v for k, v in tok.items()})
+    out["ratio_mean"] = (rho * m).sum() / n_tok
+    out["ratio_le1_frac"] = ((lr <= 0) & valid).to(dtype).sum() / n_tok
     seq = quantiles(seq_lr[rows], {"p01": 0.01, "p99": 0.99})
     out.update({f"seq_log_ratio_{k}": v for k, v in seq.items()})
     return {f"mismatch/{k}": v for k, v in to_floats(out).items()}
@@ -254,6 +263,8 @@ SUMMARY_KEYS = (
     "mismatch/ratio_p01",
     "mismatch/ratio_p99",
     "mismatch/ratio_max",
+    "mismatch/ratio_mean",
+    "mismatch/ratio_le1_frac",
     "corr/weight_mean",
     "corr/weight_max",
     "corr/zeroed_frac",

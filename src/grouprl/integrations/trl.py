@@ -1,12 +1,16 @@
-"""grouprl's advantages (and, where a preset needs it, loss) inside TRL's GRPOTrainer (TRL 1.x).
+"""grouprl's diagnostics, advantages and (where a preset needs it) loss inside TRL's GRPOTrainer.
 
     from grouprl.integrations.trl import GroupRLGRPOTrainer
-    trainer = GroupRLGRPOTrainer(preset="maxnorm_rloo", model=..., reward_funcs=...,
-                                 args=GRPOConfig(...), train_dataset=...)
+    trainer = GroupRLGRPOTrainer(model, reward_funcs, GRPOConfig(...), train_dataset)
+    trainer = GroupRLGRPOTrainer(model, reward_funcs, GRPOConfig(...), train_dataset,
+                                 preset="maxnorm_rloo")
     trainer.train()
 
-What changes against a plain ``GRPOTrainer`` (the least invasive overrides TRL 1.x allows;
-TRL has no advantage hook):
+With no ``preset=`` / ``estimator=`` the trainer is TRL 1.16's ``GRPOTrainer`` on the user's
+``GRPOConfig`` (TRL's own advantage step and loss, untouched) with the diagnostics below
+added; the estimator equal to TRL's rule (:func:`trl_estimator`) supplies their statistics.
+With a preset or estimator, what changes against a plain ``GRPOTrainer`` (the least invasive
+overrides TRL 1.x allows; TRL has no advantage hook):
 
 - ``_calculate_rewards`` is wrapped to keep the gathered ``[B·G, n_funcs]`` reward matrix;
   ``_generate_and_score_completions`` runs TRL's own step unchanged, then *replaces* the

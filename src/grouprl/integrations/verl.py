@@ -136,8 +136,8 @@ SINGLETON_RULES = ("zero", "verl")
 
 ``"zero"`` (default, ALGORITHMS.md §0): no baseline exists, advantage 0. ``"verl"``: verl's
 rule (``compute_grpo_outcome_advantage`` / ``group_mean_std``: mean 0, std 1 for a
-singleton): the raw reward, divided by ``1 + eps`` for the estimators that divide by a
-per-group ``σ + eps`` (:data:`_SIGMA_EPS_ESTIMATORS`).
+singleton): the raw reward, divided by ``1 + eps`` (in float32, verl's ``torch.tensor(1.0)``)
+for the estimators that divide by a per-group ``σ + eps`` (:data:`_SIGMA_EPS_ESTIMATORS`).
 """
 
 _SIGMA_EPS_ESTIMATORS = frozenset({"grpo", "grpo_beta_comp"})
@@ -424,7 +424,9 @@ def _apply_singleton_rule(
 ) -> torch.Tensor:
     """verl's singleton rule on ``values [P, W]``: a lone sample's advantage is its reward."""
     single = (counts == 1)[:, None] & ~torch.isnan(rewards)  # [P, W]
-    lone = rewards / (1.0 + eps) if name in _SIGMA_EPS_ESTIMATORS else rewards
+    # verl's singleton std is torch.tensor(1.0), float32: 1 + eps in float32, as verl has it
+    denom = (torch.tensor(1.0) + eps).to(rewards.device)
+    lone = rewards / denom if name in _SIGMA_EPS_ESTIMATORS else rewards
     return torch.where(single, lone, values)
 
 
@@ -535,8 +537,9 @@ def _call_keywords(name: str, extra: dict[str, Any], config: Any, kwargs: dict[s
 
     ``epsilon`` (verl's σ floor, 1e-6) is our ``eps``; ``norm_adv_by_std_in_grpo`` (the
     keyword, else ``config.norm_adv_by_std_in_grpo``) selects Dr. GRPO for ``grpo`` and sets
-    ``norm_by_std`` for ``grpo_passk`` (verl reads it from the config there); a keyword the
-    estimator cannot honour is a ValueError naming it.
+    ``norm_by_std`` for ``grpo_passk`` (verl reads it from the config there); ``False`` for
+    ``grpo_beta_comp`` (config or keyword) or as a keyword for any other estimator is a
+    ValueError naming it, as is any keyword the estimator cannot honour.
     """
     params = adv_lib.TOKEN_ESTIMATORS.get(name, adv_lib.ESTIMATORS.get(name))
     params = params.__kwdefaults__ or {}
@@ -563,7 +566,7 @@ def _call_keywords(name: str, extra: dict[str, Any], config: Any, kwargs: dict[s
         return _STD_SWITCH[name]
     if name == "grpo_passk":
         kwargs["norm_by_std"] = norm
-    elif explicit and not norm:
+    elif not norm and (explicit or name in _SIGMA_EPS_ESTIMATORS):
         raise ValueError(
             f"norm_adv_by_std_in_grpo=False does not change {PREFIX + name}; it applies to "
             f"{PREFIX}grpo (Dr. GRPO) and {PREFIX}grpo_passk"

@@ -11,8 +11,12 @@ task or model name each raise a ``ConfigError`` (a ``ValueError``) that says wha
 
 from __future__ import annotations
 
+import copy
+import functools
 import importlib.util
 import re
+import types
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -141,6 +145,18 @@ class SamplingConfig:
     every step), and ``train.prompts.DEFAULT_POOL`` (1024) for a sampler that needs a pool when
     the preset sets none [OURS]. A dataset task with fewer rows gives a pool of its distinct
     rows."""
+    curriculum_low: float = 0.05
+    """Curriculum sampler (``algorithm.sampler=curriculum``, ``grouprl.sampling.
+    CurriculumSampler``): a prompt whose estimated pass rate falls below this is set aside."""
+    curriculum_high: float = 0.95
+    """... or rises above this [OURS: the band's edges]."""
+    curriculum_revisit: int = 20
+    """Steps a set-aside prompt waits before it is drawn again [OURS]."""
+    curriculum_decay: float = 0.5
+    """Weight of the old pass-rate counts at each visit (1 = never forget) [OURS]."""
+    curriculum_prior_strength: float = 2.0
+    """Pseudo-visits of the prior (the visited prompts' mean pass rate) an unseen prompt
+    starts from [OURS]."""
     max_resample_tries: int = 3
     """Dynamic sampling (DAPO): rounds of extra prompts before training on a short batch;
     DAPO's code uses ``max_num_gen_batches`` (0 = unlimited) [OURS default 3]."""
@@ -481,8 +497,10 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.temperature and eval.temperature must be > 0")
     if not 0 < s.top_p <= 1:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p}")
-    if s.draw not in ("inverse_cdf", "multinomial"):
-        raise ConfigError(f"sampling.draw must be inverse_cdf or multinomial, got {s.draw!r}")
+    from grouprl.rollout.hf import DRAWS  # the sampler's own list of draws
+
+    if s.draw not in DRAWS:
+        raise ConfigError(f"sampling.draw must be one of {', '.join(DRAWS)}, got {s.draw!r}")
     if s.pool_size < 0 or 0 < s.pool_size < s.prompts_per_step:
         raise ConfigError(
             f"sampling.pool_size must be 0 (automatic) or at least sampling.prompts_per_step="
@@ -562,11 +580,16 @@ def _check_model_runtime(m: ModelConfig) -> None:
     """dtype, autocast, attention and device spellings (availability is checked at set-up)."""
     if m.dtype not in _DTYPES:
         raise ConfigError(f"model.dtype must be one of {', '.join(_DTYPES)}, got {m.dtype!r}")
-    if m.autocast not in ("none", "bfloat16", "bf16"):
-        raise ConfigError(f"model.autocast must be none or bfloat16, got {m.autocast!r}")
-    if m.rollout_precision not in ("same", "none", "bfloat16", "bf16"):
+    from grouprl.train.policy import PRECISIONS  # the policy's own list of precisions
+
+    if m.autocast not in PRECISIONS:
         raise ConfigError(
-            f"model.rollout_precision must be same, none or bfloat16, got {m.rollout_precision!r}"
+            f"model.autocast must be one of {', '.join(PRECISIONS)}, got {m.autocast!r}"
+        )
+    if m.rollout_precision not in ("same", *PRECISIONS):
+        raise ConfigError(
+            f"model.rollout_precision must be one of same, {', '.join(PRECISIONS)}, got "
+            f"{m.rollout_precision!r}"
         )
     if m.attention not in ("sdpa", "eager"):
         raise ConfigError(f"model.attention must be sdpa or eager, got {m.attention!r}")
@@ -649,6 +672,11 @@ def _check_names(cfg: RunConfig) -> None:
             f"unknown prompt sampler algorithm.sampler={sampler!r}; valid: "
             f"{', '.join(sampling.names())}"
         )
+    if sampler == "curriculum" and resolved.sampler_weight:
+        raise ConfigError(
+            "algorithm.sampler=curriculum gives no importance weight (its draws are not i.i.d.): "
+            "set algorithm.sampler_weight=false, or use the sigma sampler"
+        )
     from grouprl import tasks
 
     if cfg.task.name not in tasks.TASKS:
@@ -710,27 +738,61 @@ def _numbers(x: Any) -> Any:
     return x
 
 
-def _coerce(f: Any, value: Any, section: str) -> Any:
-    """Check a value against the field's annotation; ints are accepted for floats."""
-    ann = str(f.type)
-    if ann.endswith(" | None"):
-        if value is None:
-            return None
-        ann = ann[: -len(" | None")]
-    ok = {
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "bool": lambda v: isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-    }.get(ann)
-    if ok is not None and not ok(value):
-        raise ConfigError(f"{section}.{f.name} must be {ann}, got {value!r}")
-    if ann == "float":
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    """A section's field name -> its annotation as a type (``typing.get_type_hints``)."""
+    return typing.get_type_hints(cls)
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "None"
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in args)
+    if typing.get_origin(tp) is tuple:
+        return f"a list of {_type_name(args[0])}" if args else "a list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _check_type(tp: Any, value: Any) -> bool:
+    """Whether ``value`` (as YAML gives it) is of type ``tp``: an int is a float, a bool is
+    neither an int nor a float, a list is a tuple; a type this does not know passes."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        return any(_check_type(a, value) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp in (bool, str):
+        return isinstance(value, tp)
+    if origin is tuple:
+        items = [a for a in args if a is not Ellipsis]
+        return isinstance(value, (list, tuple)) and all(
+            _check_type(items[min(i, len(items) - 1)], v) for i, v in enumerate(value)
+        )
+    return True
+
+
+def _coerce(cls: type, f: Any, value: Any, section: str) -> Any:
+    """Check a value against the field's type (:func:`_field_types`, the annotation as a
+    type, not its text); ints become floats where the field is a float, lists tuples."""
+    tp = _field_types(cls)[f.name]
+    if not _check_type(tp, value):
+        raise ConfigError(f"{section}.{f.name} must be {_type_name(tp)}, got {value!r}")
+    if value is None:
+        return None
+    union = typing.get_origin(tp) in (types.UnionType, typing.Union)
+    kinds = [a for a in typing.get_args(tp) if a is not type(None)] if union else [tp]
+    if float in kinds and int not in kinds:
         return float(value)
-    if ann.startswith("tuple["):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{section}.{f.name} must be a list ({ann}), got {value!r}")
-        return tuple(float(v) if "float" in ann else v for v in value)
+    for kind in kinds:
+        if typing.get_origin(kind) is tuple:
+            items = [a for a in typing.get_args(kind) if a is not Ellipsis]
+            return tuple(float(v) if items and items[0] is float else v for v in value)
     return value
 
 
@@ -746,7 +808,9 @@ def _build(cls: type, values: dict[str, Any], section: str) -> Any:
             continue
         if key not in names:
             raise ConfigError(f"unknown field {section}.{key}; valid fields: {', '.join(names)}")
-        kwargs[key] = frozen(value) if key in _MAPPINGS else _coerce(names[key], value, section)
+        kwargs[key] = (
+            frozen(value) if key in _MAPPINGS else _coerce(cls, names[key], value, section)
+        )
     if shorthand:
         kwargs["overrides"] = frozen({**kwargs.get("overrides", {}), **shorthand})
     return cls(**kwargs)
@@ -785,44 +849,43 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-PROFILES: dict[str, dict[str, dict[str, Any]]] = {
-    "tiny": {
-        # The maze miniature (docs/models.md): the maze verifier is pure Python and
-        # bounded, so it runs in-process.
-        "sampling": {"verify_timeout_s": 0.0},
-    },
-    "pretrained": {
-        # [OURS] a real LM on 2 CPU cores: small batches, short answers, a small eval, a
-        # fine-tuning learning rate (TRL's GRPO default is 1e-6).
-        "sampling": {"prompts_per_step": 8, "group_size": 8, "max_new_tokens": 48},
-        "optim": {"lr": 2e-6, "steps": 50, "micro_batch_size": 16, "logprob_chunk": 1024},
-        "eval": {"every": 25, "prompts": 32, "samples": 8, "ks": [1, 8]},
-        "run": {"every": 25, "keep_last": 1},
-    },
-}
-"""Defaults that depend on the model: ``tiny`` for models built from scratch, ``pretrained``
-for everything else. Applied under the YAML file and the overrides."""
+PROFILE_DIR = Path(__file__).resolve().parents[1] / "configs"
+"""Where the profiles live: ``grouprl/configs/`` (package data, installed with grouprl)."""
 
-MAZE_MINIATURE: dict[str, dict[str, Any]] = {
-    "model": {"sft_steps": 700},
-    "task": {"params": {"size": 4, "min_path": 1, "max_path": 5}},
-    "sampling": {"prompts_per_step": 16, "group_size": 16, "max_new_tokens": 10},
-    "optim": {"steps": 150},
+PROFILE_FILES: dict[str, Path] = {
+    "tiny": PROFILE_DIR / "model_tiny.yaml",
+    "pretrained": PROFILE_DIR / "model_pretrained.yaml",
 }
-"""What ``grouprl train`` runs with no arguments: 4×4 mazes with 1–5-move answers (the maze
-reproduction's regime, reproductions/maze), a 700-step warm start, 150 GRPO steps of 16 mazes
-× 16 completions, at most 10 new tokens (an answer is ≤ 5 moves and EOS). [OURS] chosen by
-pilots (docs/training.md, "The default run"): the former default (5×5, any path,
-1,400 SFT steps, 300 steps of 32 × 8) collapsed 72–81 % of its groups, mostly all-wrong, and
-printed a stall warning; here 16 completions a maze keep the collapse rate near 0.2–0.3, and
-the run fits in a few minutes on 2 cores."""
+"""Model profile -> its YAML file: ``tiny`` for models built from scratch, ``pretrained`` for
+everything else (:func:`profile_for`)."""
+
+TASK_PROFILE_FILES: dict[tuple[str, str], Path] = {
+    ("tiny", "maze"): PROFILE_DIR / "task_tiny_maze.yaml",
+}
+"""(model profile, task) -> its YAML file: defaults applied over the model profile and under
+the YAML file and the overrides, only when they give no ``task.params``."""
+
+
+def _read_profile(path: Path) -> dict[str, dict[str, Any]]:
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a profile is a mapping of sections, got {type(data).__name__}")
+    return _numbers(data)
+
+
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    name: _read_profile(path) for name, path in PROFILE_FILES.items()
+}
+"""Model profile -> its values, read from :data:`PROFILE_FILES`."""
 
 TASK_PROFILES: dict[tuple[str, str], dict[str, dict[str, Any]]] = {
-    ("tiny", "maze"): MAZE_MINIATURE,
+    key: _read_profile(path) for key, path in TASK_PROFILE_FILES.items()
 }
-"""Defaults for a (model profile, task) pair, applied over :data:`PROFILES` and under the YAML
-file and the overrides, and only when they give no ``task.params``: a maze of your own
-(``--set task.params.size=5``) starts from the plain defaults, not from a mix."""
+"""(model profile, task) -> its values, read from :data:`TASK_PROFILE_FILES`."""
+
+MAZE_MINIATURE: dict[str, dict[str, Any]] = TASK_PROFILES[("tiny", "maze")]
+"""What ``grouprl train`` runs with no arguments (``grouprl/configs/task_tiny_maze.yaml``, which
+says why)."""
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -838,6 +901,66 @@ def profile_for(model_name: str) -> str:
     return "tiny" if model_name.split(":", 1)[0] == "tiny" else "pretrained"
 
 
+def _layers(
+    path: str | Path | None,
+    overrides: list[str] | None,
+    *,
+    profile: str | None,
+) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+    """:func:`config_layers`, and the file's values with the overrides set into them."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{path}: expected a mapping of sections, got {type(loaded).__name__}"
+            )
+        data = _numbers(_plain(loaded or {}))
+    given = _numbers(apply_overrides({}, list(overrides or [])))
+    top = _numbers(apply_overrides(copy.deepcopy(data), list(overrides or [])))
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if profile is not None:
+        if profile == "auto":
+            profile = profile_for(str((top.get("model") or {}).get("name", ModelConfig.name)))
+        if profile not in PROFILES:
+            raise ConfigError(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
+        layers.append((f"model profile {profile} ({_shown(PROFILE_FILES[profile])})",
+                       PROFILES[profile]))  # fmt: skip
+        task = str((top.get("task") or {}).get("name", TaskConfig.name))
+        key = (profile, task)
+        if key in TASK_PROFILES and "params" not in (top.get("task") or {}):
+            layers.append((f"task profile {profile}+{task} ({_shown(TASK_PROFILE_FILES[key])})",
+                           TASK_PROFILES[key]))  # fmt: skip
+    if data:
+        layers.append((f"config file {path}", data))
+    if given:
+        layers.append(("command line", given))
+    return layers, top
+
+
+def config_layers(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    profile: str | None = "auto",
+) -> list[tuple[str, dict[str, Any]]]:
+    """The layers a run's configuration is made of, lowest first, each ``(where, values)``:
+    the model profile, the task profile, the YAML file, the command line (flags and ``--set``,
+    which set keys into the file's values: ``--set task.params={...}`` replaces the file's
+    mapping). The dataclass defaults lie under all of them (:func:`describe_config`).
+
+    ``profile="auto"`` picks :data:`PROFILE_FILES` by the final model name, and
+    :data:`TASK_PROFILE_FILES` by (profile, task) when the task's params are not given; None
+    applies neither.
+    """
+    return _layers(path, overrides, profile=profile)[0]
+
+
+def _shown(path: Path) -> str:
+    """A profile's path as a reader finds it: ``grouprl/configs/NAME.yaml``."""
+    return f"grouprl/configs/{path.name}"
+
+
 def load_config(
     path: str | Path | None = None,
     overrides: list[str] | None = None,
@@ -846,30 +969,66 @@ def load_config(
     profile: str | None = "auto",
 ) -> RunConfig:
     """Defaults <- model profile (+ task profile) <- YAML file <- ``section.field=value``
-    overrides, validated.
-
-    ``profile="auto"`` picks :data:`PROFILES` by the final model name, and
-    :data:`TASK_PROFILES` by (profile, task) when the task's params are not given; None
-    applies neither.
-    """
+    overrides (:func:`config_layers`), validated."""
+    layers, top = _layers(path, overrides, profile=profile)
     data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text())
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(
-                f"{path}: expected a mapping of sections, got {type(loaded).__name__}"
-            )
-        data = _plain(loaded or {})
-    data = _numbers(apply_overrides(data, list(overrides or [])))
-    if profile is not None:
-        if profile == "auto":
-            profile = profile_for(str((data.get("model") or {}).get("name", ModelConfig.name)))
-        if profile not in PROFILES:
-            raise ConfigError(f"unknown profile {profile!r}; valid: {', '.join(PROFILES)}")
-        task = str((data.get("task") or {}).get("name", TaskConfig.name))
-        extra = TASK_PROFILES.get((profile, task))
-        if extra is not None and "params" in (data.get("task") or {}):
-            extra = None  # the user's own task: plain defaults
-        data = _merge(_merge(PROFILES[profile], extra or {}), data)
-    cfg = from_dict(data)
+    for where, values in layers:
+        if not where.startswith(("config file", "command line")):
+            data = _merge(data, values)  # the profiles
+    cfg = from_dict(_merge(data, top))
     return cfg.validate() if validate else cfg
+
+
+def _leaves(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, dotted + "."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def config_sources(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    *,
+    profile: str | None = "auto",
+) -> dict[str, str]:
+    """``section.field[.key]`` -> the layer that set it (:func:`config_layers`); a key that no
+    layer sets keeps its dataclass default."""
+    out: dict[str, str] = {}
+    for where, values in config_layers(path, overrides, profile=profile):
+        for dotted in _leaves(values):
+            stale = [k for k in out if k.startswith(dotted + ".") or dotted.startswith(k + ".")]
+            for k in stale:  # a mapping replaced as a whole, or set key by key
+                del out[k]
+            out[dotted] = where
+    return out
+
+
+def describe_config(cfg: RunConfig, sources: dict[str, str]) -> str:
+    """The resolved configuration, one ``section.field: value  # where`` line per field, and
+    the update schedule it resolves to (``grouprl train --print-config``)."""
+    lines = []
+    for dotted, value in _leaves(cfg.to_dict()).items():
+        section, name = dotted.split(".")[0], dotted.split(".")[1]
+        where = sources.get(dotted)
+        if where is None:
+            inside = [w for k, w in sources.items() if k.startswith(dotted + ".")]
+            where = inside[-1] if inside else None
+        if where is None:
+            cls = _SECTIONS[section].__name__
+            where = f"default ({cls}.{name})"
+        shown = yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...")
+        lines.append(f"{dotted}: {shown.strip()}  # {where}")
+    schedule = cfg.schedule()
+    lines.append(
+        f"# update schedule: {schedule.minibatches} minibatch(es) x {schedule.ppo_epochs} "
+        f"epoch(s) per generation batch (minibatches from the {schedule.source['minibatches']}, "
+        f"epochs from the {schedule.source['ppo_epochs']})"
+    )
+    if schedule.note:
+        lines.append(f"# {schedule.note}")
+    return "\n".join(lines)

@@ -253,6 +253,8 @@ def train_step(run: Run, spec: LossSpec | None = None) -> dict[str, float]:
         metrics["optim/lr"] = run.optimizer.param_groups[0]["lr"]
         metrics.update({f"clip/{k}": _mean(v) for k, v in clip.items()})
         metrics.update(diagnostics.step_metrics(rewards, adv, reward_range=run.task.reward_range))
+        trained_cut = batch.truncated & (batch.mask.sum(-1) > 0)  # [N] cut, in the loss
+        metrics.update(diagnostics.shaping_metrics(rewards, trained_cut, reward_range=run.task.reward_range, verifier_rewards=batch.verifier_rewards))  # fmt: skip
         metrics.update({f"adv/{k}": float(v) for k, v in adv.stats.items()})
         if loss_ref is not None:  # KL of the behaviour policy to the reference, per sequence
             seq_kl = diagnostics.kl_stats(

@@ -277,6 +277,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
             sampler=preset.sampler,
             pool_size=cfg.sampling.pool_size or preset.pool_size,
             seed=cfg.run.seed,
+            settings=cfg.sampling,
         ),
         optimizer,
         gen=torch.Generator(device=device).manual_seed(cfg.run.seed),
