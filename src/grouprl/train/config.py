@@ -270,12 +270,11 @@ class RunSectionConfig:
     ``loop.train`` itself writes no report (call ``write_report(cfg, result)``, or
     ``grouprl.report.write_run_report(run_dir)`` at any time)."""
     threads: int = 0
-    """torch threads; 0 = auto (``grouprl._threads.choose_threads``): the cores the 1-minute
-    load average leaves free, at least 1 and at most torch's own count, or
-    ``OMP_NUM_THREADS`` when set; a positive number is taken as it is. [OURS] issue 25: on 2
-    cores, 20 maze steps took 11 s idle at torch's two threads and 12 s at one, but beside four
-    busy processes 105 s at two and 37 s at one (2.8x); ``benchmarks/train_step.py``
-    measures a given count."""
+    """torch threads; 0 = auto (``grouprl._threads.choose_threads``): one per physical core
+    this process may run on, or ``OMP_NUM_THREADS`` when set; a positive number is taken as it
+    is. Never the machine's load: the count decides how torch splits its float reductions, so
+    the same command and seed give the same numbers on the same machine at any load [OURS];
+    ``benchmarks/train_step.py`` measures a given count."""
     mmap_threshold_kib: int = 0
     """glibc: blocks of at least this many KiB are mapped on their own and given back to the
     OS when freed (``grouprl.train.malloc``), so the resident memory follows the live tensors
