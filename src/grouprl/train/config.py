@@ -202,6 +202,11 @@ class OptimConfig:
     parameters on one CPU thread: 0.58 s for-loop, 0.50 s foreach, 0.077 s fused. Used where
     torch supports it (every parameter a floating-point tensor on the CPU or a CUDA device),
     else the default implementation."""
+    activation_checkpointing: bool = False
+    """Keep each decoder layer's input instead of its activations in the training forward and
+    run the layer again in the backward (``grouprl.train.checkpointing``): the same gradients,
+    a smaller peak, a second forward's CPU time. The ``pretrained`` profile turns it on
+    (docs/results.md, "Memory")."""
     ppo_epochs: int | None = None
     """Passes over each generation batch; None = the preset's (``Preset.ppo_epochs``: AGPO's
     code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
