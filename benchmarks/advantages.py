@@ -4,8 +4,8 @@ verl's ``grpo`` (a Python loop over prompt ids) and ``grpo_vectorized`` and a fl
 
     python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop] [--clock cpu]
 
-Targets (issue 2): every estimator >= 100x faster than verl's grpo, >= 2x faster than
-grpo_vectorized, within 10x of the floor. ``methods`` (issue 22): each method a peer ships,
+Targets: every estimator >= 100x faster than verl's grpo, >= 2x faster than
+grpo_vectorized, within 10x of the floor. ``methods``: each method a peer ships,
 ours beside the peer's own function on the same input in this run — sequence level at the
 same P × G (verl's Python loops timed once), token level at ``--token-prompts`` × G × T. ``adapter_grouprl_grpo`` is our grpo called through
 the verl adapter on verl's flat input (its flat -> [P, G] mapping included); it is reported
@@ -54,7 +54,7 @@ def profile_call(fn, top: int = 8) -> dict[str, float]:
 
 
 def part_floors(rewards: torch.Tensor, repeat: int) -> dict[str, float]:
-    """The parts the slow members cannot skip, each timed alone (issue 26, item 5): a member
+    """The parts the slow members cannot skip, each timed alone: a member
     costs at least the sum of its parts. ``floor_moments``: the group moments every estimator
     starts from (count, mean, centred rewards, std, collapse flag); ``floor_gopo_pairs``:
     gopo's Σ_j sign(r_i − r_j) over the G(G−1)/2 pairs, its definition; ``floor_resolution``:
@@ -282,7 +282,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-verl-loop", action="store_true", help="skip verl's slow loop version")
-    ap.add_argument("--no-methods", action="store_true", help="skip the issue-22 methods")
+    ap.add_argument("--no-methods", action="store_true", help="skip the peers' methods")
     ap.add_argument("--token-prompts", type=int, default=16_384, help="token-level batch P")
     ap.add_argument("--tokens", type=int, default=16, help="completion tokens T")
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")

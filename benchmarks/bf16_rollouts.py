@@ -4,7 +4,7 @@
     python benchmarks/bf16_rollouts.py --model tiny --steps 5 # the default maze's model
     python benchmarks/bf16_rollouts.py --settings fp32 bf16_token_tis
 
-The set-up GPU stacks use for speed (issue 26, item 3): the rollout engine samples in bf16
+The set-up GPU stacks use for speed: the rollout engine samples in bf16
 while the trainer keeps fp32 weights, gradients and AdamW state; the trainer recomputes the
 behaviour log-probs in fp32 (one forward without gradient, verl's decoupled mode) and corrects
 the mismatch between the two (``algorithm.rollout_correction``). Here the engine is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The measurements behind the README's performance section, one command (issues 14, 26):
+# The measurements behind the README's performance section (docs/results.md), one command:
 #   the machine's limits and the stages' fractions of them (roofline), vs TRL on SmolLM2-135M
 #   in fp32, bf16 autocast and bf16 and on the tiny maze model (equal settings, checked), the
 #   peak memory with run.mmap_threshold_kib=128, the advantage layer against verl, the rollout
@@ -40,7 +40,7 @@ done
 "$py" benchmarks/rollout_speed.py --models tiny --baseline 6c44c79 --repeats 5 --no-reference \
   > "$out/rollout_speed_tiny_6c44c79.json"
 "$py" benchmarks/train_step.py --threads 1 0 --out "$out/train_step.json" "${guard[@]}"
-# issue 26 items 2 and 3: a static cache + compiled decode on SmolLM2 (a cold compile), and bf16
+# a static cache + compiled decode on SmolLM2 (a cold compile), and bf16
 # rollouts with fp32 master weights and the rollout correction against fp32 rollouts
 "$py" benchmarks/static_decode.py --repeats 2 > "$out/static_decode_smollm2.json"
 "$py" benchmarks/roofline.py --no-model --threads 1 --dtypes float32 --clock "$clock" \

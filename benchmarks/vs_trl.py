@@ -76,7 +76,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "eval_samples": 8,
         "verify_timeout": 0.0,
     },
-    # SmolLM2-135M-Instruct on one-digit arithmetic with the chat template (issue 14)
+    # SmolLM2-135M-Instruct on one-digit arithmetic with the chat template
     "smollm2": {
         "task": "basic_arithmetic",
         "sft_steps": 0,

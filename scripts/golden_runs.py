@@ -6,7 +6,7 @@
     python scripts/golden_runs.py check golden.json --only grpo,agpo
     python scripts/golden_runs.py record bf16.json --set model.autocast=bfloat16
 
-A refactor of the trainer must leave these runs bit-identical (issue 24): each run below is
+A refactor of the trainer must leave these runs bit-identical: each run below is
 trained a few steps with a tiny random Llama on :class:`GoldenTask` at ``run.threads=1``, and
 what is compared is every row of ``metrics.jsonl`` (``time/*`` left out), every row of
 ``rewards.jsonl`` and a SHA-256 of the final parameters (names, dtypes, shapes and bytes, in

@@ -1,7 +1,7 @@
 """Extract OpenRLHF's PPO/GRPO options from its source into tests/data/openrlhf-<version>.json.
 
-OpenRLHF needs DeepSpeed and vLLM to import, so grouprl does not install it; the README's
-feature table (tests/test_feature_table.py) checks its OpenRLHF column against this listing
+OpenRLHF needs DeepSpeed and vLLM to import, so grouprl does not install it; the method table's
+(docs/methods.md, tests/test_feature_table.py) checks its OpenRLHF column against this listing
 instead. The listing is read from the source with ``ast`` (nothing of OpenRLHF is imported or
 copied): every ``--name`` option of ``openrlhf/cli/train_ppo_ray.py`` with its ``choices``
 (None for an option without choices), and the advantage estimators the experience maker

@@ -7,7 +7,7 @@
 Each bug is one textual replacement in a copy of ``src/`` (a temporary folder; the checkout is
 never touched); the tests then run against that copy (``PYTHONPATH``) and the script prints
 which of them failed. A bug whose text no longer matches the source says ``stale`` (the
-code moved: update the replacement). Among them are the review's (issue 24) that survived
+code moved: update the replacement). Among them are the review's that survived
 every test before the step tests existed: the per-group KL weight ignored, NaN-reward
 samples kept in the loss, DAPO's overlong masking skipped. Not in CI: it runs the step
 tests once per bug (a few minutes); docs/mutation.md holds the last result.

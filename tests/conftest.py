@@ -8,7 +8,7 @@ reproducible) with 200 examples for the properties that take their count from th
 (``tests/advantages/test_properties.py``); ``HYPOTHESIS_PROFILE=dev`` draws 100 new random
 examples each run and replays failures from the local example database, for hunting new
 counterexamples while developing. The scale-invariance
-property that was stated too broadly (issue 24) fails within 10 derandomized examples of
+property that was stated too broadly fails within 10 derandomized examples of
 its strategy.
 """
 

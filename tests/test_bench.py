@@ -308,7 +308,7 @@ def test_rollout_correction_rows_judge_the_share_of_a_step():
     assert "rollout_correction" in bench.BENCHMARKS and "rollout_correction" in bench.QUICK_ARGS
 
 
-# ---- benchmarks/roofline.py: the decode step's own GEMM limit (issue 26) ---------------------
+# ---- benchmarks/roofline.py: the decode step's own GEMM limit ---------------------------
 
 
 def test_shape_bound_is_the_flop_weighted_harmonic_mean_of_the_shape_rates():
@@ -346,7 +346,7 @@ def test_vs_trl_ratios_include_the_cpu_second_ratio():
     )
 
 
-# ---- benchmarks/static_decode.py and bf16_rollouts.py (issue 26, items 2 and 3) -------------
+# ---- benchmarks/static_decode.py and bf16_rollouts.py -----------------------------------------
 
 
 def test_static_decode_amortisation_weighs_the_saving_of_a_run_against_the_first_call():

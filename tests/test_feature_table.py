@@ -1,6 +1,6 @@
-"""The README's feature table (grouprl vs TRL vs verl vs OpenRLHF) is true of the code.
+"""The feature table of docs/methods.md (grouprl vs TRL vs verl vs OpenRLHF) is true of the code.
 
-The table between the ``feature-table`` markers in README.md is the one data structure: one
+The table between the ``feature-table`` markers in docs/methods.md is the one data structure: one
 markdown row per method. Every backticked token in a cell is a claim this test checks:
 
 - grouprl: ``axis=name`` (a name in the registry ``grouprl list`` prints for that axis; ``kl=``
@@ -19,7 +19,7 @@ markdown row per method. Every backticked token in a cell is a claim this test c
 And the other way round: every entry of grouprl's method registries and every value of the
 peers' method registries (:data:`TRL_COMPLETE`, :data:`VERL_COMPLETE`,
 :data:`OPENRLHF_COMPLETE`) must appear in some row, so a method added on either side without a
-row fails here. Adding a method is one line in the README table.
+row fails here. Adding a method is one line in that table.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ OPENRLHF_COMPLETE = (
 
 # ----------------------------------------------------------------------------- the table
 def table() -> list[dict[str, str]]:
-    """The README rows as ``{column: cell}``."""
-    text = (ROOT / "README.md").read_text()
-    assert START in text and END in text, "README.md lost its feature-table markers"
+    """The table's rows as ``{column: cell}``."""
+    text = (ROOT / "docs" / "methods.md").read_text()
+    assert START in text and END in text, "docs/methods.md lost its feature-table markers"
     body = text.split(START, 1)[1].split(END, 1)[0]
     lines = [ln for ln in body.splitlines() if ln.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
@@ -191,7 +191,7 @@ def test_every_grouprl_method_has_a_row():
         for name in _registry(axis)
         if (axis, name) not in named
     ]
-    assert missing == [], "add a README feature-table row for each"
+    assert missing == [], "add a feature-table row in docs/methods.md for each"
 
 
 # ----------------------------------------------------------------------------- peers

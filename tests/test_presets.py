@@ -123,14 +123,14 @@ EXPECTED = {
     ),
     # IS-GRPO: plain GRPO advantages; its difference is the prompt sampler (SAMPLER below)
     "is_grpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0.0),
-    # its fair baseline: GRPO over the same pool, drawn uniformly (issue 23)
+    # its fair baseline: GRPO over the same pool, drawn uniformly
     "is_grpo_baseline": ("grpo", 0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
-    # one σ: Dr.GRPO's r − r̄ times the draw's importance weight 1/(|pool|·p_x) (issue 23)
+    # one σ: Dr.GRPO's r − r̄ times the draw's importance weight 1/(|pool|·p_x)
     "is_grpo_exact": ("dr_grpo", 0, None, None, "ppo_clip", GRPO, TM, False, None, None, "k3", 0),
     # AGPO: ε_base 0.2 (replaced per step by the controller), k1 KL β = 0.03 (§3-§4);
     # aggregation from the AGPO code (per-sequence token mean, mean over sequences)
     "agpo": ("grpo", 0.0, None, None, "ppo_clip", GRPO, SMTM, False, None, "agpo", "k1", 0.03),
-    # issue 22, estimator / reward side (ALGORITHMS.md §3 table; reward side in REWARD_SIDE)
+    # the peers' methods, estimator / reward side (ALGORITHMS.md §3 table; reward side in REWARD_SIDE)
     "reinforce_pp_global": (
         "reinforce_pp_global",
         0.0,
@@ -163,7 +163,7 @@ EXPECTED = {
         "k3",
         0.0,
     ),
-    # issue 22, loss side: surrogate_params given in full where they are not clip bounds
+    # the peers' methods, loss side: surrogate_params given in full where they are not clip bounds
     "sapo": (
         "grpo", 0.0, None, None, "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, SMTM, False, None,
         None, "k3", 0.0,
@@ -403,7 +403,7 @@ def test_f_dapo_follows_app_b_and_its_additions_are_labelled_ours():
 
 
 def test_is_grpo_and_its_baseline_draw_one_pool_and_the_exact_variant_weights():
-    # issue 23: IS-GRPO is compared with GRPO over the *same* finite pool (a preset field),
+    # IS-GRPO is compared with GRPO over the *same* finite pool (a preset field),
     # the baseline differing only in the sampler
     p, b, e = (presets.get(n) for n in ("is_grpo", "is_grpo_baseline", "is_grpo_exact"))
     assert p.pool_size == b.pool_size == e.pool_size == 1024

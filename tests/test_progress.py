@@ -1,4 +1,4 @@
-"""Plain progress lines for output that is not a terminal (issue 25: a piped run printed its
+"""Plain progress lines for output that is not a terminal (a piped run must not print its
 first line and then nothing for 20 minutes)."""
 
 import io

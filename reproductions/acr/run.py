@@ -1,8 +1,8 @@
 """ACR with and without AVSPO at equal rollouts, in the ACR paper's regime (GRPO's ACR 28-45 %).
 
-Calibrates the pool's difficulty once (:func:`grouprl.simulate.acr.calibrate_pool`: the Beta
+Calibrates the pool's difficulty once (:func:`grouprl.simulate.collapse_over_training.calibrate_pool`: the Beta
 mean at which GRPO's raw ACR over the run is 0.365, the middle of the paper's 0.28-0.45 at
-G = 8), then runs :func:`grouprl.simulate.acr.run_method` for every method and seed (4096
+G = 8), then runs :func:`grouprl.simulate.collapse_over_training.run_method` for every method and seed (4096
 prompts, batches of 32 × 8, 600 generation rounds = 153,600 rollouts per run; per-prompt
 Bernoulli policies [OURS learning model, see the simulate module]). Reports mean ± SE over
 seeds of the raw ACR (the paper's metric) and its all-wrong / all-correct split, the share of
@@ -31,7 +31,7 @@ PAPER_CUT, PAPER_GAIN = (0.58, 0.63), (4.0, 6.0)
 
 
 def run_all(cfg, seeds: int) -> dict[str, list[dict]]:
-    from grouprl.simulate.acr import METHODS, run_method
+    from grouprl.simulate.collapse_over_training import METHODS, run_method
 
     return {m: [run_method(m, cfg, s) for s in range(seeds)] for m in METHODS}
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if out is None:
         return 0
     torch.set_num_threads(args.threads)
-    from grouprl.simulate.acr import AcrConfig, calibrate_pool
+    from grouprl.simulate.collapse_over_training import AcrConfig, calibrate_pool
 
     t0 = time.perf_counter()
     cfg = AcrConfig(**(QUICK if args.quick else {}))

@@ -14,7 +14,7 @@ categorical``). Four calls ("parts"):
 - **wd0**: AdamW at η = 1e-2 without weight decay, N ∈ {8, 256, 8192, 131072}, γ ∈ {0, 1}
   (our [OURS] choice of torch's default decay 0.01 tested);
 - **plain**: the labelled plain-gradient-ascent option at η = 2e3 and the paper's 1e-2, N ∈
-  {8, 256, 8192}, γ ∈ {0, 1} (this reproduction's algorithm before issue 23).
+  {8, 256, 8192}, γ ∈ {0, 1} (plain gradient ascent).
 
 Per (part, η, N, γ): Q_pos(T), its gain, M_ret(T), min over t of M_ret, entropy H(T), mean ± std
 over seeds; for γ > 0, M_ret minus the γ = 0 runs' M_ret at equal N and at the step where their
@@ -244,7 +244,7 @@ def readme_block(payload: dict) -> str:
     )
     not_run = [p for p in what if p not in ran]
     cfg = payload["config"]["main"]
-    # results.json of before issue 23 has no optimizer field: that run was plain ascent
+    # an older results.json has no optimizer field: that run was plain ascent
     opt = cfg.get("optimizer", "plain")
     label = "AdamW" if opt == "adamw" else "plain gradient ascent (labelled, not the papers')"
     return (

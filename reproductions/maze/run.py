@@ -133,13 +133,13 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "sft_schedule": "constant", "coords": False,
     },
 }  # fmt: skip
-"""``--setting``: the defaults of every flag. ``small`` = the issue-12 fair test (4×4, the 205k
+"""``--setting``: the defaults of every flag. ``small`` = the fair test of the focal weight (4×4, the 205k
 model; its results are this folder's README); ``appk`` = towards F-GRPO App. K on two shared
 cores (9×9 mazes with answers of 1-3 moves, a 1.2M-parameter model, SFT batch 32 as App. K,
 RL lr 1e-4 as App. K at 16 prompts a step, every N × γ of {4, 8, 16} × {0, 0.5, 1}, both lr
 controls at γ = 0.5; results under ``appk/``). Flags override. [OURS, pilot] SFT lr 2e-3, not
 App. K's 5e-4: at 1e-3 (paths ≤ 12) the loss sat at 1.32 with pass@1 0 after 500 steps;
-[OURS, issue 23 pilots] answers of 1-3 moves and a curriculum (300 steps on ≤ 2 moves, then
+[OURS, pilots] answers of 1-3 moves and a curriculum (300 steps on ≤ 2 moves, then
 3 × 300 on ≤ 3, constant lr): with 1-6 moves 1,000 cosine steps solved 9.5 % of even the
 1-move mazes (appk/README.md)."""
 
@@ -152,7 +152,7 @@ def _args(argv: list[str] | None):
     p = C.parser(__doc__.splitlines()[0], default_seeds=5 if setting == "small" else 3)
     p.add_argument(
         "--setting", choices=sorted(SETTINGS), default="small",
-        help="the defaults of every flag below: small (4x4, the issue-12 fair test) or appk "
+        help="the defaults of every flag below: small (4x4, the fair focal-weight test) or appk "
         "(9x9, a 1.2M model, towards F-GRPO App. K)",
     )  # fmt: skip
     p.add_argument("--size", type=int, default=d["size"], help="maze side (cells)")

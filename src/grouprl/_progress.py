@@ -3,8 +3,7 @@
 A rich bar redraws one line in place, which needs a terminal; with stdout piped to a file
 or a CI log it prints nothing until the end. :class:`ProgressLines` prints a plain line
 instead, every ``every_s`` seconds or every ``fraction`` of the total, whichever comes first,
-and at the end [OURS: issue 25, a warm start that printed nothing for 20 minutes into a log
-file]. :func:`use_bar` says which of the two a stream gets.
+and at the end [OURS: a long warm start must not be silent in a log file]. :func:`use_bar` says which of the two a stream gets.
 """
 
 from __future__ import annotations

@@ -615,11 +615,11 @@ PRESETS: dict[str, Preset] = {
             "IS-GRPO with one sigma: r - mean times the draw's importance weight 1/(|pool| p_x)",
             {
                 "estimator": "Dr.GRPO's r - mean (no group std): its per-prompt expectation "
-                "is ((G-1)/G)·grad J_x at every G [OURS, issue 23]",
+                "is ((G-1)/G)·grad J_x at every G [OURS]",
                 "aggregation": _S_TOKEN_MEAN,
                 "sampler": _S_IS_SAMPLER,
                 "pool_size": _S_IS_POOL,
-                "sampler_weight": "on [OURS, issue 23]: 1/(|pool|·p_x) with p_x the probability "
+                "sampler_weight": "on [OURS]: 1/(|pool|·p_x) with p_x the probability "
                 "the sampler drew x with, so the sigma that draws is the sigma that divides and "
                 "the expected update is parallel to the full gradient at every G "
                 "(grouprl.sampling docstring)",
@@ -649,7 +649,7 @@ PRESETS: dict[str, Preset] = {
             beta=0.03,
             ppo_epochs=4,
         ),
-        # -- the peers' methods, estimator / reward side (issue 22; ALGORITHMS.md §1, §3)
+        # -- the peers' methods, estimator / reward side (ALGORITHMS.md §1, §3)
         _p(
             "reinforce_pp_global",
             "REINFORCE++: k1 KL in the reward, returns whitened over the batch's tokens",
@@ -752,7 +752,7 @@ PRESETS: dict[str, Preset] = {
             estimator="optimal_token_baseline",
             aggregation="token_mean",
         ),
-        # -- issue 22, loss side: the surrogates the peers ship, as their sources run them
+        # -- the peers' methods, loss side: the surrogates the peers ship, as their sources run them
         _p(
             "sapo",
             "SAPO: soft sigmoid gate instead of a clip, per-sequence token mean",

@@ -38,7 +38,7 @@ biased low there. Worse, the σ that draws (the EMA σ̂_x, floored) is not the 
 (this group's σ_q). So ``is_grpo``'s alignment is exact only in the large-G limit with a
 perfect σ̂, and approximate where prompts are nearly always solved or never solved.
 
-**Exact variant** [OURS, issue 23] (``is_grpo_exact``): the same sampler, Dr.GRPO's advantage
+**Exact variant** [OURS] (``is_grpo_exact``): the same sampler, Dr.GRPO's advantage
 r − r̄ (whose per-prompt expectation is ((G − 1)/G)·∇J_x at every G, no σ in it) times the
 importance weight of the draw, 1/(|X|·p_x) with p_x the probability the sampler really drew x
 with (:meth:`PromptSampler.importance_weights`). One quantity then both draws and divides:
@@ -196,7 +196,7 @@ class SigmaSampler(PromptSampler):
       visit setting it [OURS: the paper's estimator of σ_x was not reachable; ``momentum`` m,
       default 0.5]. ``momentum=0`` keeps the last visit only.
     - unvisited prompts get the mean of σ̂ over the visited ones (uniform before any visit),
-      so a new prompt is drawn like an average one [issue 11's specification].
+      so a new prompt is drawn like an average one [OURS].
     - ``sigma_floor`` (default 0.05 for rewards in [0, 1], [OURS]) keeps every prompt reachable:
       a prompt whose groups always collapse would otherwise never be drawn again.
     - draws are **with replacement** by default: i.i.d. draws from p are what make

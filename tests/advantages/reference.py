@@ -35,7 +35,7 @@ NEW = {
     "opo",
     "remax",
 }
-"""The estimators of issue 22 with a loop in :func:`per_group_new`."""
+"""The peers' estimators with a loop in :func:`per_group_new`."""
 
 NO_GROUP_RULE = {"reinforce_pp_global", "flash_reinforce", "remax"}
 """Estimators without a group baseline: a collapsed group is not zeroed by a rule."""
@@ -183,7 +183,7 @@ def _whiten_list(xs, ddof, eps):
 
 
 def per_group_new(kind, rewards, *, ddof=1, tau=TAU, lengths=None, baseline=None):  # noqa: C901
-    """Loops for the issue-22 estimators at their default parameters."""
+    """Loops for the peers' estimators at their default parameters."""
     rewards = np.asarray(rewards, dtype=np.float64)
     rows = _rows(rewards)
     out = np.zeros_like(rewards)

@@ -70,7 +70,7 @@ def test_nan_is_not_an_error_and_is_counted():
     assert out.values[0, 0].item() == pytest.approx((2 / 3) / math.sqrt(1 / 3), rel=1e-5)
 
 
-# --------------------------------------------------------------------------- issue 22 methods
+# --------------------------------------------------------------------------- the peers' methods
 R2 = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
 MASK = torch.ones(2, 2, 3, dtype=torch.bool)
 

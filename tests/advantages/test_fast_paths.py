@@ -1,4 +1,4 @@
-"""The advantage layer's fast paths (issue 26) against the implementations they replaced.
+"""The advantage layer's fast paths against the implementations they replaced.
 
 Each ``old_*`` function below is the previous implementation, kept here as the reference:
 the new code must give the same bits (``torch.equal``: same values, NaN where NaN) on random
@@ -37,7 +37,7 @@ def batch(p: int, g: int, seed: int, nan: float = 0.0) -> torch.Tensor:
     return r
 
 
-# ---- the replaced implementations (as they were before issue 26) -----------------------------
+# ---- the replaced implementations (the plain forms) -----------------------------
 
 
 def old_sign_sums(rewards, valid):

@@ -1,4 +1,4 @@
-"""Hand-derived values for the methods of issue 22; each derivation is in the comments."""
+"""Hand-derived values for the peers' methods; each derivation is in the comments."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Parity with verl 0.9's own functions for the methods of issue 22 (core_algos.py).
+"""Parity with verl 0.9's own functions for the peers' methods (core_algos.py).
 
 Each case feeds the same batch to verl's function and to ours: random rewards, G = 2, groups
 whose rewards are all equal, ragged completion lengths (token masks) and, for NaN, verl run

@@ -25,8 +25,8 @@ def test_stall_fires_on_the_50th_consecutive_step_only():
     w = h.update(49, {"acr/rate": 0.4, "acr/all_wrong": 0.3, "acr/all_correct": 0.1})
     assert len(w) == 1 and w[0].startswith("[acr_stall] step 49")
     assert w[0].endswith("-> " + STALL_ADVICE["all_wrong"])  # 0.3 all-wrong > 0.1 all-correct
-    # The same condition for 250 more steps: printed once, not every 50 steps (issue 25: the
-    # default run printed the same acr_stall line six times)
+    # The same condition for 250 more steps: printed once, not every 50 steps (not
+    # the same acr_stall line six times)
     assert _feed(h, [0.4] * 250, start=50) == []
     (ep,) = h.episodes()
     assert (ep.rule, ep.start, ep.last, ep.open, ep.updates) == ("acr_stall", 49, 299, True, [])

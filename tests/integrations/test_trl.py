@@ -87,7 +87,7 @@ def test_trl_loss_settings_map_presets_onto_trl():
         "beta": 0.0,
         "use_bias_correction_kl": False,  # the preset's KL is the plain k3 (TRL default: True)
     }
-    # issue 22: SAPO, VESPO, LUSPO, BNPO and the dual clip have TRL knobs; GMPO, Clip-Cov,
+    # SAPO, VESPO, LUSPO, BNPO and the dual clip have TRL knobs; GMPO, Clip-Cov,
     # KL-Cov, DPPO and DRO run through grouprl's loss
     sapo = s(presets.get("sapo"))
     assert sapo["loss_type"] == "sapo" and sapo["sapo_temperature_neg"] == 1.05
@@ -163,7 +163,7 @@ def test_trainer_rejects_what_it_cannot_run(tmp_path):
     ("spec", "targs"),
     [
         ({"preset": "grpo"}, {}),
-        ({"preset": "sapo"}, {}),  # issue 22: TRL's sapo vs grouprl's, on TRL's tensors
+        ({"preset": "sapo"}, {}),  # TRL's sapo vs grouprl's, on TRL's tensors
         ({"preset": "vespo"}, {}),
         ({"preset": "luspo"}, {}),
         # TRL's token mask and its ratio-weighted k3 KL (use_bias_correction_kl) on both paths

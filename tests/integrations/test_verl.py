@@ -296,7 +296,8 @@ def test_every_estimator_through_compute_advantage_equals_ours(name):
     adv, ret = via_compute_advantage(f"grouprl_{name}", tlr, mask, uids, tensors=extra)
     want = loop_reference(name, scores, uids, mask, baseline=baseline)
     torch.testing.assert_close(adv, want, atol=1e-6, rtol=1e-6)
-    assert torch.equal(adv, ret)
+    if name not in ("reinforce_pp_global", "remax"):  # verl's return (scores, scores)
+        assert torch.equal(adv, ret)  # the two return-to-go ones: test_verl_conventions.py
     assert (adv[mask == 0] == 0).all()
 
 
@@ -348,8 +349,10 @@ def test_bad_options_fail_loudly():
         via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"singleton": "raw"})
     with pytest.raises(ValueError, match="unknown parameter"):
         via_compute_advantage("grouprl_grpo", tlr, mask, uids, {"focal": 0.5})
-    with pytest.raises(ValueError, match="adv_estimator=grouprl_dr_grpo"):
-        via_compute_advantage("grouprl_grpo", tlr, mask, uids, norm_adv_by_std_in_grpo=False)
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo=False does not change"):
+        core_algos.get_adv_estimator_fn("grouprl_rloo")(
+            tlr, mask, index=uids, norm_adv_by_std_in_grpo=False
+        )
     fn = core_algos.get_adv_estimator_fn("grouprl_grpo")
     with pytest.raises(ValueError, match="uid"):
         fn(token_level_rewards=tlr, response_mask=mask)
@@ -436,7 +439,7 @@ def test_registered_losses_equal_verls_and_backpropagate(ours, theirs, config, m
 
 
 NEW_LOSSES = [
-    # issue 22: (grouprl name, verl name, ActorConfig fields, PolicyLossConfig fields, modes)
+    # the peers' methods: (grouprl name, verl name, ActorConfig fields, PolicyLossConfig fields, modes)
     ("grouprl_sapo", "sapo", {"tau_pos": 1.0, "tau_neg": 1.05}, {}, ["seq-mean-token-mean"]),
     ("grouprl_gmpo", "geo_mean", {"clip_ratio_low": 0.4, "clip_ratio_high": 0.3}, {}, ["seq-mean-token-mean"]),
     ("grouprl_clip_cov", "clip_cov", {}, {"clip_cov_ratio": 0.2, "clip_cov_lb": -1.0}, ["token-mean", "token-sum"]),

@@ -224,7 +224,7 @@ SURROGATE_PARAMS = {
     "cispo": {},
     "gspo": {},
     "reinforce": {},
-    # issue 22's surrogates (Clip-Cov's random draw kept empty so both calls agree)
+    # the peers' surrogates (Clip-Cov's random draw kept empty so both calls agree)
     "sapo": {},
     "gmpo": {},
     "vespo": {},
@@ -233,6 +233,7 @@ SURROGATE_PARAMS = {
     "dppo_tv": {},
     "dppo_kl": {},
     "dro": {"beta": 0.1},
+    "topr": {},
 }
 
 

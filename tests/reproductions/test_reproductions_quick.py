@@ -274,7 +274,7 @@ def test_maze_appk_plan_every_n_and_gamma_seed_major_with_the_closed_form_contro
     mod = _load("maze")
     a = mod._args(["--setting", "appk", "--seeds", "2"])
     assert (a.size, a.group, a.sweep_groups, a.sft_batch, a.lr) == (9, 8, [4, 16], 32, 1e-4)
-    # issue 23's warm start: 1-3-move answers, 300 steps on ≤ 2 moves then 900 on ≤ 3, a
+    # the appk warm start: 1-3-move answers, 300 steps on ≤ 2 moves then 900 on ≤ 3, a
     # constant lr after each stage's warm-up, the plain cell tokens
     assert (a.min_path, a.max_path, a.max_new, a.sft_schedule, a.coords) == (
         1, 3, 6, "constant", False,
@@ -359,7 +359,7 @@ def test_maze_paired_statistics_hand_case():
     assert p["mean"] == pytest.approx(0.1) and p["se"] == pytest.approx(0.2 / math.sqrt(3))
     assert (p["positive"], p["negative"], p["n"]) == (2, 1, 3)
     assert mod.fmt_paired(p) == "+0.1000 ± 0.1155 (2/3 +)"
-    # the earlier sweep, paired by seed (issue 12: -0.034, SE 0.0075, 5 of 5 negative)
+    # the earlier sweep, paired by seed (-0.034, SE 0.0075, 5 of 5 negative)
     old = mod.legacy()
     assert old["pass@64"]["mean"] == pytest.approx(-0.034, abs=5e-4)
     assert old["pass@64"]["se"] == pytest.approx(0.0075, abs=5e-4)

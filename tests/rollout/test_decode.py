@@ -1,4 +1,4 @@
-"""The decode loop's internals (issue 26): the inverse-CDF draw, the legacy multinomial draw,
+"""The decode loop's internals: the inverse-CDF draw, the legacy multinomial draw,
 and the KV cache written in place."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def char_model():
 
 
 def old_sample_tokens(logits, sampling, generator, temperature=None):
-    """rollout.hf.sample_tokens before issue 26 (torch.multinomial), the reference."""
+    """rollout.hf.sample_tokens's multinomial form (torch.multinomial), the reference."""
     logits = logits.float()
     lp_t = sampling.logprob_temperature
     if temperature is None and sampling.temperature == 0.0:

@@ -103,7 +103,7 @@ def test_gradient_properties(a, n, seed, kind):
 
 def test_initial_state_full_size_by_hand():
     # Z = e^5 + 9999 e^3 + 118,000; Q_pos = (e^5 + 9999 e^3)/Z ≈ 0.630;
-    # H = log Z − Σ π z = log Z − (5 e^5 + 3·9999 e^3)/Z ≈ 10.78 nats (issue 11).
+    # H = log Z − Σ π z = log Z − (5 e^5 + 3·9999 e^3)/Z ≈ 10.78 nats.
     z, reward = initial_logits(CategoricalConfig())
     big_z = math.exp(5) + 9999 * math.exp(3) + 118_000
     pi = torch.softmax(z, 0)

@@ -217,7 +217,7 @@ def _raises(completions, **kw):
 
 
 def test_the_stop_message_asks_for_what_the_failure_needs():
-    # issue 25: a function that raised was told "raise the timeout, now 0 s per call"
+    # a function that raised must not be told "raise the timeout, now 0 s per call"
     for timeout in (0, 0.5):
         with pytest.raises(UnscorableError) as err:
             Rewards([_raises]).score(_batch(["a", "b"]), timeout_s=timeout, max_unscorable_frac=0)

@@ -100,8 +100,8 @@ def test_example_configs_load_and_validate(name):
 
 
 def test_progress_shows_without_a_terminal(tmp_path, monkeypatch, capsys):
-    # issue 25: with stdout going to a file the warm start printed nothing for minutes and
-    # the run nothing until its end; now plain lines (capsys's stdout is not a terminal)
+    # with stdout going to a file the warm start and the run must not stay silent until
+    # their end: plain lines (capsys's stdout is not a terminal)
     monkeypatch.setenv("GROUPRL_CACHE", str(tmp_path / "cache"))  # an empty SFT cache
     out = tmp_path / "run"
     argv = ["train", "--out", str(out), "--steps", "20", "--prompts-per-step", "2",
@@ -126,7 +126,7 @@ def test_progress_shows_without_a_terminal(tmp_path, monkeypatch, capsys):
 
 
 def test_the_default_run_is_the_maze_miniature_and_maze_yaml_spells_it_out():
-    # issue 25: `grouprl train` with no arguments, and configs/maze.yaml, are the same run
+    # `grouprl train` with no arguments, and configs/maze.yaml, are the same run
     default, yaml = load_config(), load_config(ROOT / "configs" / "maze.yaml")
     assert dict(default.task.params) == {"size": 4, "min_path": 1, "max_path": 5}
     assert (default.model.sft_steps, default.optim.steps, default.batch_size) == (700, 150, 256)

@@ -12,7 +12,7 @@ from grouprl.train import config as C
 def test_defaults_are_the_maze_miniature_and_validate():
     cfg = C.load_config()
     assert (cfg.model.name, cfg.task.name, cfg.algorithm.preset) == ("tiny", "maze", "grpo")
-    # the maze miniature (config.MAZE_MINIATURE, issue 25): 16 mazes x 16; lr 5e-5
+    # the maze miniature (config.MAZE_MINIATURE): 16 mazes x 16; lr 5e-5
     assert (cfg.sampling.prompts_per_step, cfg.sampling.group_size, cfg.optim.lr) == (16, 16, 5e-5)
     assert cfg.batch_size == 256
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -180,7 +180,7 @@ def test_threads_zero_is_auto(monkeypatch):
 def test_a_logger_asked_for_but_not_installed_is_an_error_before_the_run(
     tmp_path, monkeypatch, capsys
 ):
-    # issue 25: run.wandb=true without wandb ran to the end without a word
+    # run.wandb=true without wandb must not run to the end without a word
     import importlib.util
 
     from grouprl.cli import main

@@ -1,4 +1,4 @@
-"""What the step hands its parts, pinned by known answers (issue 24's mutation triage of
+"""What the step hands its parts, pinned by known answers (the mutation triage of
 ``train/loop.py``, docs/mutation.md): each test kills surviving mutants of the loop.
 
 - ``step_selection``: the step-level top-entropy threshold and KL-Cov's selection count the

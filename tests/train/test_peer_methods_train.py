@@ -1,4 +1,4 @@
-"""The trainer paths of issue 22's methods, each in a tiny end-to-end run on the toy task:
+"""The trainer paths of the peers' methods, each in a tiny end-to-end run on the toy task:
 
 - ReMax: one greedy completion per prompt, scored, is the baseline (``Batch.baseline``);
 - GDPO: the dataset task's reward functions reach the estimator one by one (``[P, G, K]``);

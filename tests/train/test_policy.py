@@ -85,7 +85,7 @@ def _reference_at_fp32(monkeypatch):
 def test_one_pass_without_the_autocast_fails_the_tolerance(
     tmp_path, monkeypatch, plant, measure, tol
 ):
-    """The planted bug of issue 21 (autocast around the training forward only), pass by pass:
+    """The planted bug (autocast around the training forward only), pass by pass:
     the tolerance above catches each."""
     plant(monkeypatch)
     m = loop.train_step(_run(tmp_path, "bfloat16"))

@@ -110,7 +110,7 @@ def test_pool_and_sampler_config_errors():
 
 
 def test_is_grpo_and_its_baseline_train_on_the_same_pool(tmp_path):
-    # issue 23: is_grpo_baseline is GRPO over is_grpo's pool (Preset.pool_size), drawn
+    # is_grpo_baseline is GRPO over is_grpo's pool (Preset.pool_size), drawn
     # uniformly; plain grpo streams fresh prompts
     runs = {}
     for name in ("is_grpo", "is_grpo_baseline", "is_grpo_exact", "grpo"):

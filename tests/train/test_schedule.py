@@ -29,7 +29,7 @@ def test_one_update_per_batch_is_on_policy_and_noted_once(tmp_path, capsys):
         assert r["optim/steps"] == 1.0
         assert r["policy/clip_frac_region"] == 0.0
         assert abs(r["policy/ratio_max"] - 1) < 1e-4 and abs(r["policy/ratio_min"] - 1) < 1e-4
-    # the preset's own schedule: a one-line note, not a warning (issue 25)
+    # the preset's own schedule: a one-line note, not a warning
     out = capsys.readouterr().out
     assert out.count(NOTE) == 1 and "warning" not in out
 

@@ -86,7 +86,7 @@ def test_no_cache_env(tmp_path, monkeypatch):
     sft.warm_start(model, tok, MAZE, steps=2, batch_size=4, cache_dir=tmp_path, progress=False)
     assert not any(tmp_path.iterdir())
     # a warm start trained here leaves no gradient behind (a cached one has none either), so
-    # the first RL step is the same whether or not the cache was warm (issue 23)
+    # the first RL step is the same whether or not the cache was warm
     assert all(q.grad is None for q in model.parameters())
 
 

@@ -84,14 +84,14 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
     "dr_grpo": baseline.dr_grpo,
     "rloo": baseline.rloo,
     "batch_std": baseline.batch_std,
-    "reinforce_pp": global_norm.reinforce_pp_baseline,  # alias (its name before issue 22)
+    "reinforce_pp": global_norm.reinforce_pp_baseline,  # alias of reinforce_pp_baseline, kept for old configs
     "gopo": ranking.gopo,
     "p90": scale.p90,
     "maxnorm_rloo": scale.maxnorm_rloo,
     "maxnorm_dr_grpo": scale.maxnorm_dr_grpo,
     "grpo_beta_comp": baseline.grpo_beta_comp,
     "sigma_weighted_grpo": baseline.sigma_weighted_grpo,
-    # -- the peers' methods (issue 22; ALGORITHMS.md §1 "Methods the peers ship")
+    # -- the peers' methods (ALGORITHMS.md §1 "Methods the peers ship")
     "reinforce_pp_baseline": global_norm.reinforce_pp_baseline,
     "reinforce_pp_global": global_norm.reinforce_pp_global,
     "flash_reinforce": global_norm.flash_reinforce,
@@ -109,7 +109,7 @@ that read per-sample inputs declare them as keyword parameters: ``lengths [P, G]
 """
 
 ALIASES: dict[str, str] = {"reinforce_pp": "reinforce_pp_baseline"}
-"""Old name -> current name: ``reinforce_pp`` was REINFORCE++-baseline's name until issue 22,
+"""Old name -> current name: ``reinforce_pp`` is an older name of REINFORCE++-baseline,
 when REINFORCE++ without a group baseline (``reinforce_pp_global``) joined it."""
 
 INPUTS = ("lengths", "baseline")

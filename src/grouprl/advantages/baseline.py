@@ -131,7 +131,7 @@ def sigma_weighted_grpo(
     Dr.GRPO's direction with one per-batch scale (an adaptive optimizer largely removes it).
     [OURS] It is the *in-batch* reading of IS-GRPO ("Why GRPO needs normalization"): move the
     sampling density p_x ∝ σ_x into a weight on uniformly drawn prompts. It was this project's
-    ``is_grpo`` estimator until issue 11; the ``is_grpo`` preset now follows the paper's
+    ``is_grpo`` estimator under an older name; the ``is_grpo`` preset now follows the paper's
     sampling reading (GRPO advantages, prompts drawn ∝ σ̂ by ``grouprl.sampling``). With no
     non-collapsed group every advantage is 0. scale = (σ_q + eps)·σ̄/σ_q.
     """

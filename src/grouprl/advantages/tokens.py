@@ -103,7 +103,9 @@ def kl_reward(
     the behaviour policy's log-probabilities ``logp`` (verl ``apply_kl_penalty`` uses
     ``old_log_probs``; OpenRLHF ``compute_approx_kl`` the rollout's). ``current_kl`` is
     what verl feeds its controller (ray_trainer.py ``apply_kl_penalty``): the batch mean of
-    each sequence's token-mean KL. No gradient flows through either.
+    each sequence's token-mean KL. No gradient flows through either. The mask *selects*
+    (``torch.where``): a NaN or infinite log-probability at a padded token gives 0 there,
+    where verl's ``kld * response_mask`` gives NaN [OURS; equal to verl wherever it is finite].
     """
     from grouprl.losses import kl as kl_fn  # losses never import advantages: no cycle
 
@@ -111,7 +113,7 @@ def kl_reward(
         raise ValueError(f"coef must be finite, got {coef!r}")
     m = mask.to(logp.dtype)
     with torch.no_grad():
-        k = kl_fn(estimator, logp.detach(), ref_logp.detach()) * m  # [..., T]
+        k = torch.where(m > 0, kl_fn(estimator, logp.detach(), ref_logp.detach()), 0.0)  # [..., T]
         seq = k.sum(-1) / (m.sum(-1) + 1e-8)  # verl masked_mean(axis=-1)
         current = float(seq.mean()) if seq.numel() else 0.0
     return -float(coef) * k, current

@@ -26,11 +26,11 @@ from grouprl.diagnostics.balance import (
     subset_keys,
 )
 from grouprl.diagnostics.health import HealthConfig, RunHealth
+from grouprl.diagnostics.inverse_scale import inverse_scale_tail, updated_groups
 from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, step_metrics
 from grouprl.diagnostics.mismatch import MISMATCH_KEYS, effective_sample_size, mismatch_metrics
 from grouprl.diagnostics.passk import pass_at_k
 from grouprl.diagnostics.regime import gradient_orthogonality, per_prompt_gradients, sigma_stats
-from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
 from grouprl.diagnostics.tailmiss import (
     GroupSizeAdvice,
     advise_group_size,

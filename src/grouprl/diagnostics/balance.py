@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import torch
 
-from grouprl.diagnostics.scale import updated_groups
+from grouprl.diagnostics.inverse_scale import updated_groups
 from grouprl.types import Advantages
 
 __all__ = [
@@ -36,7 +36,7 @@ SUBSETS = ("low_sigma", "batch")
 """Where the trainer measures R/KL, logged as ``balance/<subset>/...``: ``low_sigma`` = the
 updated groups with σ_q < :data:`LOW_SIGMA` (:func:`low_sigma_groups`, Table 3's subset, the
 number to hold against Table 3 and the one the health rule reads); ``batch`` = every kept row
-of the measured micro-batch (what was logged as ``balance/r_over_kl`` before issue 23)."""
+of the measured micro-batch (what was logged as ``balance/r_over_kl`` in older runs)."""
 
 
 def low_sigma_groups(

@@ -21,8 +21,8 @@ import torch
 from grouprl._json import jsonl_lines
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
 from grouprl.diagnostics.health import RunHealth
+from grouprl.diagnostics.inverse_scale import updated_groups
 from grouprl.diagnostics.regime import sigma_mean_cv
-from grouprl.diagnostics.scale import updated_groups
 from grouprl.diagnostics.tailmiss import (
     DEFAULT_CANDIDATES,
     GroupSizeAdvice,

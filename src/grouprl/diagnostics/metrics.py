@@ -6,8 +6,8 @@ import torch
 
 from grouprl.advantages._groups import batch_std
 from grouprl.diagnostics.acr import DEFAULT_TAU, collapse_split
+from grouprl.diagnostics.inverse_scale import inverse_scale_tail, updated_groups
 from grouprl.diagnostics.regime import sigma_mean_cv
-from grouprl.diagnostics.scale import inverse_scale_tail, updated_groups
 from grouprl.types import Advantages, to_floats
 
 __all__ = ["STEP_METRIC_KEYS", "step_metrics"]

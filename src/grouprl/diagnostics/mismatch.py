@@ -11,6 +11,10 @@ ones), :func:`mismatch_metrics` returns flat ``mismatch/*`` floats:
 - ``ppl_train``, ``ppl_rollout``: batch means of each sequence's perplexity;
   ``ppl_ratio`` = mean_i exp(mean_t log π_rollout − mean_t log π_train) (verl ``ppl_ratio``);
   ``log_ppl_abs_diff`` (verl);
+- ``log_ppl_train``, ``log_ppl_rollout``: batch means of each sequence's −mean_t log π (verl
+  ``training_log_ppl`` / ``rollout_log_ppl``); ``log_ppl_diff`` and its ``_max`` / ``_min``
+  over the sequences: mean_t log π_rollout − mean_t log π_train (verl ``log_ppl_diff``,
+  ``log_ppl_diff_max``, ``log_ppl_diff_min``; ``rollout_corr_helper.compute_offpolicy_metrics``);
 - ``ess_token``, ``ess_seq``: effective sample size of the raw ratios as a share of the
   sample, ``(Σw)² / (n·Σw²)`` = 1 / mean((w / mean w)²) (verl's ``rollout_is_eff_sample_size``
   formula, applied before truncation);
@@ -53,6 +57,11 @@ MISMATCH_KEYS = (
     "mismatch/ppl_rollout",
     "mismatch/ppl_ratio",
     "mismatch/log_ppl_abs_diff",
+    "mismatch/log_ppl_train",
+    "mismatch/log_ppl_rollout",
+    "mismatch/log_ppl_diff",
+    "mismatch/log_ppl_diff_max",
+    "mismatch/log_ppl_diff_min",
     "mismatch/ess_token",
     "mismatch/ess_seq",
     "mismatch/logp_diff_mean",
@@ -98,6 +107,13 @@ def effective_sample_size(weights: torch.Tensor, mask: torch.Tensor) -> torch.Te
 
 
 @torch.no_grad()
+def _row_extreme(x: torch.Tensor, rows: torch.Tensor, which) -> torch.Tensor:
+    """Max (``which=max``) or min of ``x [N]`` over the rows with a valid token (0 if none)."""
+    if not bool(rows.any()):
+        return torch.zeros((), dtype=x.dtype, device=x.device)
+    return x[rows].amax() if which is max else x[rows].amin()
+
+
 def mismatch_metrics(
     train_logp: torch.Tensor,
     rollout_logp: torch.Tensor,
@@ -160,6 +176,11 @@ def mismatch_metrics(
         "ppl_rollout": (torch.exp(-mean_roll) * rowf).sum() / n_seq,
         "ppl_ratio": (torch.exp(log_ppl_diff) * rowf).sum() / n_seq,
         "log_ppl_abs_diff": (log_ppl_diff.abs() * rowf).sum() / n_seq,
+        "log_ppl_train": (-mean_train * rowf).sum() / n_seq,
+        "log_ppl_rollout": (-mean_roll * rowf).sum() / n_seq,
+        "log_ppl_diff": (log_ppl_diff * rowf).sum() / n_seq,
+        "log_ppl_diff_max": _row_extreme(log_ppl_diff, rows, max),
+        "log_ppl_diff_min": _row_extreme(log_ppl_diff, rows, min),
         "ess_token": effective_sample_size(rho, valid),
         "ess_seq": effective_sample_size(seq_rho, rows),
         "logp_diff_mean": (diff * m).sum() / n_tok,
@@ -190,6 +211,11 @@ PEER_KEYS: dict[str, dict[str, str]] = {
         "rollout_corr/rollout_ppl": "mismatch/ppl_rollout",
         "rollout_corr/ppl_ratio": "mismatch/ppl_ratio",
         "rollout_corr/log_ppl_abs_diff": "mismatch/log_ppl_abs_diff",
+        "rollout_corr/training_log_ppl": "mismatch/log_ppl_train",
+        "rollout_corr/rollout_log_ppl": "mismatch/log_ppl_rollout",
+        "rollout_corr/log_ppl_diff": "mismatch/log_ppl_diff",
+        "rollout_corr/log_ppl_diff_max": "mismatch/log_ppl_diff_max",
+        "rollout_corr/log_ppl_diff_min": "mismatch/log_ppl_diff_min",
         "rollout_corr/rollout_is_mean": "corr/weight_mean",
         "rollout_corr/rollout_is_min": "corr/weight_min",
         "rollout_corr/rollout_is_max": "corr/weight_max",

@@ -42,6 +42,7 @@ TRL has no advantage hook):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -267,6 +268,208 @@ def _needs_grouprl_loss(preset: Preset) -> bool:
     )
 
 
+# --------------------------------------------------------------------------- TRL -> grouprl
+TRL_EPS = 1e-4
+"""TRL 1.16's advantage denominator offset: ``(r − mean) / (std + 1e-4)`` in every
+``scale_rewards`` mode and both ``multi_objective_aggregation`` stages (grpo_trainer.py
+``_generate_and_score_completions``)."""
+
+
+def trl_epsilon_high(args: Any) -> float:
+    """TRL's upper clip bound: ``epsilon_high``, or ``epsilon`` when unset (GRPOTrainer)."""
+    high = getattr(args, "epsilon_high", None)
+    return float(args.epsilon if high is None else high)
+
+
+def trl_estimator(args: Any) -> tuple[str, dict[str, Any]]:
+    """The grouprl estimator (name, parameters) that computes TRL's advantages under ``args``.
+
+    TRL 1.16 (grpo_trainer.py ``_generate_and_score_completions``), std with Bessel's
+    correction and ``+ 1e-4``: ``sum_then_normalize`` with ``scale_rewards="group"`` is
+    ``grpo`` (eps 1e-4), ``"batch"`` is ``batch_std`` (the group mean over the batch std),
+    ``"none"`` is ``dr_grpo``; ``normalize_then_sum`` is ``gdpo`` with the residual of an
+    all-equal group kept (``zero_collapsed=False``, as TRL leaves it).
+    """
+    aggregation = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+    if aggregation == "normalize_then_sum":
+        return "gdpo", {"eps": TRL_EPS, "zero_collapsed": False}
+    if aggregation != "sum_then_normalize":
+        raise ValueError(
+            f"GRPOConfig(multi_objective_aggregation={aggregation!r}) is not one of TRL's "
+            "'sum_then_normalize', 'normalize_then_sum'"
+        )
+    scale = {True: "group", False: "none"}.get(args.scale_rewards, args.scale_rewards)
+    if scale == "group":
+        return "grpo", {"eps": TRL_EPS}
+    if scale == "batch":
+        return "batch_std", {"eps": TRL_EPS}
+    if scale == "none":
+        return "dr_grpo", {}
+    raise ValueError(
+        f"GRPOConfig(scale_rewards={args.scale_rewards!r}) is not one of TRL's 'group', "
+        "'batch', 'none'"
+    )
+
+
+def trl_loss_half(args: Any) -> dict[str, Any]:
+    """The grouprl loss half (``surrogate``, ``surrogate_params``, ``aggregation``, ``beta``)
+    that computes TRL's ``_compute_loss`` under ``args``; the inverse of
+    :func:`trl_loss_settings`.
+
+    TRL 1.16 ``_compute_loss``: the PPO clip family (``grpo``, ``dapo``, ``dr_grpo``,
+    ``luspo``, ``bnpo``; ``importance_sampling_level="sequence"`` = GSPO's sequence ratio;
+    a two-sided ``delta`` ≥ 1 + ε_high = the dual clip c), ``cispo`` (weight clipped above at
+    ``epsilon_high``, an absolute bound), ``sapo``, ``vespo``. A ``ValueError`` names the
+    setting grouprl's loss does not express (a ``delta`` below 1 + ε_high, CISPO at the
+    sequence level).
+    """
+    loss_type = args.loss_type
+    level = args.importance_sampling_level
+    eps_low, eps_high = float(args.epsilon), trl_epsilon_high(args)
+    aggregations = {v: k for k, v in TRL_LOSS_TYPES.items()}
+    common = {"beta": float(args.beta), "kl": "k3"}
+    if loss_type in aggregations:
+        params: dict[str, Any] = {"eps_low": eps_low, "eps_high": eps_high}
+        if args.delta is not None:
+            if float(args.delta) < 1.0 + eps_high:
+                raise ValueError(
+                    f"GRPOConfig(delta={args.delta}) below 1 + epsilon_high = {1 + eps_high} "
+                    "caps the ratio of positive advantages too; grouprl's dual clip does not: "
+                    "use loss='trl' or delta >= 1 + epsilon_high"
+                )
+            params["clip_ratio_c"] = float(args.delta)
+        surrogate = "gspo" if level == "sequence" else "ppo_clip"
+        return {
+            "surrogate": surrogate,
+            "surrogate_params": params,
+            "aggregation": aggregations[loss_type],
+            **common,
+        }
+    if loss_type == "cispo":
+        if level != "token":
+            raise ValueError(
+                "GRPOConfig(loss_type='cispo', importance_sampling_level='sequence') has no "
+                "grouprl equivalent (CISPO clips token weights): use loss='trl'"
+            )
+        return {
+            "surrogate": "cispo",
+            "surrogate_params": {"eps_low": 1.0, "eps_high": eps_high - 1.0},
+            "aggregation": "token_mean",
+            **common,
+        }
+    if loss_type == "sapo":
+        return {
+            "surrogate": "sapo",
+            "surrogate_params": {
+                "tau_pos": float(args.sapo_temperature_pos),
+                "tau_neg": float(args.sapo_temperature_neg),
+                "level": level,
+            },
+            "aggregation": "seq_mean_token_mean",
+            **common,
+        }
+    if loss_type == "vespo":
+        keys = ("k_pos", "lambda_pos", "k_neg", "lambda_neg")
+        return {
+            "surrogate": "vespo",
+            "surrogate_params": {k: float(getattr(args, f"vespo_{k}")) for k in keys},
+            "aggregation": "token_mean",
+            **common,
+        }
+    raise ValueError(f"GRPOConfig(loss_type={loss_type!r}) is not a TRL 1.16 loss type")
+
+
+def preset_from_trl_config(args: Any, *, loss: bool = True) -> Preset:
+    """The grouprl preset that computes what TRL's ``GRPOTrainer`` computes under ``args``.
+
+    Advantage half from :func:`trl_estimator`, loss half from :func:`trl_loss_half` (skipped
+    with ``loss=False``: the ``grpo`` preset's loss half stays, unused), one minibatch and
+    epoch per generation batch as the config runs them (:func:`trl_schedule`).
+    """
+    name, params = trl_estimator(args)
+    minibatches, epochs = trl_schedule(args)
+    changes: dict[str, Any] = {
+        "name": "trl",
+        "estimator": name,
+        "estimator_params": params,
+        "minibatches": minibatches,
+        "ppo_epochs": epochs,
+    }
+    if loss:
+        changes.update(trl_loss_half(args))
+    return preset_lib.get("grpo").with_(**changes)
+
+
+def trl_default_values() -> Any:
+    """Every ``GRPOConfig`` field at its declared default (the reference of "set by the user").
+
+    Read from the dataclass fields, so no ``TrainingArguments`` is built (that would touch the
+    process group); ``epsilon_high`` is None there, read as ``epsilon`` as TRL does.
+    """
+    import dataclasses
+    from types import SimpleNamespace
+
+    from trl import GRPOConfig
+
+    values = {}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.default is not dataclasses.MISSING:
+            values[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            values[f.name] = f.default_factory()
+    # GRPOConfig.__post_init__ maps the boolean spellings of scale_rewards
+    values["scale_rewards"] = {True: "group", False: "none"}.get(
+        values.get("scale_rewards"), values.get("scale_rewards")
+    )
+    return SimpleNamespace(**values)
+
+
+def default_trl_config(model: Any) -> Any:
+    """The ``GRPOConfig`` TRL 1.16 builds for ``args=None`` (``GRPOTrainer.__init__``)."""
+    from trl import GRPOConfig
+
+    if isinstance(model, str):
+        name = model
+    else:
+        from trl.trainer.grpo_trainer import get_config_model_id
+
+        name = get_config_model_id(model.config)
+    return GRPOConfig(f"{name.split('/')[-1]}-GRPO")
+
+
+def changed_values(changes: list[tuple[str, Any, Any]]) -> dict[str, Any]:
+    """``{field: new value}`` of :func:`config_changes` rows."""
+    return {key: new for key, _, new in changes}
+
+
+def _config_value(args: Any, key: str) -> Any:
+    """A ``GRPOConfig`` field as TRL reads it (``epsilon_high`` None = ``epsilon``)."""
+    return trl_epsilon_high(args) if key == "epsilon_high" else getattr(args, key)
+
+
+def config_changes(
+    settings: Mapping[str, Any], args: Any, defaults: Any
+) -> tuple[list[tuple[str, Any, Any]], list[tuple[str, Any, Any]]]:
+    """The ``GRPOConfig`` fields a preset's ``settings`` change, split by who set them.
+
+    Returns ``(changed, overridden)``: each ``(field, value in args, preset's value)``;
+    ``overridden`` holds the fields whose value in ``args`` differs from TRL's default (the
+    user set them) [OURS: a field left at its default counts as not set].
+    """
+    changed, overridden = [], []
+    for key, value in settings.items():
+        have = _config_value(args, key)
+        if have == value or (
+            isinstance(have, float) and isinstance(value, float) and math.isclose(have, value)
+        ):
+            continue
+        row = (key, have, value)
+        changed.append(row)
+        if have != _config_value(defaults, key):
+            overridden.append(row)
+    return changed, overridden
+
+
 TRL_AGGREGATIONS: dict[str, str] = {
     "sum_then_normalize": "sum",
     "normalize_then_sum": "normalize_then_sum",
@@ -394,38 +597,75 @@ class GroupRLDiagnosticsCallback(TrainerCallback):
 
 # --------------------------------------------------------------------------- the trainer
 class GroupRLGRPOTrainer(GRPOTrainer):
-    """TRL's ``GRPOTrainer`` training on grouprl advantages (and, where needed, loss).
+    """TRL's ``GRPOTrainer`` with grouprl's diagnostics, and optionally its methods.
+
+    The constructor takes ``GRPOTrainer``'s arguments, positionally or by keyword
+    (``args=None`` builds TRL's default ``GRPOConfig``), plus the keywords below. Three modes:
+
+    - **No** ``preset=`` **/** ``estimator=``: TRL's own advantages and loss under the user's
+      ``GRPOConfig``, unchanged, with the ``grouprl/*`` diagnostics, RunHealth warnings and
+      ``diagnose``-ready logs added (the estimator's statistics from the grouprl estimator
+      that equals TRL's rule, :func:`trl_estimator`).
+    - ``estimator=``: grouprl's estimator replaces TRL's advantages; the loss is what the
+      ``GRPOConfig`` says.
+    - ``preset=``: the preset's advantage half replaces TRL's; its loss half is set on a copy
+      of the config (:func:`trl_loss_settings`) or, when TRL cannot express it, computed by
+      :func:`grouprl.losses.objective`. Each field it changes is named in one warning with
+      both values; a field the user set (not at TRL's default) is refused unless
+      ``override_config=True``.
 
     Args:
         preset: a grouprl preset name (``"f_grpo"``, ``"avspo"``, ``"maxnorm_rloo"``...) or
-            :class:`~grouprl.presets.Preset`. Its advantage half replaces TRL's advantage
-            step; its loss half is set on TRL's config (:func:`trl_loss_settings`) or, when
-            TRL cannot express it, computed by :func:`grouprl.losses.objective`.
-        estimator: instead of a preset, an estimator name; the loss stays what ``args`` say.
+            :class:`~grouprl.presets.Preset`.
+        estimator: instead of a preset, an estimator name.
         advantage_kwargs: overrides of the advantage half (``focal_gamma``, ``delta_res``,
-            ``virtual``, estimator parameters such as ``eps``).
+            ``virtual``, estimator parameters such as ``eps``); needs preset= or estimator=.
         loss: ``"auto"`` (TRL's loss when it can express the preset), ``"trl"`` (always
-            TRL's; the preset's loss half is only mapped when possible) or ``"grouprl"``.
+            TRL's; the preset's loss half is only mapped when possible) or ``"grouprl"``
+            (grouprl's objective; without a preset it computes the ``GRPOConfig``'s loss,
+            :func:`trl_loss_half`).
         reward_range: ``(r_lo, r_hi)`` of the combined reward (focal weight, virtual samples,
             ACR split); default [0, 1].
         diagnostics: add a :class:`GroupRLDiagnosticsCallback` (default True).
-        *args, **kwargs: ``GRPOTrainer``'s own (model, reward_funcs, args, train_dataset...).
+        override_config: let a preset change ``GRPOConfig`` fields the user set.
     """
 
     def __init__(
         self,
-        *args: Any,
+        model: Any,
+        reward_funcs: Any = None,
+        args: Any = None,
+        *more: Any,
         preset: str | Preset | None = None,
         estimator: str | None = None,
         advantage_kwargs: Mapping[str, Any] | None = None,
         loss: str = "auto",
         reward_range: tuple[float, float] = (0.0, 1.0),
         diagnostics: bool = True,
+        override_config: bool = False,
         **kwargs: Any,
     ) -> None:
         if loss not in ("auto", "trl", "grouprl"):
             raise ValueError(f"loss must be 'auto', 'trl' or 'grouprl', got {loss!r}")
-        spec = resolve_preset(preset, estimator, advantage_kwargs)
+        if preset is not None and estimator is not None:
+            raise ValueError(
+                "give at most one of preset= (a grouprl preset name, e.g. 'f_grpo') or "
+                f"estimator= (one of {', '.join(adv_lib.names())}); neither = TRL's own GRPO"
+            )
+        if preset is None and estimator is None and advantage_kwargs:
+            raise ValueError(
+                "advantage_kwargs= changes a grouprl estimator: give estimator= or preset= "
+                "with it (without either the trainer computes TRL's own advantages)"
+            )
+        if args is None:  # TRL's own default (GRPOTrainer.__init__)
+            args = default_trl_config(model)
+        self.grouprl_mode = "preset" if preset is not None else "estimator" if estimator else "trl"
+        if self.grouprl_mode == "trl":
+            spec = preset_from_trl_config(args, loss=loss == "grouprl")
+        else:
+            spec = resolve_preset(preset, estimator, advantage_kwargs)
+            if self.grouprl_mode == "estimator" and loss == "grouprl":
+                spec = spec.with_(**trl_loss_half(args))  # the config's loss, ours
         self.grouprl_preset = spec
         self.grouprl_advantage_kwargs = spec.advantage_kwargs()
         self.grouprl_reward_range = (float(reward_range[0]), float(reward_range[1]))
@@ -451,12 +691,12 @@ class GroupRLGRPOTrainer(GRPOTrainer):
                 "preset is plain GRPO. Use `grouprl train`, or preset='grpo' if GRPO is meant"
             )
         self.grouprl_trigger = VirtualTrigger() if spec.virtual is not None else None
-        targs = kwargs.get("args", args[2] if len(args) > 2 else None)
-        self._grouprl_loss = self._configure_loss(spec, targs, loss, preset is not None, kwargs)
+        self.grouprl_config_changes: list[tuple[str, Any, Any]] = []
+        args, self._grouprl_loss = self._configure_loss(spec, args, loss, override_config)
         self.grouprl_callback = GroupRLDiagnosticsCallback() if diagnostics else None
         self._grouprl_rewards_per_func: torch.Tensor | None = None
         self.grouprl_last: tuple[torch.Tensor, Advantages] | None = None
-        super().__init__(*args, **kwargs)
+        super().__init__(model, reward_funcs, args, *more, **kwargs)
         trl_agg = getattr(self.args, "multi_objective_aggregation", "sum_then_normalize")
         ours = self.grouprl_advantage_kwargs.get("combine") or adv_lib.DEFAULT_COMBINATION.get(
             spec.estimator, "sum"
@@ -470,7 +710,9 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             )
         if self._grouprl_loss:
             self._check_grouprl_loss_args()
-        self.grouprl_schedule_note = schedule_note(spec, self.args) if preset is not None else None
+        self.grouprl_schedule_note = (
+            schedule_note(spec, self.args) if self.grouprl_mode == "preset" else None
+        )
         if self.grouprl_schedule_note:
             log.warning(self.grouprl_schedule_note)
         if self.grouprl_callback is not None:
@@ -478,52 +720,60 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             self.add_callback(self.grouprl_callback)
 
     # -- construction helpers ----------------------------------------------------------------
-    @staticmethod
     def _configure_loss(
-        spec: Preset, targs: Any, loss: str, from_preset: bool, kwargs: dict[str, Any]
-    ) -> bool:
-        """Map the preset's loss half onto a copy of ``args``; True when ours must run."""
-        if targs is None:
-            raise ValueError("GroupRLGRPOTrainer needs args=GRPOConfig(...)")
+        self, spec: Preset, targs: Any, loss: str, override: bool
+    ) -> tuple[Any, bool]:
+        """The config to run (a copy when the preset changes it) and whether ours must run.
+
+        A preset's fields are named in one warning (field, the config's value, the preset's);
+        fields the user set (off TRL's default) raise unless ``override``.
+        """
+        from_preset = self.grouprl_mode == "preset"
         use_ours = loss == "grouprl" or (
             loss == "auto" and from_preset and _needs_grouprl_loss(spec)
         )
-        settings = trl_loss_settings(spec) if from_preset else None
-        if use_ours and spec.beta > 0 and targs.beta == 0.0:
-            settings = {**(settings or {}), "beta": float(spec.beta)}
-        if from_preset:  # a preset's KL term is the plain estimator (TRL's default is True)
-            settings = {**(settings or {}), "use_bias_correction_kl": False}
-        combination = spec.reward_combination or adv_lib.DEFAULT_COMBINATION.get(
-            spec.estimator, "sum"
-        )
-        trl_agg = getattr(targs, "multi_objective_aggregation", "sum_then_normalize")
-        if combination == "normalize_then_sum" and trl_agg == "sum_then_normalize":
-            # TRL's own name for GDPO's combination, so its logs and metrics say what runs
-            settings = {**(settings or {}), "multi_objective_aggregation": "normalize_then_sum"}
-        if settings:
-            if "beta" in settings and targs.beta != settings["beta"]:
-                log.warning(
-                    "preset %r sets beta=%g (your GRPOConfig had %g); pass "
-                    "preset=presets.get(%r).with_(beta=...) to change it",
-                    spec.name,
-                    settings["beta"],
-                    targs.beta,
-                    spec.name,
-                )
+        settings: dict[str, Any] = {}
+        if from_preset:
+            settings.update(trl_loss_settings(spec) or {})
+            if use_ours:
+                settings["beta"] = float(spec.beta)
+            settings["use_bias_correction_kl"] = False  # a preset's KL is the plain estimator
+            if float(settings.get("beta", getattr(targs, "beta", 0.0))) == 0.0:
+                settings.pop("use_bias_correction_kl")  # no KL term: the field is unused
+        if self.grouprl_mode != "trl":
+            combination = spec.reward_combination or adv_lib.DEFAULT_COMBINATION.get(
+                spec.estimator, "sum"
+            )
+            trl_agg = getattr(targs, "multi_objective_aggregation", "sum_then_normalize")
+            if combination == "normalize_then_sum" and trl_agg == "sum_then_normalize":
+                # TRL's own name for GDPO's combination, so its logs say what runs
+                settings["multi_objective_aggregation"] = "normalize_then_sum"
+        changed, overridden = config_changes(settings, targs, trl_default_values())
+        who = f"preset {spec.name!r}" if from_preset else f"estimator {spec.estimator!r}"
+        if overridden and not override:
+            fields = "; ".join(f"{k}: yours {a!r}, the preset's {b!r}" for k, a, b in overridden)
+            raise ValueError(
+                f"{who} must change GRPOConfig fields you set: {fields}. Pass "
+                "override_config=True to let it, drop the fields from your GRPOConfig, or "
+                "leave preset= out to train with TRL's own GRPO on your config"
+            )
+        if changed:
+            self.grouprl_config_changes = changed
+            log.warning(
+                "%s changes the GRPOConfig: %s",
+                who,
+                ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changed),
+            )
             targs = copy.copy(targs)  # never mutate the caller's config
-            for key, value in settings.items():
+            for key, value in changed_values(changed).items():
                 setattr(targs, key, value)
-            if "args" in kwargs:
-                kwargs["args"] = targs
-            else:  # positional: (model, reward_funcs, args, ...)
-                raise ValueError("pass the GRPOConfig as args=..., not positionally")
         if from_preset and (spec.dynamic_sampling or spec.overlong is not None):
             log.warning(
                 "preset %r asks for dynamic sampling / overlong shaping, which the TRL "
                 "integration does not apply; set TRL's own options (mask_truncated_completions)",
                 spec.name,
             )
-        return use_ours
+        return targs, use_ours
 
     def _check_grouprl_loss_args(self) -> None:
         unsupported = {
@@ -580,24 +830,31 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             local = output["completion_mask"].sum(dim=1)  # [B_local]
             lengths = self.accelerator.gather(local).view(-1, g)  # [P, G], every process's
         out = self.grouprl_advantages(per_func.view(grid.shape[0], g, -1), mode, lengths)
-        flat = out.values.reshape(-1)  # [B_all]
         local = output["advantages"].shape[0]
-        start = self.accelerator.process_index * local
-        rows = slice(start, start + local)
-        output["advantages"] = flat[rows].to(
-            output["advantages"].device, output["advantages"].dtype
-        )
-        if self._grouprl_loss:
-            output["grouprl_keep"] = out.keep.repeat_interleave(g)[rows].to(
-                output["advantages"].device
+        if self.grouprl_mode == "trl":
+            # TRL's own advantages train; the diagnostics read them (every process's rows)
+            # with the scale and statistics of the grouprl estimator that equals TRL's rule
+            trl_all = self.accelerator.gather(output["advantages"].detach())  # [B_all]
+            values = trl_all.to(out.values.device, out.values.dtype).view_as(out.values)
+            out = dataclasses.replace(out, values=values)
+        else:
+            flat = out.values.reshape(-1)  # [B_all]
+            start = self.accelerator.process_index * local
+            rows = slice(start, start + local)
+            output["advantages"] = flat[rows].to(
+                output["advantages"].device, output["advantages"].dtype
             )
-            kl_weight = out.kl_weight.repeat_interleave(g)[rows]
-            output["grouprl_kl_weight"] = kl_weight.to(output["advantages"].device)
-        # TRL's completions table shows the advantages trained on.
-        logged = self._logs["advantages"]
-        for _ in range(min(len(flat), len(logged))):
-            logged.pop()
-        logged.extend(flat.tolist())
+            if self._grouprl_loss:
+                output["grouprl_keep"] = out.keep.repeat_interleave(g)[rows].to(
+                    output["advantages"].device
+                )
+                kl_weight = out.kl_weight.repeat_interleave(g)[rows]
+                output["grouprl_kl_weight"] = kl_weight.to(output["advantages"].device)
+            # TRL's completions table shows the advantages trained on.
+            logged = self._logs["advantages"]
+            for _ in range(min(len(flat), len(logged))):
+                logged.pop()
+            logged.extend(flat.tolist())
         self.grouprl_last = (grid.detach().cpu(), out)
         if self.grouprl_callback is not None:
             self.grouprl_callback.observe(
@@ -636,14 +893,24 @@ class GroupRLGRPOTrainer(GRPOTrainer):
 
     # -- loss -----------------------------------------------------------------------------------
     def _grouprl_totals(self, inputs, mask: torch.Tensor, mode: str) -> loss_lib.StepTotals:
-        """TRL's own normalisers as StepTotals, so the micro-batch losses add up as TRL's do."""
+        """TRL's own normalisers as StepTotals, so the micro-batch losses add up as TRL's do.
+
+        TRL 1.16 ``_compute_loss``: ``grpo`` / ``sapo`` / ``luspo`` / ``dr_grpo`` divide by the
+        accumulation steps (``num_seqs`` = rows × steps), ``dapo`` / ``cispo`` / ``vespo`` by
+        the generation batch's tokens per process and accumulation window
+        (``num_items_in_batch`` · steps / ``steps_per_generation``), ``bnpo`` divides the
+        micro-batch's own token mean by the steps (``num_micro``). No accumulation in eval.
+        """
         ga = self.current_gradient_accumulation_steps if mode == "train" else 1
         n_seq = float(mask.shape[0] * ga)
         tokens = float(inputs["num_items_in_batch"]) / self.accelerator.num_processes
         if mode == "train":
             tokens = tokens * ga / self.args.steps_per_generation
         return loss_lib.StepTotals(
-            num_tokens=max(tokens, 1.0), num_seqs=n_seq, max_len=float(self.max_completion_length)
+            num_tokens=max(tokens, 1.0),
+            num_seqs=n_seq,
+            max_len=float(self.max_completion_length),
+            num_micro=int(ga),
         )
 
     def _grouprl_correction_weight(
@@ -677,6 +944,97 @@ class GroupRLGRPOTrainer(GRPOTrainer):
             weight = opsm if weight is None else weight * opsm
         return None if weight is None else weight.detach()
 
+    def _grouprl_level(self) -> str:
+        """``"sequence"`` when the surrogate's ratio is GSPO's sequence ratio, else ``"token"``."""
+        spec = self.grouprl_preset
+        if spec.surrogate == "gspo" or dict(spec.surrogate_params).get("level") == "sequence":
+            return "sequence"
+        return "token"
+
+    def _grouprl_log_trl_metrics(
+        self,
+        mode: str,
+        inputs,
+        logps: torch.Tensor,
+        old: torch.Tensor,
+        mask: torch.Tensor,
+        entropies: torch.Tensor,
+        stats: Mapping[str, Any],
+    ) -> None:
+        """TRL 1.16's own loss metrics (``_compute_loss``, "Log the metrics"), on our path.
+
+        ``entropy`` and ``kl`` (the preset's KL estimate, times the ratio under
+        ``use_bias_correction_kl``, as TRL logs it) as masked means over every process; for a
+        clipped surrogate ``clip_ratio/{low,high,region}_mean``, ``low_min``, ``high_max`` with
+        TRL's definitions (ratio beyond the bound on the side where the advantage sign makes
+        the clip bind); ``cispo_clip_ratio`` for CISPO; ``vespo/phi_seq_mean`` for VESPO.
+        The collectives run on every process, also for an all-masked micro-batch.
+        """
+        from trl.trainer.utils import nanmax, nanmin
+
+        spec = self.grouprl_preset
+        params = dict(spec.surrogate_params)
+        m = self._metrics[mode]
+        adv = inputs["advantages"].reshape(-1, 1).to(logps.dtype)  # [B, 1]
+        mask_f = mask.to(logps.dtype)
+        log_ratio = (logps - old).detach()
+        if self._grouprl_level() == "sequence":
+            seq = (log_ratio * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1.0)
+            coef_1 = seq.exp().unsqueeze(-1)  # [B, 1]
+        else:
+            coef_1 = log_ratio.exp()  # [B, T]
+
+        def masked_seq_mean(x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] == 1:
+                return x.squeeze(1)
+            return (x * mask_f).sum(-1) / mask_f.sum(-1)
+
+        def global_masked_mean(x: torch.Tensor) -> float:
+            if x.shape[1] == 1:
+                local = torch.stack([x.sum(), torch.tensor(float(x.shape[0]), device=x.device)])
+            else:
+                local = torch.stack([(x * mask_f).sum(), mask_f.sum()])
+            totals = self.accelerator.reduce(local.float(), reduction="sum")
+            return float(totals[0] / totals[1].clamp(min=1.0))
+
+        if self.beta != 0.0:
+            per_token_kl = loss_lib.kl(spec.kl, logps.detach(), inputs["ref_per_token_logps"])
+            if getattr(self.args, "use_bias_correction_kl", False):
+                per_token_kl = per_token_kl * coef_1
+            m["kl"].append(global_masked_mean(per_token_kl.detach()))
+        m["entropy"].append(global_masked_mean(entropies.detach()))
+        if spec.surrogate in ("ppo_clip", "gspo") and "eps_low" in params:
+            low = (coef_1 < 1 - float(params["eps_low"])) & (adv < 0)
+            high = (coef_1 > 1 + float(params.get("eps_high", params["eps_low"]))) & (adv > 0)
+            m["clip_ratio/low_mean"].append(global_masked_mean(low.to(logps.dtype)))
+            m["clip_ratio/high_mean"].append(global_masked_mean(high.to(logps.dtype)))
+            m["clip_ratio/region_mean"].append(global_masked_mean((low | high).to(logps.dtype)))
+            gathered_low = self.accelerator.gather(masked_seq_mean(low.to(logps.dtype)))
+            m["clip_ratio/low_min"].append(nanmin(gathered_low).item())
+            gathered_high = self.accelerator.gather(masked_seq_mean(high.to(logps.dtype)))
+            m["clip_ratio/high_max"].append(nanmax(gathered_high).item())
+        elif spec.surrogate == "cispo":
+            clipped = (coef_1 > 1 + float(params.get("eps_high", 5.0))) & (adv > 0)
+            m["cispo_clip_ratio"].append(global_masked_mean(clipped.to(logps.dtype)))
+        elif spec.surrogate == "vespo":
+            keys = ("k_pos", "lambda_pos", "k_neg", "lambda_neg")
+            phi = self.get_gamma_weights(
+                advantages=adv,
+                log_ratio_per_token=log_ratio,
+                mask=mask,
+                importance_sampling_ratio=inputs.get("importance_sampling_ratio"),
+                **{k: float(params[k]) for k in keys if k in params},
+            )
+            m["vespo/phi_seq_mean"].append(global_masked_mean(phi))
+        else:  # surrogates TRL does not have: their own clip fractions, this process's
+            for ours, theirs in (
+                ("clip_frac_low", "clip_ratio/low_mean"),
+                ("clip_frac_high", "clip_ratio/high_mean"),
+                ("clip_frac_region", "clip_ratio/region_mean"),
+            ):
+                if ours in stats:
+                    m[theirs].append(float(stats[ours]))
+
     def _compute_loss(self, model, inputs):
         if not self._grouprl_loss:
             return super()._compute_loss(model, inputs)
@@ -688,51 +1046,79 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         mask = (
             completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
         )
+        aux_enabled = bool(getattr(self, "aux_loss_enabled", False))
+        forward = {
+            key: inputs.get(key)
+            for key in (
+                "pixel_values",
+                "image_grid_thw",
+                "num_images",
+                "pixel_attention_mask",
+                "spatial_shapes",
+                "num_tiles",
+                "image_sizes",
+                "token_type_ids",
+                "mm_token_type_ids",
+                "image_position_ids",
+            )
+            if inputs.get(key) is not None
+        }
+        if aux_enabled:
+            forward["compute_aux_loss"] = True
         # TRL 1.0 returns (logps, entropies); later 1.x add the router aux loss
-        logps, entropies = self._get_per_token_logps_and_entropies(
-            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
-        )[:2]
+        got = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            **forward,
+        )
+        logps, entropies = got[0], got[1]
+        aux_loss = got[2] if aux_enabled else None
         old = inputs.get("old_per_token_logps")
+        old = logps.detach() if old is None else old
         mode = "train" if self.model.training else "eval"
         kl_correction = None
         if getattr(self.args, "use_bias_correction_kl", False):  # TRL >= 1.x
-            sequence = self.importance_sampling_level == "sequence"
+            sequence = self._grouprl_level() == "sequence"
             kl_correction = "sequence_ratio" if sequence else "ratio"
         weight = self._grouprl_correction_weight(inputs, logps, old, mask)
-        out = loss_lib.objective(
-            logps,
-            logps.detach() if old is None else old,
-            inputs["advantages"],
-            mask,
-            surrogate=spec.surrogate,
-            surrogate_params=dict(spec.surrogate_params),
-            aggregation=spec.aggregation,
-            totals=self._grouprl_totals(inputs, mask, mode),
-            keep=inputs.get("grouprl_keep"),
-            ref_logp=inputs.get("ref_per_token_logps"),
-            kl=spec.kl,
-            beta=float(self.beta),
-            kl_weight=inputs.get("grouprl_kl_weight"),
-            entropy=entropies,
-            kl_correction=kl_correction,
-            top_entropy_quantile=float(self.top_entropy_quantile),
-            correction_weight=weight,
-        )
+        stats: dict[str, Any] = {}
+        if bool(mask.any()):
+            out = loss_lib.objective(
+                logps,
+                old,
+                inputs["advantages"],
+                mask,
+                surrogate=spec.surrogate,
+                surrogate_params=dict(spec.surrogate_params),
+                aggregation=spec.aggregation,
+                totals=self._grouprl_totals(inputs, mask, mode),
+                keep=inputs.get("grouprl_keep"),
+                ref_logp=inputs.get("ref_per_token_logps"),
+                kl=spec.kl,
+                beta=float(self.beta),
+                kl_weight=inputs.get("grouprl_kl_weight"),
+                entropy=entropies,
+                kl_correction=kl_correction,
+                top_entropy_quantile=float(self.top_entropy_quantile),
+                correction_weight=weight,
+            )
+            loss, stats = out.loss, out.stats
+        else:  # every completion token masked: TRL's loss is 0 (0 / clamp(0, 1)), and so is ours
+            loss = (logps * 0.0).sum()
+        if aux_loss is not None:  # TRL: the router loss, scaled for accumulation, and logged
+            ga = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / ga
+            aux = self.accelerator.gather_for_metrics(aux_loss.detach())
+            self._metrics[mode]["aux_loss"].append(aux.mean().item())
+        self._grouprl_log_trl_metrics(mode, inputs, logps, old, mask, entropies, stats)
         m = self._metrics[mode]
-        m["entropy"].append(out.stats["entropy_mean"])
-        if self.beta != 0.0:
-            m["kl"].append(out.stats["kl_mean"])
-        for ours, theirs in (
-            ("clip_frac_low", "clip_ratio/low_mean"),
-            ("clip_frac_high", "clip_ratio/high_mean"),
-            ("clip_frac_region", "clip_ratio/region_mean"),
-        ):
-            if ours in out.stats:
-                m[theirs].append(out.stats[ours])
         for key in ("pg_loss", "kl_loss", "kept_frac", "ratio_mean", "approx_kl"):
-            if key in out.stats:
-                m[f"grouprl/loss/{key}"].append(out.stats[key])
-        return out.loss
+            if key in stats:
+                m[f"grouprl/loss/{key}"].append(float(stats[key]))
+        return loss
 
     # -- checkpoints ----------------------------------------------------------------------------
     def grouprl_state_dict(self) -> dict[str, Any]:

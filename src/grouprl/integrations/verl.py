@@ -25,7 +25,23 @@ parameter (``eps``, ``ddof``, ``tau``, ``tau_res``...), validated by
 verl's input is flat: ``token_level_rewards [N, T]`` and ``index [N]`` (the prompt ``uid``);
 :func:`group_layout` maps it to our ``[P, G]`` without a Python loop (ragged and
 non-contiguous groups, NaN padding), and the advantages come back per token, times the
-response mask, exactly as verl's own outcome estimators return them.
+response mask, as verl's own outcome estimators return them, in the caller's dtype (float64
+is computed in float64). The second output is verl's namesake's: the return-to-go for
+``grouprl_reinforce_pp_global`` (verl ``reinforce_plus_plus``) and ``grouprl_remax``, the
+advantages for every other estimator (verl's return ``(scores, scores)``). verl's call
+keywords are honoured: ``epsilon`` (our ``eps``) and ``norm_adv_by_std_in_grpo`` (keyword or
+``algorithm.norm_adv_by_std_in_grpo``: ``False`` runs Dr. GRPO for ``grouprl_grpo`` and sets
+``norm_by_std`` for ``grouprl_grpo_passk``); any keyword an estimator cannot honour is a
+ValueError naming it. ``grouprl_reinforce_pp_global`` and ``grouprl_remax`` run without
+``index``, as verl's ``reinforce_plus_plus`` and ``remax`` do.
+
+Two readings differ from verl's by design (both tested in
+tests/integrations/test_verl_conventions.py): ``grouprl_remax`` gives every token the
+sequence's ``Σ_t r_t − b`` (ReMax Alg. 1, one reward per sequence), where verl's ``remax``
+gives token t its reward-to-go minus b; the two are equal on outcome rewards (the score on
+the last valid token) and differ when verl puts its KL penalty in the reward. The whitened
+REINFORCE++ estimators divide by the exact token count, verl's ``masked_mean`` by
+``count + 1e-8`` (≤ 1e-8/count relative).
 
 Next to TRL 1.x (``grouprl[peers]`` installs both), verl 0.9 cannot build its actor: its
 model patch imports TRL's ``AutoModelForCausalLMWithValueHead``, which TRL 1.x removed.
@@ -45,7 +61,8 @@ Rollout correction (verl's ``algorithm.rollout_correction``, decoupled mode): ve
 the weights and the rejection mask in the driver (``rollout_corr_helper``); grouprl's
 policy losses multiply their per-token loss by ``rollout_is_weights`` and aggregate over
 the rewritten ``response_mask`` (a micro-batch whose tokens were all rejected adds a zero
-loss), exactly as verl's own losses do. In *bypass* mode
+loss), as verl's own losses do; ``grouprl_gmpo`` weights each sequence by the geometric mean
+of its token weights, as verl's ``geo_mean`` does. In *bypass* mode
 (``algorithm.rollout_correction.bypass_mode=true``) verl replaces
 ``actor.policy_loss.loss_mode`` by its own ``bypass_mode`` loss, so a ``grouprl_*`` policy
 loss does not run; the grouprl estimators log a warning once when they see bypass mode.
@@ -56,8 +73,8 @@ skipped group's reward branch but cannot remove it from verl's KL loss, and
 trainer (``ray_trainer.py``) generates the greedy baselines only for its own ``remax``,
 passes ``sum_pi_squared`` only to its own optimal-token-baseline names and the per-key
 rewards only to its own ``gdpo``: ``grouprl_remax`` and ``grouprl_optimal_token_baseline``
-stop with an error naming verl's estimator (equal to ours: tests/advantages/
-test_peers_verl_methods.py) when the input is missing, and ``grouprl_gdpo`` sees one summed
+stop with an error naming verl's estimator (equal to ours on outcome rewards:
+tests/advantages/test_peers_verl_methods.py) when the input is missing, and ``grouprl_gdpo`` sees one summed
 score (it refuses ``algorithm.gdpo_reward_keys``, whose rewards it cannot receive).
 """
 
@@ -344,15 +361,6 @@ def _warn_bypass(config: Any) -> None:
 
 def _options(name: str, config: Any) -> tuple[str, dict[str, Any]]:
     """``(singleton_rule, compute kwargs)`` from verl's algorithm config for estimator ``name``."""
-    if (
-        config is not None
-        and name in _SIGMA_EPS_ESTIMATORS
-        and not config.get("norm_adv_by_std_in_grpo", True)
-    ):
-        raise ValueError(
-            f"algorithm.norm_adv_by_std_in_grpo=False does not change {PREFIX + name}; for "
-            f"GRPO without the std division set algorithm.adv_estimator={PREFIX}dr_grpo"
-        )
     section = config.get("grouprl", None) if config is not None else None
     opts = _as_dict(section)
     kwargs: dict[str, Any] = {}
@@ -432,7 +440,8 @@ itself (``ray_trainer.py``: greedy baselines, Σπ², per-key rewards)."""
 def _needs_verl_own(name: str, what: str) -> ValueError:
     return ValueError(
         f"{PREFIX + name} needs {what}, which verl's trainer produces only for its own "
-        f"algorithm.adv_estimator={_VERL_OWN[name]} (equal to grouprl's, parity-tested); use "
+        f"algorithm.adv_estimator={_VERL_OWN[name]} (equal to grouprl's on outcome rewards, "
+        "parity-tested); use "
         f"that, or grouprl's own trainer"
     )
 
@@ -444,7 +453,14 @@ def _inputs(name, layout, response_mask, extra, token):
         base = extra.get("reward_baselines")
         if base is None:
             raise _needs_verl_own(name, "reward_baselines (one greedy completion per prompt)")
-        out["baseline"] = layout.to_grid(base.float().reshape(-1))[:, 0]  # [P], repeated per sample
+        grid = layout.to_grid(base.to(response_mask.dtype).reshape(-1))  # [P, W]
+        first = grid[:, :1]
+        if not bool(((grid == first) | torch.isnan(grid)).all()):
+            raise ValueError(
+                "reward_baselines differ within a group (index): verl repeats each prompt's "
+                "greedy reward over its samples; pass one baseline per prompt"
+            )
+        out["baseline"] = first[:, 0]  # [P]
     if token and name in ("optimal_token_baseline", "tir_optimal_token_baseline"):
         keys = {
             "old_logp": "old_log_probs",
@@ -456,9 +472,9 @@ def _inputs(name, layout, response_mask, extra, token):
             if x is None and ours != "is_weights":
                 raise _needs_verl_own(name, f"{theirs} (actor.calculate_sum_pi_squared=True)")
             if x is not None:
-                out[ours] = _token_grid(layout, x.float())
+                out[ours] = _token_grid(layout, x.to(response_mask.dtype))
     if not token and "lengths" in (adv_lib.ESTIMATORS[name].__kwdefaults__ or {}):
-        out["lengths"] = layout.to_grid(response_mask.sum(-1).float()).nan_to_num(0.0)
+        out["lengths"] = layout.to_grid(response_mask.sum(-1)).nan_to_num(0.0)
     return out
 
 
@@ -478,18 +494,93 @@ def _token_flat(layout: GroupLayout, grid: torch.Tensor) -> torch.Tensor:
     return grid[layout.group, layout.pos]
 
 
-def _token_advantages(name, kwargs, token_level_rewards, response_mask, layout, extra, config):
-    """A token estimator on verl's token rewards: ``[N, T]`` advantages."""
-    tlr = token_level_rewards.float()
+def _token_advantages(name, kwargs, tlr, response_mask, layout, extra, config):
+    """A token estimator on verl's token rewards ``tlr [N, T]`` (the compute dtype)."""
     finite = torch.isfinite(tlr).all(-1)  # [N]
-    rewards = layout.to_grid(torch.where(finite, 0.0, float("nan")))  # [P, W]: NaN = no score
+    rewards = layout.to_grid(torch.where(finite, 0.0, float("nan")).to(tlr.dtype))  # NaN: no score
     dense = _token_grid(layout, torch.where(finite[:, None], tlr, 0.0))
-    mask = _token_grid(layout, response_mask.float()) > 0
-    if name == "reinforce_pp_global" and config is not None:
-        kwargs.setdefault("gamma", float(config.get("gamma", 1.0)))
+    mask = _token_grid(layout, response_mask.to(tlr.dtype)) > 0
     inputs = _inputs(name, layout, response_mask, extra, token=True)
     out = adv_lib.compute_tokens(name, rewards, mask, token_rewards=dense, **inputs, **kwargs)
     return out, _token_flat(layout, out.token_values)
+
+
+_INPUT_KEYWORDS: dict[str, tuple[str, ...]] = {
+    "remax": ("reward_baselines",),
+    "optimal_token_baseline": ("old_log_probs", "sum_pi_squared", "rollout_is_weights"),
+    "tir_optimal_token_baseline": ("old_log_probs", "sum_pi_squared", "rollout_is_weights"),
+}
+"""Estimator -> the per-sample inputs it reads from verl's keyword arguments (ray_trainer.py
+``compute_advantage``); any other keyword but ``epsilon`` / ``norm_adv_by_std_in_grpo`` is
+refused by name."""
+
+_NO_INDEX = frozenset({"reinforce_pp_global", "remax"})
+"""Estimators without a group statistic: like verl's ``reinforce_plus_plus`` and ``remax``
+(which take no ``index``), they run without ``index``, each sample its own row."""
+
+_STD_SWITCH = {"grpo": "dr_grpo"}
+"""``norm_adv_by_std_in_grpo=False``: the estimator that runs instead (verl
+``compute_grpo_outcome_advantage``: ``scores - mean`` without the division, Dr. GRPO)."""
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """float64 stays float64 (verl computes in the caller's dtype); other dtypes run in
+    float32 and come back in their own dtype."""
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _call_keywords(name: str, extra: dict[str, Any], config: Any, kwargs: dict[str, Any]) -> str:
+    """Apply verl's call keywords to ``kwargs``; return the estimator that runs.
+
+    ``epsilon`` (verl's σ floor, 1e-6) is our ``eps``; ``norm_adv_by_std_in_grpo`` (the
+    keyword, else ``config.norm_adv_by_std_in_grpo``) selects Dr. GRPO for ``grpo`` and sets
+    ``norm_by_std`` for ``grpo_passk`` (verl reads it from the config there); a keyword the
+    estimator cannot honour is a ValueError naming it.
+    """
+    params = adv_lib.TOKEN_ESTIMATORS.get(name, adv_lib.ESTIMATORS.get(name))
+    params = params.__kwdefaults__ or {}
+    allowed = set(_INPUT_KEYWORDS.get(name, ())) | {"epsilon", "norm_adv_by_std_in_grpo"}
+    unknown = sorted(set(extra) - allowed)
+    if unknown:
+        reads = ", ".join(_INPUT_KEYWORDS.get(name, ())) or "no per-sample input"
+        raise ValueError(
+            f"{PREFIX + name} does not take {', '.join(unknown)} (it reads token_level_rewards, "
+            f"response_mask, index, config and {reads}); set its options under "
+            "algorithm.grouprl instead"
+        )
+    if "epsilon" in extra:
+        if "eps" not in params:
+            raise ValueError(f"{PREFIX + name} has no epsilon (no σ + eps division): drop epsilon=")
+        kwargs["eps"] = float(extra.pop("epsilon"))
+    norm = extra.pop("norm_adv_by_std_in_grpo", None)
+    explicit = norm is not None
+    if norm is None and config is not None:
+        norm = config.get("norm_adv_by_std_in_grpo", True)
+    norm = True if norm is None else bool(norm)
+    if name in _STD_SWITCH and not norm:
+        kwargs.pop("eps", None)  # verl ignores epsilon without the division
+        return _STD_SWITCH[name]
+    if name == "grpo_passk":
+        kwargs["norm_by_std"] = norm
+    elif explicit and not norm:
+        raise ValueError(
+            f"norm_adv_by_std_in_grpo=False does not change {PREFIX + name}; it applies to "
+            f"{PREFIX}grpo (Dr. GRPO) and {PREFIX}grpo_passk"
+        )
+    return name
+
+
+def _verl_returns(name: str, tlr: torch.Tensor, mask: torch.Tensor, gamma: float, adv):
+    """verl's second output for ``name``: the return-to-go where verl's namesake returns it
+    (``reinforce_plus_plus``: discounted, a masked token carries the return through, times
+    the mask; ``remax``: ``(r·mask)`` reversed cumulative sum, not masked), else the
+    advantages (every other verl outcome estimator returns ``(scores, scores)``)."""
+    if name == "reinforce_pp_global":
+        finite = torch.isfinite(tlr).all(-1, keepdim=True)  # [N, 1]
+        return adv_lib.tokens.reward_to_go(torch.where(finite, tlr, 0.0), mask > 0, gamma)
+    if name == "remax":
+        return (tlr * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1])
+    return adv
 
 
 def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -501,7 +592,13 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
     ``[P, W]`` by :func:`grouprl.advantages.compute`, broadcast over tokens and multiplied by
     the mask. A token-level estimator (``TOKEN_ESTIMATORS``): the token rewards themselves
     through :func:`grouprl.advantages.compute_tokens`. NaN scores are excluded from the
-    statistics and get 0 (grouprl's rule).
+    statistics and get 0 (grouprl's rule). float64 inputs are computed in float64.
+
+    ``returns`` follows verl's namesake: the return-to-go for ``reinforce_pp_global``
+    (verl ``reinforce_plus_plus``) and ``remax``, the advantages otherwise. ``index`` may be
+    omitted for ``reinforce_pp_global`` and ``remax`` (verl's take none). Keywords:
+    ``epsilon``, ``norm_adv_by_std_in_grpo`` and the inputs of :data:`_INPUT_KEYWORDS`; any
+    other is a ValueError naming it.
     """
     token = name in adv_lib.TOKEN_ESTIMATORS
     estimator = adv_lib.TOKEN_ESTIMATORS[name] if token else adv_lib.ESTIMATORS[name]
@@ -514,7 +611,7 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
         config: Any = None,
         **extra: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if index is None:
+        if index is None and name not in _NO_INDEX:
             raise ValueError(
                 f"{PREFIX + name} is a group estimator: verl must pass index "
                 "(data.non_tensor_batch['uid'])"
@@ -522,30 +619,42 @@ def make_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tensor]
         if name == "gdpo" and config is not None and config.get("gdpo_reward_keys", None):
             raise _needs_verl_own(name, "the per-key rewards of algorithm.gdpo_reward_keys")
         singleton, kwargs = _options(name, config)
+        runs = _call_keywords(name, dict(extra), config, kwargs)
+        extra = {k: v for k, v in extra.items() if k in _INPUT_KEYWORDS.get(name, ())}
         _warn_bypass(config)
         if kwargs.get("virtual") is not None:
             kwargs["trigger"] = _trigger(name)
+        out_dtype = token_level_rewards.dtype
+        tlr = token_level_rewards.to(_compute_dtype(token_level_rewards))
+        mask = response_mask.to(tlr.dtype)
+        gamma = float(config.get("gamma", 1.0)) if config is not None else 1.0
+        if name == "reinforce_pp_global":
+            kwargs.setdefault("gamma", gamma)
+            gamma = kwargs["gamma"]
         with torch.no_grad():
-            scores = token_level_rewards.sum(dim=-1)  # [N]
-            layout = group_layout(index, scores.shape[0], scores.device)
+            scores = tlr.sum(dim=-1)  # [N]
+            if index is None:  # one row per sample
+                n = scores.shape[0]
+                counts = torch.ones(n, dtype=torch.long, device=scores.device)
+                layout = GroupLayout(counts, 1, dense=True)
+            else:
+                layout = group_layout(index, scores.shape[0], scores.device)
             if token:
-                out, flat_tok = _token_advantages(
-                    name, kwargs, token_level_rewards, response_mask, layout, extra, config
-                )
+                out, flat_tok = _token_advantages(runs, kwargs, tlr, mask, layout, extra, config)
                 _LAST[name] = out
-                advantages = flat_tok.to(token_level_rewards.dtype) * response_mask
-                return advantages, advantages
-            rewards = layout.to_grid(scores.float())  # [P, W]
-            inputs = _inputs(name, layout, response_mask, extra, token=False)
-            out = adv_lib.compute(name, rewards, **inputs, **kwargs)
-            values = out.values  # [P, W]
-            if singleton == "verl":
-                eps = float(kwargs.get("eps", default_eps))
-                values = _apply_singleton_rule(name, values, rewards, layout.counts, eps)
-            _LAST[name] = out
-            flat = layout.to_flat(values).to(token_level_rewards.dtype)  # [N]
-            advantages = flat[:, None] * response_mask
-        return advantages, advantages
+                advantages = flat_tok * mask
+            else:
+                rewards = layout.to_grid(scores)  # [P, W]
+                inputs = _inputs(runs, layout, mask, extra, token=False)
+                out = adv_lib.compute(runs, rewards, **inputs, **kwargs)
+                values = out.values  # [P, W]
+                if singleton == "verl" and runs not in _NO_INDEX:
+                    eps = float(kwargs.get("eps", default_eps))
+                    values = _apply_singleton_rule(runs, values, rewards, layout.counts, eps)
+                _LAST[name] = out
+                advantages = layout.to_flat(values)[:, None] * mask  # [N, T]
+            returns = _verl_returns(name, tlr, mask, gamma, advantages)
+        return advantages.to(out_dtype), returns.to(out_dtype)
 
     fn.__name__ = fn.__qualname__ = PREFIX + name
     first = (estimator.__doc__ or name).strip().splitlines()[0]
@@ -616,8 +725,36 @@ _LOSS_PARAMS: dict[str, Callable[[Any], dict[str, float]]] = {
     "dro": lambda c: {"beta": _policy_loss_fields(c, ("dro_beta",)).get("dro_beta")},
     # vespo: no verl counterpart and no ActorConfig field; TRL's defaults
     "vespo": lambda c: {},
+    # topr: verl pull request 6986's PolicyLossConfig fields (absent from verl 0.9.1: 0 / 1)
+    "topr": lambda c: {
+        ours: value
+        for theirs, ours in (
+            ("topr_negative_ratio_lower", "ratio_low"),
+            ("topr_negative_ratio_upper", "ratio_high"),
+        )
+        for value in _policy_loss_fields(c, (theirs,)).values()
+    },
 }
 """Surrogate -> its parameters read from verl's ActorConfig (same meaning as verl's losses)."""
+
+
+SEQUENCE_IS_WEIGHTS = frozenset({"gmpo"})
+"""Surrogates whose rollout IS weight is one per sequence: the geometric mean of its token
+weights, as verl's ``compute_policy_loss_geo_mean`` applies ``rollout_is_weights`` to
+GMPO's sequence loss (core_algos.py, "Aggregate token-level weights to sequence level using
+geometric mean"); every other surrogate weights each token, as verl's other losses do."""
+
+
+def _is_weights(name: str, weights: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[N, T]`` rollout IS weights as verl's namesake loss applies them: per token, or for
+    :data:`SEQUENCE_IS_WEIGHTS` ``exp(Σ_t m·log(w + 1e-10) / (Σ_t m + 1e-8))`` broadcast over
+    the sequence (verl's constants)."""
+    if name not in SEQUENCE_IS_WEIGHTS:
+        return weights
+    m = mask.to(weights.dtype)
+    log_w = torch.where(mask.bool(), torch.log(weights + 1e-10), 0.0)  # [N, T]
+    seq = torch.exp(log_w.sum(-1) / (m.sum(-1) + 1e-8))  # [N]
+    return seq[:, None].expand_as(weights)
 
 
 def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, Any]]]:
@@ -633,7 +770,8 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
     ``loss_agg_mode`` says, every grouprl loss follows ``loss_agg_mode``: set
     ``actor.loss_agg_mode=seq-mean-token-mean`` for SAPO's and GMPO's own aggregation.
     ``grouprl_clip_cov`` / ``grouprl_kl_cov`` select their tokens within verl's micro-batch, as
-    verl's do.
+    verl's do. ``rollout_is_weights`` multiply the per-token loss (``grouprl_gmpo``: by the
+    sequence's geometric-mean weight, :func:`_is_weights`, as verl's ``geo_mean``).
     """
     if name not in loss_lib.SURROGATES:
         raise ValueError(
@@ -662,7 +800,7 @@ def make_policy_loss(name: str) -> Callable[..., tuple[torch.Tensor, dict[str, A
         )
         if rollout_is_weights is not None:
             # verl's rollout correction: TIS / IcePop weights on the policy term only
-            per_token = per_token * rollout_is_weights
+            per_token = per_token * _is_weights(name, rollout_is_weights, response_mask)
         batch_info = dict(config.get("global_batch_info", None) or {})
         loss = core_algos.agg_loss(
             loss_mat=per_token,

@@ -49,12 +49,16 @@ from grouprl.losses.kl import (
     k2,
     k3,
     kl,
+    kl_autograd,
     kl_corrected,
+    kl_corrected_autograd,
     kl_names,
     token_entropy,
 )
 from grouprl.losses.objective import Objective, objective
+from grouprl.losses.sample_weights import sample_weights
 from grouprl.losses.surrogates import (
+    AUTOGRAD_FORMS,
     CLIPPED,
     SURROGATES,
     ZERO_AT_ZERO_ADVANTAGE,
@@ -72,11 +76,13 @@ from grouprl.losses.surrogates import (
     reinforce,
     sapo,
     surrogate,
+    topr,
     vespo,
 )
 
 __all__ = [
     "AGGREGATIONS",
+    "AUTOGRAD_FORMS",
     "CLIPPED",
     "CORRECTIONS",
     "EXACT_UNDER_ACCUMULATION",
@@ -104,7 +110,9 @@ __all__ = [
     "k2",
     "k3",
     "kl",
+    "kl_autograd",
     "kl_corrected",
+    "kl_corrected_autograd",
     "kl_cov",
     "kl_cov_select",
     "kl_names",
@@ -114,6 +122,7 @@ __all__ = [
     "on_policy_warning",
     "ppo_clip",
     "reinforce",
+    "sample_weights",
     "sapo",
     "seq_mean_token_mean",
     "seq_mean_token_sum",
@@ -123,5 +132,6 @@ __all__ = [
     "token_entropy",
     "token_mean",
     "token_sum",
+    "topr",
     "vespo",
 ]

@@ -41,10 +41,12 @@ from typing import Any, NamedTuple
 
 import torch
 
+from grouprl.losses.divergence_rs import binary_kl_rejection
 from grouprl.types import to_floats
 
 __all__ = [
     "CORRECTIONS",
+    "LOGP_INPUTS",
     "NAN_ROLLOUT",
     "SAFETY_BOUND",
     "USES_CURRENT_POLICY",
@@ -456,8 +458,14 @@ CORRECTIONS: dict[str, CorrectionFn] = {
     "rejection": rejection,
     "geo_rs": geo_rs,
     "opsm": opsm,
+    "binary_kl": binary_kl_rejection,
 }
 """Correction name -> ``f(log_ratio [N, T], mask [N, T] bool, adv [N] | None, **params)``."""
+
+LOGP_INPUTS = ("train_logp", "rollout_logp")
+"""Keyword inputs a method may declare to receive the validated log-probabilities themselves
+(``[N, T]``, 0 at padding; a NaN-neutral rollout token holds the trainer's value, ρ = 1);
+they are inputs, not parameters of the spec."""
 
 USES_CURRENT_POLICY: frozenset[str] = frozenset({"opsm"})
 """Methods whose log-ratio is the current policy against the rollout (computed per
@@ -556,7 +564,8 @@ def _check_method(name: str, params: Mapping[str, Any]) -> CorrectionFn:
         raise ValueError(
             f"unknown rollout correction {name!r}; valid corrections: {', '.join(CORRECTIONS)}"
         ) from None
-    allowed = [p for p in inspect.signature(fn).parameters if p not in ("log_ratio", "mask", "adv")]
+    fixed = ("log_ratio", "mask", "adv", *LOGP_INPUTS)
+    allowed = [p for p in inspect.signature(fn).parameters if p not in fixed]
     bad = [k for k in params if k not in allowed]
     if bad:
         raise ValueError(
@@ -654,6 +663,13 @@ def _check_logp(
     return log_ratio, valid
 
 
+def _logp_inputs(train_logp, log_ratio, valid) -> dict[str, torch.Tensor]:
+    """``train_logp`` / ``rollout_logp`` for a method of :data:`LOGP_INPUTS`: 0 at padding,
+    ``rollout = train − log ρ`` (so a NaN-neutral token, log ρ = 0, has the trainer's value)."""
+    train = torch.where(valid, train_logp.detach().to(log_ratio.dtype), 0.0)
+    return {"train_logp": train, "rollout_logp": torch.where(valid, train - log_ratio, 0.0)}
+
+
 def compute(
     spec: Spec,
     train_logp: torch.Tensor,
@@ -687,7 +703,10 @@ def compute(
     stats: dict[str, torch.Tensor] = {}
     for name, params in chain:
         fn = _check_method(name, params)
-        parts = fn(log_ratio, valid, adv, **params)
+        inputs = {}
+        if any(k in inspect.signature(fn).parameters for k in LOGP_INPUTS):
+            inputs = _logp_inputs(train_logp, log_ratio, valid)
+        parts = fn(log_ratio, valid, adv, **params, **inputs)
         weight = weight * parts.weight
         keep = keep & parts.keep
         stats.update({f"corr/{name}/{k}": v for k, v in parts.stats.items()})

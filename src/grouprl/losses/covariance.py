@@ -27,6 +27,8 @@ import torch
 
 from grouprl.losses.ratio import (
     apply_gate,
+    autograd_inputs,
+    autograd_masked,
     check_eps,
     check_inputs,
     clamp_log_ratio,
@@ -40,7 +42,15 @@ from grouprl.losses.ratio import (
 )
 from grouprl.types import to_floats
 
-__all__ = ["clip_cov", "clip_cov_select", "kl_cov", "kl_cov_select", "token_covariance"]
+__all__ = [
+    "clip_cov",
+    "clip_cov_autograd",
+    "clip_cov_select",
+    "kl_cov",
+    "kl_cov_autograd",
+    "kl_cov_select",
+    "token_covariance",
+]
 
 Batch = torch.Tensor | Sequence[torch.Tensor]
 
@@ -190,6 +200,39 @@ def clip_cov(
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
+def clip_cov_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    selected: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    log_ratio_clamp: float | None = None,
+) -> torch.Tensor:
+    """:func:`clip_cov` in plain autograd: ``max(−Aρ, −A·clip(ρ))·(1 − s)``, ``s`` the
+    :func:`clip_cov_select` draw (or ``selected``)."""
+    check_eps(eps_low, eps_high)
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    if selected is None:
+        selected = clip_cov_select(
+            lp.detach(), old, a, m, eps_low=eps_low, eps_high=eps_high,
+            clip_cov_ratio=clip_cov_ratio, clip_cov_lb=clip_cov_lb, clip_cov_ub=clip_cov_ub,
+            generator=generator,
+        )  # fmt: skip
+    log_ratio = lp - old
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    rho = torch.exp(log_ratio)
+    loss = torch.maximum(-a * rho, -a * rho.clamp(1.0 - eps_low, 1.0 + eps_high))
+    return autograd_masked(loss * (1.0 - selected.to(lp.dtype)), m)
+
+
 def kl_cov_select(
     logp: Batch, adv: Batch, mask: Batch, *, kl_cov_ratio: float = 2e-4
 ) -> torch.Tensor | list[torch.Tensor]:
@@ -260,3 +303,26 @@ def kl_cov(
         slope = unclipped.add_(log_ratio.sign_().mul_(weight)).mul_(mask)  # d|x|/dx = sign x
         slope = apply_gate(slope, gate)
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
+
+
+def kl_cov_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl_cov_ratio: float = 2e-4,
+    ppo_kl_coef: float = 0.1,
+    selected: torch.Tensor | None = None,
+    log_ratio_clamp: float | None = None,
+) -> torch.Tensor:
+    """:func:`kl_cov` in plain autograd: ``−Aρ + coef·|log ρ|·s``, ``s`` the
+    :func:`kl_cov_select` tokens (or ``selected``)."""
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    if selected is None:
+        selected = kl_cov_select(lp.detach(), a, m, kl_cov_ratio=kl_cov_ratio)
+    log_ratio = lp - old
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    loss = -a * torch.exp(log_ratio) + ppo_kl_coef * log_ratio.abs() * selected.to(lp.dtype)
+    return autograd_masked(loss, m)

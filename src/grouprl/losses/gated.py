@@ -15,6 +15,8 @@ import torch
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
     apply_gate,
+    autograd_inputs,
+    autograd_masked,
     check_inputs,
     clamp_log_ratio,
     linearized,
@@ -24,7 +26,15 @@ from grouprl.losses.ratio import (
 )
 from grouprl.types import to_floats
 
-__all__ = ["IS_LEVELS", "sapo", "sapo_gate", "vespo", "vespo_weight"]
+__all__ = [
+    "IS_LEVELS",
+    "sapo",
+    "sapo_autograd",
+    "sapo_gate",
+    "vespo",
+    "vespo_autograd",
+    "vespo_weight",
+]
 
 IS_LEVELS = ("token", "sequence")
 """Where the importance ratio is taken (TRL ``importance_sampling_level``)."""
@@ -113,6 +123,32 @@ def sapo(
     else:
         per_token = linearized(logp, value, _times(slope, mask))
     return per_token, ({} if values is None else to_floats(values))
+
+
+def sapo_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    level: str = "token",
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+) -> torch.Tensor:
+    """:func:`sapo` in plain autograd: ``−sapo_gate(ρ, τ)·A``, τ = τ_pos where A > 0 else τ_neg;
+    at ``level="sequence"`` ρ is the GSPO-token form of the clamped sequence ratio."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"unknown level {level!r}; valid levels: {', '.join(IS_LEVELS)}")
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    tau = _by_sign(a > 0, tau_pos, tau_neg, a)
+    if level == "token":
+        rho = torch.exp((lp - old).clamp(-log_ratio_clamp, log_ratio_clamp))
+    else:
+        log_s = ((lp - old) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
+        log_s = log_s.clamp(-log_ratio_clamp, log_ratio_clamp)
+        rho = torch.exp(log_s.detach() + lp - lp.detach())
+    return autograd_masked(-sapo_gate(rho, tau) * a, m)
 
 
 def _times(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -213,3 +249,30 @@ def vespo(
     else:
         per_token = linearized(logp, value, coef * mask)
     return per_token, ({} if values is None else to_floats(values))
+
+
+def vespo_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    lambda_min: float = 1e-4,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    log_w_min: float = VESPO_LOG_W_MIN,
+    log_w_max: float = VESPO_LOG_W_MAX,
+) -> torch.Tensor:
+    """:func:`vespo` in plain autograd: ``−sg(φ(w_i))·A·logp`` with ``log w_i`` the clamped sum
+    of the clamped token log-ratios."""
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    log_ratio = (lp - old).clamp(-log_ratio_clamp, log_ratio_clamp) * m
+    log_w = log_ratio.sum(-1, keepdim=True).clamp(log_w_min, log_w_max)  # [N, 1]
+    phi = vespo_weight(
+        log_w, a, k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg, lambda_neg=lambda_neg,
+        lambda_min=lambda_min,
+    ).detach()  # fmt: skip
+    return autograd_masked(-phi * a * lp, m)

@@ -9,6 +9,8 @@ import torch
 
 from grouprl.losses.ratio import (
     apply_gate,
+    autograd_inputs,
+    autograd_masked,
     beyond_count,
     check_eps,
     check_inputs,
@@ -20,7 +22,7 @@ from grouprl.losses.ratio import (
 )
 from grouprl.types import to_floats
 
-__all__ = ["gmpo", "gmpo_log_ratio"]
+__all__ = ["gmpo", "gmpo_autograd", "gmpo_log_ratio"]
 
 
 def gmpo_log_ratio(
@@ -93,6 +95,29 @@ def gmpo(
         slope = apply_gate(slope, clamp_gate)
     per_token = linearized(logp, value, slope)
     return per_token, ({} if values is None else to_floats(values))
+
+
+def gmpo_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 0.4,
+    eps_high: float = 0.4,
+    log_ratio_clamp: float | None = None,
+) -> torch.Tensor:
+    """:func:`gmpo` in plain autograd: ``−A_i·exp(sg(log s_i) + c_it − sg(c_it))`` with ``c`` the
+    log-space clip (:func:`gmpo_log_ratio`) and ``log s_i`` its mean over the valid tokens."""
+    check_eps(eps_low, eps_high)
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    log_ratio = lp - old
+    if log_ratio_clamp is not None:
+        log_ratio = log_ratio.clamp(-log_ratio_clamp, log_ratio_clamp)
+    c = gmpo_log_ratio(log_ratio, a, eps_low, eps_high)  # [N, T]
+    log_s = (c * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
+    seq_adv = a if a.shape[-1] == 1 else sequence_log_ratio(a, m)[:, None]  # [N, 1]
+    return autograd_masked(-seq_adv * torch.exp(log_s.detach() + c - c.detach()), m)
 
 
 def _stats(

@@ -28,7 +28,9 @@ __all__ = [
     "k3",
     "kl",
     "kl_abs",
+    "kl_autograd",
     "kl_corrected",
+    "kl_corrected_autograd",
     "kl_names",
     "kl_value_slope",
     "resolve_kl",
@@ -191,6 +193,16 @@ def kl(name: str, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     return linearized(logp, value, slope)
 
 
+def kl_autograd(name: str, logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """:func:`kl` in plain autograd (the readable form): :data:`KL_ESTIMATORS`'s function of the
+    name's estimator, and for a ``+`` name its value with k2's gradient
+    (:func:`straight_through_k2`). ``tests/losses/test_autograd_forms.py`` holds :func:`kl`
+    equal to it for every name of :func:`kl_names`, value and gradient."""
+    base, straight = resolve_kl(name)
+    value = KL_ESTIMATORS[base](logp, ref_logp)
+    return straight_through_k2(value, logp, ref_logp) if straight else value
+
+
 @torch.no_grad()
 def corrected_value_slope(
     name: str,
@@ -269,6 +281,37 @@ def kl_corrected(
         name, logp.detach(), ref_logp.detach(), old, correction=correction, weight_clip=weight_clip
     )
     return linearized(logp, value, slope)
+
+
+def kl_corrected_autograd(
+    name: str,
+    logp: torch.Tensor,
+    ref_logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    mask: torch.Tensor,
+    *,
+    correction: str,
+    weight_clip: float = KL_IS_WEIGHT_CLIP,
+) -> torch.Tensor:
+    """:func:`kl_corrected` in plain autograd: ``ρ·KL`` (``"ratio"``), ``s·KL`` with the
+    sequence ratio (``"sequence_ratio"``), or the KL value with the gradient of
+    ``sg(min(ρ, weight_clip))·k2`` (``"straight_through"``), KL = :func:`kl_autograd`."""
+    if correction not in KL_CORRECTIONS:
+        raise ValueError(
+            f"unknown KL correction {correction!r}; valid corrections: {', '.join(KL_CORRECTIONS)}"
+        )
+    old = logp.detach() if old_logp is None else old_logp.detach()
+    log_ratio = logp - old  # [N, T]
+    if correction == "ratio":
+        return torch.exp(log_ratio) * kl_autograd(name, logp, ref_logp)
+    if correction == "sequence_ratio":
+        m = mask.to(logp.dtype)
+        log_seq = (log_ratio * m).sum(dim=-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+        return torch.exp(log_seq) * kl_autograd(name, logp, ref_logp)
+    value = KL_ESTIMATORS[resolve_kl(name)[0]](logp, ref_logp)
+    w = torch.exp(log_ratio).clamp(max=weight_clip).detach()
+    surrogate = w * k2(logp, ref_logp)
+    return value.detach() + surrogate - surrogate.detach()
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

@@ -32,6 +32,8 @@ __all__ = [
     "LOG_RATIO_CLAMP",
     "Eps",
     "apply_gate",
+    "autograd_inputs",
+    "autograd_masked",
     "beyond_count",
     "check_eps",
     "check_inputs",
@@ -182,6 +184,28 @@ def float_mask_count(mask: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     """``(float_mask(mask, dtype), its number of valid tokens)`` with one host transfer."""
     m, (count,) = _mask_and_sums(mask, dtype, ())
     return m, count
+
+
+def autograd_inputs(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inputs of a surrogate's plain autograd form (the ``*_autograd`` functions beside
+    each surrogate): :func:`check_inputs`' checks, then ``(logp, old_logp, adv, mask)`` with
+    ``logp`` still on the caller's graph, both log-probabilities in the compute dtype and 0 at
+    every padded position (``torch.where``, so ``-inf`` padding never reaches the graph),
+    ``adv`` ``[N, 1]`` or ``[N, T]`` and ``mask`` 0/1 float."""
+    _, old, adv, m = check_inputs(logp, old_logp, adv, mask)
+    valid, zero = m.bool(), torch.zeros((), dtype=m.dtype, device=m.device)
+    lp = torch.where(valid, logp.to(m.dtype), zero)
+    return lp, torch.where(valid, old, zero), adv, m
+
+
+def autograd_masked(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``loss`` ``[N, T]`` set to 0 (value and gradient) at the padded positions of ``mask``."""
+    return torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
 
 
 def masked_log_ratio(lp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -29,13 +29,15 @@ from collections.abc import Callable
 
 import torch
 
-from grouprl.losses.covariance import clip_cov, kl_cov
-from grouprl.losses.gated import sapo, vespo
-from grouprl.losses.geometric import gmpo
+from grouprl.losses.covariance import clip_cov, clip_cov_autograd, kl_cov, kl_cov_autograd
+from grouprl.losses.gated import sapo, sapo_autograd, vespo, vespo_autograd
+from grouprl.losses.geometric import gmpo, gmpo_autograd
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
     Eps,
     apply_gate,
+    autograd_inputs,
+    autograd_masked,
     check_eps,
     check_inputs,
     clamp_log_ratio,
@@ -45,28 +47,42 @@ from grouprl.losses.ratio import (
     pessimistic_bounds,
     ratio_stats,
 )
-from grouprl.losses.trust_region import dppo_kl, dppo_tv, dro
+from grouprl.losses.topr import topr, topr_autograd
+from grouprl.losses.trust_region import (
+    dppo_kl,
+    dppo_kl_autograd,
+    dppo_tv,
+    dppo_tv_autograd,
+    dro,
+    dro_autograd,
+)
 from grouprl.types import to_floats
 
 __all__ = [
+    "AUTOGRAD_FORMS",
     "CLIPPED",
     "SURROGATES",
     "ZERO_AT_ZERO_ADVANTAGE",
     "check_inputs",
     "cispo",
+    "cispo_autograd",
     "clip_cov",
     "dppo_kl",
     "dppo_tv",
     "dro",
     "gmpo",
     "gspo",
+    "gspo_autograd",
     "kl_cov",
     "on_policy_note",
     "on_policy_warning",
     "ppo_clip",
+    "ppo_clip_autograd",
     "reinforce",
+    "reinforce_autograd",
     "sapo",
     "surrogate",
+    "topr",
     "vespo",
 ]
 
@@ -127,6 +143,30 @@ def ppo_clip(
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
 
 
+def ppo_clip_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: Eps = 0.2,
+    eps_high: Eps = 0.2,
+    clip_ratio_c: float | None = None,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+) -> torch.Tensor:
+    """:func:`ppo_clip`'s per-token loss ``[N, T]`` in plain autograd (the readable form):
+    ``max(−Aρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high))``, then ``min(·, −c·A)`` where A < 0."""
+    check_eps(eps_low, eps_high)
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    lo = 1.0 - eps_column(eps_low, lp.shape[0], lp)  # float or [N, 1]
+    hi = 1.0 + eps_column(eps_high, lp.shape[0], lp)
+    rho = torch.exp((lp - old).clamp(-log_ratio_clamp, log_ratio_clamp))  # [N, T]
+    loss = torch.maximum(-a * rho, -a * torch.clamp(rho, lo, hi))
+    if clip_ratio_c is not None:
+        loss = torch.where(a < 0, torch.minimum(loss, -a * clip_ratio_c), loss)
+    return autograd_masked(loss, m)
+
+
 def cispo(
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -163,6 +203,24 @@ def cispo(
                 padding=1.0, scratch=log_ratio,
             )  # fmt: skip
     return linearized(logp, value, slope), ({} if values is None else to_floats(values))
+
+
+def cispo_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 1.0,
+    eps_high: float = 5.0,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+) -> torch.Tensor:
+    """:func:`cispo` in plain autograd: ``−sg(clip(ρ, 1 − ε_low, 1 + ε_high))·A·logp``."""
+    check_eps(eps_low, eps_high)
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    rho = torch.exp((lp - old).clamp(-log_ratio_clamp, log_ratio_clamp))
+    w = rho.clamp(1.0 - eps_low, 1.0 + eps_high).detach()
+    return autograd_masked(-w * a * lp, m)
 
 
 def gspo(
@@ -210,6 +268,27 @@ def gspo(
     return per_token, ({} if values is None else to_floats(values))
 
 
+def gspo_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    eps_low: float = 3e-4,
+    eps_high: float = 4e-4,
+    log_ratio_max: float = 10.0,
+) -> torch.Tensor:
+    """:func:`gspo` in plain autograd, the GSPO-token form: ``s_it = sg(s_i)·exp(logp_t −
+    sg(logp_t))`` with ``log s_i`` the mean log-ratio (capped at ``log_ratio_max``), then PPO's
+    ``max(−A·s, −A·clip(s, 1 − ε_low, 1 + ε_high))``."""
+    check_eps(eps_low, eps_high)
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    log_s = ((lp - old) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
+    s = torch.exp((log_s.detach() + lp - lp.detach()).clamp(max=log_ratio_max))  # [N, T]
+    loss = torch.maximum(-a * s, -a * s.clamp(1.0 - eps_low, 1.0 + eps_high))
+    return autograd_masked(loss, m)
+
+
 def reinforce(
     logp: torch.Tensor,
     old_logp: torch.Tensor | None,
@@ -238,6 +317,14 @@ def reinforce(
     return per_token, ({} if values is None else to_floats(values))
 
 
+def reinforce_autograd(
+    logp: torch.Tensor, old_logp: torch.Tensor | None, adv: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """:func:`reinforce` in plain autograd: ``−A·logp``."""
+    lp, _, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    return autograd_masked(-a * lp, m)
+
+
 SurrogateFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 SURROGATES: dict[str, SurrogateFn] = {
@@ -253,13 +340,36 @@ SURROGATES: dict[str, SurrogateFn] = {
     "dppo_tv": dppo_tv,
     "dppo_kl": dppo_kl,
     "dro": dro,
+    "topr": topr,
 }
 """Surrogate name -> function ``(logp, old_logp, adv, mask, *, stats=True, **params) ->
 (per_token, stats)``."""
 
+AUTOGRAD_FORMS: dict[str, Callable[..., torch.Tensor]] = {
+    "ppo_clip": ppo_clip_autograd,
+    "cispo": cispo_autograd,
+    "gspo": gspo_autograd,
+    "reinforce": reinforce_autograd,
+    "sapo": sapo_autograd,
+    "gmpo": gmpo_autograd,
+    "vespo": vespo_autograd,
+    "clip_cov": clip_cov_autograd,
+    "kl_cov": kl_cov_autograd,
+    "dppo_tv": dppo_tv_autograd,
+    "dppo_kl": dppo_kl_autograd,
+    "dro": dro_autograd,
+    "topr": topr_autograd,
+}
+"""Surrogate name -> its plain autograd form ``(logp, old_logp, adv, mask, **params) ->
+per_token [N, T]``: the formula as the papers and peers write it, with the same parameters
+and defaults. :data:`SURROGATES` computes each value and its slope by hand
+(``ratio.linearized``, for speed); ``tests/losses/test_autograd_forms.py`` holds every entry's
+value and gradient equal to the fast form's."""
+
 
 CLIPPED: frozenset[str] = frozenset(
     {"ppo_clip", "cispo", "gspo", "sapo", "gmpo", "vespo", "kl_cov", "dppo_tv", "dppo_kl", "dro"}
+    | {"topr"}
 )
 """Surrogates whose clip, gate, weight or penalty depends on ρ = π/π_old: it can only act once
 the policy has moved, i.e. from the second optimizer step on the same generation batch; at
@@ -299,8 +409,8 @@ def on_policy_note(name: str, preset: str, minibatches: int, ppo_epochs: int) ->
 
     The same fact as :func:`on_policy_warning` (ρ ≡ 1, the clip never acts), but nothing to
     fix: the preset's sources take one update per generation batch (DeepSeekMath §4.2 for
-    ``grpo``; ALGORITHMS.md §3 "Update schedule"), so it is said once, as a note [OURS: issue
-    25, where the default run opened on a warning that read as "the default is broken"].
+    ``grpo``; ALGORITHMS.md §3 "Update schedule"), so it is said once, as a note [OURS: a warning at a preset's own schedule
+    reads as "the default is broken"].
     None when the warning's condition does not hold.
     """
     if on_policy_warning(name, minibatches, ppo_epochs) is None:

@@ -16,6 +16,8 @@ import torch
 
 from grouprl.losses.ratio import (
     LOG_RATIO_CLAMP,
+    autograd_inputs,
+    autograd_masked,
     beyond_count,
     check_inputs,
     linearized,
@@ -25,7 +27,15 @@ from grouprl.losses.ratio import (
 )
 from grouprl.types import to_floats
 
-__all__ = ["binary_kl", "dppo_kl", "dppo_tv", "dro"]
+__all__ = [
+    "binary_kl",
+    "dppo_kl",
+    "dppo_kl_autograd",
+    "dppo_tv",
+    "dppo_tv_autograd",
+    "dro",
+    "dro_autograd",
+]
 
 DPPO_TRUNCATION = 20.0
 """DPPO's truncation C of the stop-gradient IS weight: verl's fallback for ``clip_ratio_c`` in
@@ -207,3 +217,70 @@ def dro(
         slope = log_ratio.mul_(beta).sub_(adv).mul_(mask)  # ∂ℓ/∂logp = β·log ρ − A
     per_token = linearized(logp, value, slope)
     return per_token, ({} if values is None else to_floats(values))
+
+
+def _dppo_autograd(logp, old_logp, adv, mask, *, divergence, delta_low, delta_high,
+                   clip_ratio_c, log_ratio_clamp, binary_kl_eps):  # fmt: skip
+    """DPPO in plain autograd: ``−A·sg(min(ρ, C))·logp`` on the tokens inside the region."""
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    rho = torch.exp((lp - old).clamp(-log_ratio_clamp, log_ratio_clamp))
+    p, p_old = torch.exp(lp.detach()), torch.exp(old)
+    if divergence == "tv":
+        ok_pos, ok_neg = p - p_old <= delta_high, p - p_old >= -delta_low
+    else:
+        kl = binary_kl(old, lp.detach(), binary_kl_eps)
+        ok_pos, ok_neg = (kl <= delta_high) | (p <= p_old), (kl <= delta_low) | (p >= p_old)
+    valid = torch.where(a > 0, ok_pos, ok_neg).to(lp.dtype)
+    return autograd_masked(-a * rho.clamp(max=clip_ratio_c).detach() * lp * valid, m)
+
+
+def dppo_tv_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    delta_low: float = 0.2,
+    delta_high: float = 0.2,
+    clip_ratio_c: float = DPPO_TRUNCATION,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+) -> torch.Tensor:
+    """:func:`dppo_tv` in plain autograd."""
+    return _dppo_autograd(
+        logp, old_logp, adv, mask, divergence="tv", delta_low=delta_low, delta_high=delta_high,
+        clip_ratio_c=clip_ratio_c, log_ratio_clamp=log_ratio_clamp, binary_kl_eps=BINARY_KL_EPS,
+    )  # fmt: skip
+
+
+def dppo_kl_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    delta_low: float = 0.2,
+    delta_high: float = 0.2,
+    clip_ratio_c: float = DPPO_TRUNCATION,
+    log_ratio_clamp: float = LOG_RATIO_CLAMP,
+    binary_kl_eps: float = BINARY_KL_EPS,
+) -> torch.Tensor:
+    """:func:`dppo_kl` in plain autograd."""
+    return _dppo_autograd(
+        logp, old_logp, adv, mask, divergence="kl", delta_low=delta_low, delta_high=delta_high,
+        clip_ratio_c=clip_ratio_c, log_ratio_clamp=log_ratio_clamp, binary_kl_eps=binary_kl_eps,
+    )  # fmt: skip
+
+
+def dro_autograd(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    beta: float | None = None,
+) -> torch.Tensor:
+    """:func:`dro` in plain autograd: ``−(A·logp − ½β·(logp − old_logp)²)``."""
+    if beta is None or not (math.isfinite(beta) and beta > 0):
+        raise ValueError(f"DRO needs beta > 0 (the quadratic penalty weight), got {beta}")
+    lp, old, a, m = autograd_inputs(logp, old_logp, adv, mask)
+    return autograd_masked(-(a * lp - 0.5 * beta * (lp - old).square()), m)

@@ -2,8 +2,7 @@
 
 Pure functions over the logged metric rows (``report.run.read_metrics``) and the run's
 health episodes (``diagnostics.RunHealth.episodes``), plus the curve smoothing the report
-draws (:func:`ema`). [OURS] issue 25: the report opened on a table of last values, with
-raw per-step curves only.
+draws (:func:`ema`). [OURS]: a report opens on what changed, not on a table of last values.
 """
 
 from __future__ import annotations

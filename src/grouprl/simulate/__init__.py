@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from grouprl.simulate import acr, categorical, low_variance, normalization, tailmiss
+from grouprl.simulate import (
+    categorical,
+    collapse_over_training,
+    low_variance,
+    normalization,
+    tailmiss,
+)
 from grouprl.simulate._common import Claim, SimResult, write_result
 
 __all__ = ["SIMULATIONS", "Claim", "SimResult", "get", "names", "write_result"]
@@ -19,7 +25,7 @@ SIMULATIONS: dict[str, Callable[..., SimResult]] = {
     "categorical": categorical.simulate,
     "tail-miss": tailmiss.simulate,
     "low-variance": low_variance.simulate,
-    "acr": acr.simulate,
+    "acr": collapse_over_training.simulate,
     "normalization": normalization.simulate,
 }
 """Simulation name -> ``simulate(quick=False, seed=0, **overrides) -> SimResult``."""

@@ -32,7 +32,7 @@ Optimiser (``optimizer``):
   concentrates the policy (F-GRPO App. J: at η = 1e-3 the entropy stays above 4 even at
   N = 65,536, which motivated 1e-2).
 - ``"plain"`` [OURS, labelled: not the papers' optimiser]: plain gradient ascent
-  z ← z + η·g·∂L/∂z, this module's update before issue 23. The per-logit step is ~η·π_i/N, so
+  z ← z + η·g·∂L/∂z. The per-logit step is ~η·π_i/N, so
   η = 1e-2 moves nothing visible (Q_pos gain ~3e-9 in 1000 steps) and the effects need
   η ≈ 1e3–2e3 (reproductions/categorical keeps a labelled row of it).
 
@@ -107,7 +107,7 @@ class CategoricalConfig:
     group_sizes: tuple[int, ...] = tuple(2**k for k in range(1, 18))  # 2 .. 131072
     gammas: tuple[float, ...] = (0.0, 0.5, 1.0)
     """Focal exponents γ: 0 = GRPO; the paper's simulation uses 1, its maze and LLM runs 0.5
-    (issue 12 asks for both)."""
+    (both are reported)."""
     steps: int = 1000
     """T = 1,000 (F-GRPO App. J, Hu et al. §4.1)."""
     seeds: int = 4
@@ -324,7 +324,7 @@ def matched_reference(q_pos: torch.Tensor, m_ret: torch.Tensor, target: float) -
     ``target``; ``q_pos``, ``m_ret`` ``[S, T']``. NaN for a seed that never got there.
 
     Per seed, not on the seed-mean curve, so the reference has a standard error of its own
-    [OURS, issue 12: "γ compared at matched gain in Q_pos"].
+    [OURS: γ compared at matched gain in Q_pos].
     """
     gain = q_pos - q_pos[:, :1]  # [S, T']
     vals = [at_gain(gain[s], m_ret[s], target) for s in range(q_pos.shape[0])]

@@ -25,7 +25,7 @@ with the same reward need not be the same sequence, as in an LLM. Reward of a sa
 starts at 0) and a fixed prior z⁰ (``prior_scale``·(``prior_corr``·correctness score + noise)
 per meaning, + ``form_scale``·noise per form). The reference policy is the initial one
 (W = 0), as in GRPO. Each step draws ``batch`` prompts, G = ``group_size`` = 16 answers each
-(the paper's G per issue 12; the Table 3 text we have does not state it), computes the method's advantages with :func:`grouprl.advantages.compute` and
+([OURS] G = 16; the Table 3 text we have does not state it), computes the method's advantages with :func:`grouprl.advantages.compute` and
 takes one Adam step on :func:`grouprl.losses.objective` (REINFORCE surrogate, token mean, k3
 KL with β and the method's ``kl_weight``, groups with ``keep = False`` out of both branches):
 the KL is the one training produces, held by β.
@@ -43,7 +43,7 @@ The paper's "Dir." is 1.00 for RLOO and Dr.GRPO: RLOO's advantages are G/(G−1)
 Dr.GRPO's, so their cardinal cosine is exactly 1, while a reward/KL cosine of exactly 1 for
 both would be a coincidence; we report both readings.
 
-**Calibrated** [issue 12]: β by bisection so that RLOO + Protocol's mean KL on that subset is
+**Calibrated** [OURS]: β by bisection so that RLOO + Protocol's mean KL on that subset is
 ``target_kl`` = 0.017 (Table 3); then (jitter_share, jitter_lo) so that GRPO's pooled P95/P99
 of 1/scale are ``target_inv`` = 980/3100 (:func:`fit_jitter`, on what a GRPO pilot run
 recorded; two rounds).
@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 
 from grouprl.diagnostics.balance import low_sigma_groups, reward_kl_balance
-from grouprl.diagnostics.scale import updated_groups
+from grouprl.diagnostics.inverse_scale import updated_groups
 from grouprl.losses.kl import k3
 from grouprl.losses.objective import objective
 from grouprl.report.html import figure

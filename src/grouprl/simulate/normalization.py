@@ -25,7 +25,7 @@ others 0) and θ = 0 at the start. ``features``:
   optimum, which is what the paper's smoothness argument is about. Per-prompt gradients are
   near-orthogonal (|cos| ~ 1/√d), the regime where the abstract says adaptive scaling helps.
 
-**Pools** (the same mean reward std σ̄ = mean_x √(J_x(1 − J_x)) at the start, issue 12):
+**Pools** (the same mean reward std σ̄ = mean_x √(J_x(1 − J_x)) at the start):
 ``heterogeneous`` = half the prompts at J(0) = ``het_success[0]`` (0.5, σ = 0.5), half at
 ``het_success[1]`` (0.02, σ = 0.14); ``homogeneous`` = every prompt at the J ≤ 0.5 with
 √(J(1 − J)) = σ̄ (:func:`homogeneous_success`; 0.1158 for the defaults). Binary rewards cannot

@@ -270,7 +270,7 @@ def failure_advice(what: str, reasons: Iterable[str], timeout_s: float, setting:
     function or a longer ``setting`` (naming its value); any other failure (an exception, a
     bad return value, a dead worker) asks to fix ``what``. A timeout is never suggested for a
     function that raised, nor when ``timeout_s`` is 0 (in-process: there is none) [OURS:
-    issue 25, "raise the timeout, now 0 s per call" for a reward function that raised].
+    "raise the timeout, now 0 s per call" is no advice for a reward function that raised].
     """
     reasons = list(reasons)
     timed_out = sum("timed out after" in r for r in reasons)

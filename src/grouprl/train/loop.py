@@ -158,7 +158,7 @@ def schedule_lines(cfg: RunConfig, preset: Any) -> list[str]:
     A clip-based surrogate at one optimizer step per batch is a one-line note when that is
     the preset's own schedule (its sources': ``losses.on_policy_note``) and a warning with
     what to set when ``optim.minibatches`` / ``optim.ppo_epochs`` chose another one
-    (``losses.on_policy_warning``) [OURS: issue 25, the default run opened on a warning].
+    (``losses.on_policy_warning``) [OURS: a warning is for a schedule the user changed].
     """
     schedule = cfg.schedule(preset)  # the preset's update schedule unless optim sets it
     n, epochs = schedule.minibatches, schedule.ppo_epochs
@@ -303,7 +303,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
         extras = reward_side(run, examples, scores, settings, overlong, timer)
         if rewards is not verified:  # the verifier's own rewards, for the focal weight's μ̂
             extras["verifier_rewards"] = verified
-        # IS-GRPO's sampler: σ of every generated group, of the verifier's rewards (issue 23)
+        # IS-GRPO's sampler: σ of every generated group, of the verifier's rewards
         run.prompts.observe(indices, verified)
         unscorable += scores.unscorable_frac
         metrics.update(scores.extra)  # the reward functions' own numbers (dataset tasks)
@@ -398,7 +398,7 @@ def step_advantages(
         kwargs["trigger"] = run.trigger if preset.virtual else None
         kwargs["reward_range"] = tuple(run.task.reward_range)
         # F-GRPO eq. 11: the focal weight's μ̂ is the share of correct rollouts, from the
-        # verifier's rewards, not the overlong-shaped ones (issue 23)
+        # verifier's rewards, not the overlong-shaped ones
         kwargs["verifier_rewards"] = batch.verifier_rewards
         # is_grpo_exact: each group times the importance weight of its prompt's draw
         kwargs["group_weight"] = batch.draw_weights if preset.sampler_weight else None
@@ -844,7 +844,7 @@ def _balance(
     ``balance/low_sigma/rows`` their count (no ratio when there are none): the number to hold
     against Table 3, and the one the health rule reads. ``balance/batch/*``: on the first
     micro-batch ``obj`` as trained, every kept row [OURS] (what was logged as
-    ``balance/r_over_kl`` before issue 23). Extra backward passes with ``retain_graph`` (and a
+    ``balance/r_over_kl`` in older runs). Extra backward passes with ``retain_graph`` (and a
     forward of the subset); the ``.grad`` buffers are not touched.
     """
     p = run.preset

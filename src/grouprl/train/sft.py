@@ -7,7 +7,7 @@
 F-GRPO's maze experiment (§5.2, after MaxRL) starts RL from a model supervised on
 solved mazes; RL from a random init never sees a reward. The warm start trains on
 freshly drawn examples every step (``task.examples`` on a stream of its own), with the
-loss on the demonstration tokens and EOS only. [OURS] recipe after a pre-round prototype
+loss on the demonstration tokens and EOS only. [OURS] recipe after a prototype
 on the 5 × 5 maze (docs/models.md): the 205k-parameter tiny model, batch 64, lr 2e-3,
 1,400 steps reaches pass@1 0.117, pass@16 0.373, pass@64 0.495 on 200 held-out mazes
 (reproductions/maze/results.json): a policy with mixed groups, the regime RL needs.
@@ -117,7 +117,7 @@ def _train(model: Any, tokenizer: Any, task: Any, plan: dict[str, Any], progress
     start, losses, step = time.perf_counter(), [], 0
     bar = _progress(use_bar(progress))
     job = bar.add_task("SFT warm start", total=plan["steps"] or plan["seconds"]) if bar else None
-    # without a terminal: a plain line every tenth or 30 s (issue 25: minutes of silence)
+    # without a terminal: a plain line every tenth or 30 s
     lines = None if bar or not plan["steps"] else ProgressLines("SFT warm start", total)
     model.train()
     while step < total:
@@ -200,7 +200,7 @@ def warm_start(
         schedule: ``cosine`` (default) or ``constant`` after the warm-up.
         batch_size, lr, warmup: AdamW (β = 0.9, 0.95, no weight decay), [OURS] linear warm-up
             over ``warmup`` steps then cosine decay to 10 % of ``lr``; grad-norm clip 1.0.
-            Defaults after the pre-round maze prototype (batch 64, lr 2e-3; docs/models.md).
+            Defaults after the maze prototype (batch 64, lr 2e-3; docs/models.md).
         seed: picks the stream of training examples (and is part of the cache key).
         cache_dir: where the weights go (default ``models.cache_dir() / "sft"``); None
             and ``GROUPRL_NO_SFT_CACHE=1`` disables reading and writing the cache.

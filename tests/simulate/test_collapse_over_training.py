@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from grouprl.simulate.acr import (
+from grouprl.simulate.collapse_over_training import (
     METHODS,
     AcrConfig,
     calibrate_pool,

@@ -8,7 +8,7 @@ takes the exact score-function step of the Bernoulli policy, θ_q += η · (1/G)
 No generalisation across prompts: a prompt learns only when its own group carries a signal,
 which isolates what collapse costs.
 
-**The paper's regime** [issue 12; ACR paper abstract and §1: GRPO at G = 8 has 28–45 % of its
+**The paper's regime** [ACR paper abstract and §1: GRPO at G = 8 has 28–45 % of its
 groups collapsed]: ``pool_mean`` m is calibrated (:func:`calibrate_pool`, bisection) so that
 GRPO's raw ACR over the run is the middle of that range, 0.365, on the hard side (m < 0.5:
 all-wrong groups outnumber all-correct ones at the start, as early in RLVR training). The pool
