@@ -15,12 +15,11 @@ beside the direct path and not held to the floor target.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import statistics
 import time
 
+import loadguard  # benchmarks/loadguard.py: headline files only from idle runs
 import numpy as np
 import torch
 
@@ -289,10 +288,11 @@ def main() -> None:
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
     ap.add_argument("--profile", nargs="*", default=[], metavar="NAME",
                     help="estimators whose operators to profile (torch.profiler, one call)")  # fmt: skip
+    loadguard.add_arguments(ap)
     args = ap.parse_args()
     _CLOCK[0] = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
-    load0 = [round(x, 2) for x in os.getloadavg()]
+    load0 = loadguard.load_average()
     rewards = make_rewards(args.prompts, args.group)
     with_nan = rewards.clone()
     with_nan[torch.rand(rewards.shape, generator=torch.Generator().manual_seed(1)) < 0.05] = float(
@@ -352,41 +352,42 @@ def main() -> None:
             r.get("speedup_vs_verl_grpo_vectorized", 1e9) >= 2 for r in met
         ),
     }
-    print(
-        json.dumps(
-            {
-                "benchmark": "advantages",
-                "prompts": args.prompts,
-                "group": args.group,
-                "samples": args.prompts * args.group,
-                "threads": args.threads,
-                "clock": args.clock,
-                "torch": torch.__version__,
-                "machine": platform.machine(),
-                "seconds": seconds,
-                "ratios": ratios,
-                "targets_met": targets,
-                "below_2x_verl_grpo_vectorized": [
-                    k for k in direct if ratios[k].get("speedup_vs_verl_grpo_vectorized", 9) < 2
-                ],
-                "load_average": [load0, [round(x, 2) for x in os.getloadavg()]],
-                "methods": {
-                    k: {
-                        **v,
-                        **{
-                            f"speedup_vs_{peer}": v[peer] / v["ours"]
-                            for peer in ("verl", "openrlhf")
-                            if peer in v
-                        },
-                    }
-                    for k, v in methods.items()
-                },
-                "profiles": profiles,
-                "token_prompts": args.token_prompts,
-                "tokens": args.tokens,
+    loadguard.write(
+        {
+            "benchmark": "advantages",
+            "prompts": args.prompts,
+            "group": args.group,
+            "samples": args.prompts * args.group,
+            "threads": args.threads,
+            "clock": args.clock,
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "seconds": seconds,
+            "ratios": ratios,
+            "targets_met": targets,
+            "below_2x_verl_grpo_vectorized": [
+                k for k in direct if ratios[k].get("speedup_vs_verl_grpo_vectorized", 9) < 2
+            ],
+            "load_average": [load0, loadguard.load_average()],
+            "methods": {
+                k: {
+                    **v,
+                    **{
+                        f"speedup_vs_{peer}": v[peer] / v["ours"]
+                        for peer in ("verl", "openrlhf")
+                        if peer in v
+                    },
+                }
+                for k, v in methods.items()
             },
-            indent=2,
-        )
+            "profiles": profiles,
+            "token_prompts": args.token_prompts,
+            "tokens": args.tokens,
+        },
+        load0,
+        out=args.out,
+        allow_loaded=args.allow_loaded,
+        indent=2,
     )
 
 

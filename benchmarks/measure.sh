@@ -9,17 +9,22 @@
 #     STEPS=2 CLOCK=cpu bash benchmarks/measure.sh   # the README's runs (a shared machine)
 #   PYTHON=/path/to/python bash benchmarks/measure.sh   # another interpreter
 # Run it on a quiet machine: every JSON records the load average before and after, and the
-# vs_trl children their CPU seconds beside the wall clock.
+# vs_trl children their CPU seconds beside the wall clock. The headline files (vs_trl_smollm2,
+# advantages, train_step) are written with --out (benchmarks/loadguard.py): from a run at a load
+# above 2 they go to *_loaded.json instead; ALLOW_LOADED=1 overwrites the headline files anyway.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 steps=${STEPS:-5}
 clock=${CLOCK:-wall}
+guard=()
+[[ -n "${ALLOW_LOADED:-}" ]] && guard=(--allow-loaded)
 out=benchmarks/results
 mkdir -p "$out"
 echo "load before: $(cat /proc/loadavg)" >&2
 "$py" benchmarks/roofline.py --clock "$clock" > "$out/roofline.json"
-"$py" benchmarks/vs_trl.py --model smollm2 --precision fp32 --steps "$steps" > "$out/vs_trl_smollm2.json"
+"$py" benchmarks/vs_trl.py --model smollm2 --precision fp32 --steps "$steps" \
+  --out "$out/vs_trl_smollm2.json" "${guard[@]}"
 for precision in bf16_autocast bf16; do
   "$py" benchmarks/vs_trl.py --model smollm2 --precision "$precision" --steps "$steps" \
     > "$out/vs_trl_smollm2_$precision.json"
@@ -30,11 +35,11 @@ for kib in 0 128; do  # grouprl alone: peak RSS and CPU seconds at glibc's defau
 done
 "$py" benchmarks/vs_trl.py --model tiny > "$out/vs_trl.json"  # vs_trl_tiny_run2.json: a second run
 "$py" benchmarks/advantages.py --threads 1 --no-verl-loop --no-methods --repeat 9 --clock "$clock" \
-  --profile gopo gdpo grpo_passk reinforce_pp_baseline grpo > "$out/advantages.json"
+  --profile gopo gdpo grpo_passk reinforce_pp_baseline grpo --out "$out/advantages.json" "${guard[@]}"
 "$py" benchmarks/rollout_speed.py > "$out/rollout_speed.json"
 "$py" benchmarks/rollout_speed.py --models tiny --baseline 6c44c79 --repeats 5 --no-reference \
   > "$out/rollout_speed_tiny_6c44c79.json"
-"$py" benchmarks/train_step.py --threads 1 0 > "$out/train_step.json"
+"$py" benchmarks/train_step.py --threads 1 0 --out "$out/train_step.json" "${guard[@]}"
 # a static cache + compiled decode on SmolLM2 (a cold compile), and bf16
 # rollouts with fp32 master weights and the rollout correction against fp32 rollouts
 "$py" benchmarks/static_decode.py --repeats 2 > "$out/static_decode_smollm2.json"

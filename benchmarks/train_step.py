@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import loadguard  # benchmarks/loadguard.py: headline files only from idle runs
+
 SETTINGS: dict[str, list[str]] = {
     # the maze miniature's step: 32 mazes x 8, untrained tiny model (longest completions)
     "tiny": ["model.name=tiny", "model.warm_start=false", "task.name=maze"],
@@ -103,11 +105,13 @@ def main() -> None:
         "--threads", type=int, nargs="+", default=[1, 0], help="run.threads values (0 = torch's)"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    loadguard.add_arguments(parser)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(_child(args.child, args.steps, args.warmup, args.threads[0])))
         return
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    load_before = loadguard.load_average()
     results = []
     for model in args.models:
         for threads in args.threads:
@@ -130,7 +134,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "results": results,
     }
-    print(json.dumps(out, indent=1))
+    loadguard.write(out, load_before, out=args.out, allow_loaded=args.allow_loaded)
 
 
 if __name__ == "__main__":

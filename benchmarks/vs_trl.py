@@ -54,6 +54,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import loadguard  # benchmarks/loadguard.py: headline files only from idle runs
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
@@ -972,6 +974,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--grouprl-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                     help="override a grouprl config field")  # fmt: skip
     ap.add_argument("--worker", choices=("grouprl", "trl"), help=argparse.SUPPRESS)
+    loadguard.add_arguments(ap)
     ap.add_argument("--eval-before", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     defaults = {**MODELS[args.model], **(QUICK[args.model] if args.quick else {})}
@@ -1095,7 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
         worker(args)
         return 0
     which = [args.only] if args.only else ["grouprl", "trl"]
-    load0 = os.getloadavg()
+    load0 = loadguard.load_average()
     # pre-flight: both trainers built, their settings read back and compared, nothing timed
     pre = {w: _child(args, w, settings_only=True)["settings"] for w in which}
     table = compare(pre["grouprl"], pre["trl"]) if len(pre) == 2 else None
@@ -1114,8 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
         return 0
     res = {w: _child(args, w, settings_only=False) for w in which}
-    out["load_average_before"] = list(load0)
-    out["load_average_after"] = list(os.getloadavg())
+    load1 = loadguard.load_average()
     out["results"] = {
         w: {k: v for k, v in r.items() if k not in ("train_rewards", "settings", "observed")}
         for w, r in res.items()
@@ -1136,11 +1138,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'met' if met else 'NOT MET'}", file=sys.stderr)  # fmt: skip
         rows = differing(out["settings"]) + differing(observed)
         out["settings_equal"] = not rows
-        print(json.dumps(out, indent=2))
+        loadguard.write(out, load0, load_after=load1, out=args.out,
+                        allow_loaded=args.allow_loaded, indent=2)  # fmt: skip
         if rows:
             raise SettingsDiffer("in the timed runs", rows)
         return 0
-    print(json.dumps(out, indent=2))
+    loadguard.write(out, load0, load_after=load1, out=args.out, allow_loaded=args.allow_loaded,
+                    indent=2)  # fmt: skip
     return 0
 
 

@@ -155,8 +155,8 @@ def test_preset_minibatches_that_do_not_divide_the_prompts_take_the_largest_divi
 
 
 def test_threads_zero_is_auto(monkeypatch):
-    """run.threads defaults to 0 (auto, grouprl._threads): setup sets the count the load
-    leaves free, at most torch's own; a positive count is set as it is."""
+    """run.threads defaults to 0 (auto, grouprl._threads): setup sets one thread per physical
+    core, at most torch's own count, whatever the load; a positive count is set as it is."""
     import torch
 
     from grouprl import _threads
@@ -167,12 +167,12 @@ def test_threads_zero_is_auto(monkeypatch):
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(state, "TORCH_THREADS", 2)
-    monkeypatch.setattr(_threads, "available_cores", lambda: 2)
     base = ["model.warm_start=false", "sampling.prompts_per_step=2", "sampling.group_size=2"]
-    for load, expected in ((0.2, 2), (3.5, 1)):
-        monkeypatch.setattr(_threads, "_load", lambda x=load: x)
+    for cores, load, expected in ((2, 0.2, 2), (2, 3.5, 2), (4, 0.0, 2), (1, 9.0, 1)):
+        monkeypatch.setattr(_threads, "physical_cores", lambda n=cores: n)
+        monkeypatch.setattr(_threads.os, "getloadavg", lambda x=load: (x, x, x), raising=False)
         state.setup(C.load_config(None, base))
-        assert calls[-1] == expected
+        assert calls[-1] == expected, (cores, load)
     state.setup(C.load_config(None, [*base, "run.threads=3"]))
     assert calls[-1] == 3
 

@@ -196,9 +196,9 @@ def test_grouprl_train_on_a_user_jsonl_raises_the_reward(files):
            "--no-progress", "--set", "sampling.max_new_tokens=2", "--set", "optim.lr=0.01",
            "--set", "eval.every=0", "--set", "run.tensorboard=false", "--set", "run.seed=1",
            "--set", "run.threads=1"]  # fmt: skip
-    # one thread, whatever the load or the caller's OMP_NUM_THREADS: the automatic count (the
-    # cores the load leaves free) changes the float reductions, hence the seed's trajectory
-    # (seed 1 at two threads: `correct` 0.30 over the last 10 steps, a failure)
+    # one thread, whatever the machine's cores or the caller's OMP_NUM_THREADS: the thread
+    # count changes how the float reductions split, hence the seed's trajectory (seed 1 at two
+    # threads: `correct` 0.30 over the last 10 steps, a failure)
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=files, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -125,8 +125,8 @@ class SamplingConfig:
     max_new_tokens: int = 32
     draw: str = "inverse_cdf"
     """How a token is drawn (``grouprl.rollout.hf.DRAWS``): ``inverse_cdf`` (one uniform per
-    row) or ``multinomial`` (``torch.multinomial``, as HF and TRL, to repeat runs
-    made with it). The same distribution; the draws for one seed differ [OURS default: ~ the lm head's
+    row) or ``multinomial`` (``torch.multinomial``, as HF and TRL, and grouprl before issue
+    26). The same distribution; the draws for one seed differ [OURS default: ~ the lm head's
     cost saved per decode step on a 49k vocabulary]."""
     max_unscorable_frac: float = 0.5
     """Stop the run when more than this fraction of a step's rewards are NaN (unscorable):
@@ -244,7 +244,7 @@ class OptimConfig:
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the former maze default (5×5, 300 GRPO steps,
     32 x 8): 5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 ->
-    0.334/0.385); 2e-4 (the rate of the maze prototype in docs/models.md) made pass@1 oscillate
+    0.334/0.385); 2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate
     (0.10-0.16) and pass@16 fall to 0.28; 1e-4 was in between. Kept for the 4×4 miniature
     (docs/training.md, "The default run")."""
     weight_decay: float = 0.0
@@ -259,6 +259,11 @@ class OptimConfig:
     parameters on one CPU thread: 0.58 s for-loop, 0.50 s foreach, 0.077 s fused. Used where
     torch supports it (every parameter a floating-point tensor on the CPU or a CUDA device),
     else the default implementation."""
+    activation_checkpointing: bool = False
+    """Keep each decoder layer's input instead of its activations in the training forward and
+    run the layer again in the backward (``grouprl.train.checkpointing``): the same gradients,
+    a smaller peak, a second forward's CPU time. The ``pretrained`` profile turns it on
+    (docs/results.md, "Memory")."""
     ppo_epochs: int | None = None
     """Passes over each generation batch; None = the preset's (``Preset.ppo_epochs``: AGPO's
     code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
@@ -327,19 +332,19 @@ class RunSectionConfig:
     ``loop.train`` itself writes no report (call ``write_report(cfg, result)``, or
     ``grouprl.report.write_run_report(run_dir)`` at any time)."""
     threads: int = 0
-    """torch threads; 0 = auto (``grouprl._threads.choose_threads``): the cores the 1-minute
-    load average leaves free, at least 1 and at most torch's own count, or
-    ``OMP_NUM_THREADS`` when set; a positive number is taken as it is. [OURS] on 2
-    cores, 20 maze steps took 11 s idle at torch's two threads and 12 s at one, but beside four
-    busy processes 105 s at two and 37 s at one (2.8x); ``benchmarks/train_step.py``
-    measures a given count."""
+    """torch threads; 0 = auto (``grouprl._threads.choose_threads``): one per physical core
+    this process may run on, or ``OMP_NUM_THREADS`` when set; a positive number is taken as it
+    is. Never the machine's load: the count decides how torch splits its float reductions, so
+    the same command and seed give the same numbers on the same machine at any load [OURS];
+    ``benchmarks/train_step.py`` measures a given count."""
     mmap_threshold_kib: int = 0
     """glibc: blocks of at least this many KiB are mapped on their own and given back to the
     OS when freed (``grouprl.train.malloc``), so the resident memory follows the live tensors
     instead of the heap's high-water mark; 0 = glibc's growing default (nothing set). [OURS,
     measured] 128 makes one SmolLM2 step peak at 4.10 GB instead of 4.53 GB, but every freed
     block of 128 KiB or more is a munmap and its next use page faults: the default maze run
-    took 132 s instead of 75 s from an empty cache (54.8 s instead of 1.1 s of system time, docs/results.md), so it is opt-in: ``--set run.mmap_threshold_kib=128``
+    took 132 s instead of 75 s from an empty cache (54.8 s instead of 1.1 s of system time; 2
+    idle cores, load 0.7-1.2, torch 2.13), so it is opt-in: ``--set run.mmap_threshold_kib=128``
     where the peak memory matters more than the time."""
     save_final: bool = True
     """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
@@ -534,8 +539,8 @@ LOGGERS: dict[str, tuple[str, str]] = {
 
 
 def _check_loggers(run: RunSectionConfig) -> None:
-    """A logger asked for (true) but not installed is an error before the run [OURS: ``run.wandb=true``
-    without wandb must not run to the end without a word]."""
+    """A logger asked for (true) but not installed is an error before the run [OURS: issue
+    25, ``run.wandb=true`` without wandb ran to the end without a word]."""
     for name, (module, command) in LOGGERS.items():
         if getattr(run, name) is True and importlib.util.find_spec(module) is None:
             raise ConfigError(

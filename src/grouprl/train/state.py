@@ -241,6 +241,14 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         model = _wrap_lora(model, cfg)
     model.eval()  # [OURS] dropout off in RL (TRL disable_dropout=True): ratio 1 on-policy
     model.to(device)
+    if cfg.optim.activation_checkpointing:
+        from grouprl.train.checkpointing import checkpoint_layers
+        from grouprl.train.config import ConfigError
+
+        try:
+            checkpoint_layers(model)
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     reference = make_reference(
         model, beta=preset.beta, lora=cfg.model.lora_rank > 0,
         kl_in_reward=preset.reward_kl_coef > 0,
