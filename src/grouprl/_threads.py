@@ -10,10 +10,9 @@ the same numbers at any load (``tests/test_threads.py`` runs one beside a busy p
 :func:`tell_openmp` puts the choice in ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` before torch
 is imported (the command line does it), so its thread pools start at that size, and sets
 ``OMP_WAIT_POLICY=PASSIVE``: an OpenMP thread that waits sleeps instead of spinning, which is
-what keeps every core's thread usable on cores that other processes keep busy (measured on 2
-cores at a load average of ~25: 5 maze steps at two threads took 2.0 s a step with
-``PASSIVE`` and 107 s a step with OpenMP's spinning default; one thread 2.8 s; docs/training.md,
-"Threads") [OURS]. A value the user set for any of the three is kept, and auto then follows
+what keeps every core's thread usable on cores that other processes keep busy (a spinning
+waiter can cost a step 50x on a shared machine: docs/training.md, "Threads") [OURS].
+A value the user set for any of the three is kept, and auto then follows
 ``OMP_NUM_THREADS``.
 """
 
