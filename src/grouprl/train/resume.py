@@ -68,6 +68,11 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     "sampling.verify_timeout_s",  # a completion that times out scores NaN
     "sampling.overlong_cache",
     "sampling.pool_size",  # which prompts the sampler draws from
+    "sampling.curriculum_low",  # the curriculum's band, decay, prior and schedule: which
+    "sampling.curriculum_high",  #   prompts it draws
+    "sampling.curriculum_decay",
+    "sampling.curriculum_prior_strength",
+    "sampling.curriculum_revisit",
     "sampling.max_resample_tries",  # dynamic sampling: which groups make the batch
     # the algorithm: the preset and every override of its fields
     "algorithm.preset",
