@@ -25,8 +25,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     pytest.importorskip("trl")
 
-import grouprl
 from tiny_lm import tiny_model
+
+import grouprl
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow, pytest.mark.e2e]
 
@@ -148,4 +149,3 @@ def test_masked_truncations_leave_the_normaliser(runs):
     assert bool((counts == 0).any())  # some row was truncated and masked out
     assert max(off_by(runs, "grouprl-dapo-masked")) < EXACT
     assert max(off_by(runs, "trl-dapo-masked")) > 100 * EXACT
-

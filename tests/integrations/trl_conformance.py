@@ -29,11 +29,11 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+from tiny_lm import tiny_model, tiny_tokenizer  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 from trl_doubles import RecordingReward, config, dataset  # noqa: E402
 
-from tiny_lm import tiny_model, tiny_tokenizer  # noqa: E402
 from grouprl.integrations import trl as gt  # noqa: E402
 
 PER_DEVICE, GENERATIONS, ACCUM, PER_GENERATION, STEPS = 4, 4, 2, 4, 2
