@@ -1,4 +1,4 @@
-"""The ``grouprl`` command line: ``grouprl train | simulate | diagnose | bench | list``.
+"""The ``grouprl`` command line: ``grouprl train | simulate | diagnose | compare | bench | list``.
 
 Each subcommand lives in its own module of this package, imported only when it runs, so
 ``grouprl list`` stays fast. A command module defines ``add_arguments(parser)`` and
@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "train": "grouprl.cli.train",
     "simulate": "grouprl.cli.simulate",
     "diagnose": "grouprl.cli.diagnose",
+    "compare": "grouprl.cli.compare",
     "bench": "grouprl.cli.bench",
     "list": "grouprl.cli.listing",
 }
@@ -24,6 +25,7 @@ HELP: dict[str, str] = {
     "train": "train a policy with a preset on a verifiable task (default: the maze miniature)",
     "simulate": "run a simulation that reproduces a paper's analysis (categorical, tail-miss, ...)",
     "diagnose": "training-health report for a JSONL of reward groups or a grouprl run folder",
+    "compare": "paired comparison of runs across seeds: arms × seeds, SE, signs, bootstrap CI",
     "bench": "run the benchmarks (advantages, train step, vs TRL) and print one table",
     "list": "list every estimator, transform, loss axis, preset, task and simulation",
 }
