@@ -205,3 +205,86 @@ def test_cli_errors_are_one_line_without_traceback(tmp_path, capsys):
     assert err.startswith("error: arm 'b'") and "Traceback" not in err
     assert main(["compare", "--arm", "nonsense", "--no-report"]) == 2
     assert "expected NAME=GLOB" in capsys.readouterr().err
+
+
+# ---- grouprl sweep ------------------------------------------------------------------------------
+
+
+def test_sweep_plan_is_seed_major_with_every_override(tmp_path):
+    from grouprl.cli.sweep import plan
+
+    data = {
+        "arms": {
+            "grpo": {
+                "runs": str(tmp_path / "g" / "s{seed}"),
+                "overrides": ["algorithm.preset=grpo"],
+            },
+            "dapo": {
+                "runs": str(tmp_path / "d" / "s{seed}"),
+                "overrides": ["algorithm.preset=dapo"],
+            },
+        },
+        "seeds": [0, 3],
+        "common": ["optim.steps=5"],
+    }
+    jobs = plan(data, threads=1)
+    assert [(j.arm, j.seed) for j in jobs] == [("grpo", 0), ("dapo", 0), ("grpo", 3), ("dapo", 3)]
+    j = jobs[3]
+    assert j.out == tmp_path / "d" / "s3"
+    sets = [j.argv[i + 1] for i, a in enumerate(j.argv) if a == "--set"]
+    assert sets == ["run.seed=3", "run.threads=1", "optim.steps=5", "algorithm.preset=dapo"]
+    assert j.argv[1:5] == ("-m", "grouprl", "train", "--out")
+    # the same file is a compare sweep file: {seed} filled from seeds
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(yaml.safe_dump(data))
+    spec, _ = load_sweep(sweep)
+    assert spec["dapo"] == [str(tmp_path / "d" / "s0"), str(tmp_path / "d" / "s3")]
+
+
+def test_sweep_plan_errors():
+    from grouprl.cli.sweep import SweepError, plan
+
+    with pytest.raises(SweepError, match="'seeds': a list of integers"):
+        plan({"arms": {"a": {"runs": "r/{seed}"}}})
+    with pytest.raises(SweepError, match=r"has no \{seed\}"):
+        plan({"arms": {"a": {"runs": "r/x"}}, "seeds": [0]})
+    with pytest.raises(SweepError, match="not key=value"):
+        plan({"arms": {"a": {"runs": "r/{seed}", "overrides": ["oops"]}}, "seeds": [0]})
+
+
+def test_sweep_launch_caps_concurrency_skips_finished_and_reports_failures(tmp_path):
+    import sys
+
+    from grouprl.cli.sweep import Job, launch
+
+    # each job records its start and end time; one fails; one folder already holds a run
+    code = (
+        "import sys, time, pathlib; p = pathlib.Path(sys.argv[1]); p.mkdir(parents=True);"
+        "t = time.time(); time.sleep(0.6); (p / 't').write_text(f'{t} {time.time()}');"
+        "sys.exit(int(sys.argv[2]))"
+    )
+    jobs = [Job("a", s, tmp_path / f"r{s}", (sys.executable, "-c", code, str(tmp_path / f"r{s}"), str(int(s == 2)))) for s in range(4)]  # fmt: skip
+    (tmp_path / "r3").mkdir()
+    (tmp_path / "r3" / "metrics.jsonl").write_text("")
+    said: list[str] = []
+    failed = launch(jobs, n=2, niceness=0, say=said.append)
+    assert [j.seed for j in failed] == [2]
+    assert any(s.startswith("skip a seed 3") for s in said)
+    spans = [tuple(map(float, (tmp_path / f"r{s}" / "t").read_text().split())) for s in range(3)]
+    # never more than two at once: at every start, fewer than two others are running
+    for start, _ in spans:
+        assert sum(1 for a, b in spans if a < start < b) <= 1
+
+
+def test_sweep_cli_dry_run_and_bad_file(tmp_path, capsys):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_text(
+        yaml.safe_dump({"arms": {"a": {"runs": "r/a{seed}", "overrides": []}}, "seeds": [1]})
+    )
+    assert main(["sweep", str(sweep), "--dry-run"]) == 0
+    assert (
+        "grouprl train --out r/a1 --set run.seed=1 --set run.threads=1" in capsys.readouterr().out
+    )
+    sweep.write_text(yaml.safe_dump({"arms": {"a": "r/a{seed}"}, "seeds": [1]}))
+    assert main(["sweep", str(sweep)]) == 2
+    assert "to run it, give a mapping with 'runs'" in capsys.readouterr().err
