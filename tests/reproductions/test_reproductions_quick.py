@@ -402,7 +402,7 @@ def test_maze_predicted_regime_hand_case():
 def test_committed_results_match_their_readmes():
     """Every committed README block is exactly what its results.json renders to."""
     c = _load_common()
-    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction"):
+    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction", "agpo"):
         folder = ROOT / name
         if not (folder / "results.json").exists():
             continue
