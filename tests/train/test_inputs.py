@@ -71,6 +71,57 @@ def test_the_check_sees_a_method_name_written_in_train(tmp_path):
     assert _strings(ast.parse(code)) == {"clip_cov"}
 
 
+SRC = TRAIN.parent
+
+OBJECTIVE_CALLS = {
+    ("train/update.py", "LossSpec.objective"): "the trainer's one call of losses.objective",
+    ("train/update.py", "micro_batch_loss"): "the trainer's one call of LossSpec.objective",
+    ("integrations/trl.py", "GroupRLGRPOTrainer._compute_loss"): "TRL's loop, not ours",
+    ("simulate/low_variance.py", "train"): "the Table 3 simulation's linear policy",
+}
+"""(module, enclosing function) -> the call of an ``objective`` there: one per engine."""
+
+
+def _objective_calls(tree: ast.AST) -> list[str]:
+    """The enclosing ``Class.function`` of every call of something named ``objective``
+    (``losses.objective(...)``, ``spec.objective(...)``, ``objective(...)``)."""
+    out: list[str] = []
+
+    def walk(node: ast.AST, where: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                walk(child, [*where, child.name])
+                continue
+            if isinstance(child, ast.Call):
+                f = child.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name == "objective":
+                    out.append(".".join(where))
+            walk(child, where)
+
+    walk(tree, [])
+    return out
+
+
+def test_the_objective_is_called_in_one_place_per_engine():
+    # the trainer computes its loss in one call (the R/KL diagnostic reuses that call's
+    # branches, train.update.BalanceProbe); a second copy anywhere in src/ fails here
+    found = [
+        (str(path.relative_to(SRC)), where)
+        for path in sorted(SRC.rglob("*.py"))
+        for where in _objective_calls(ast.parse(path.read_text()))
+    ]
+    assert sorted(found) == sorted(OBJECTIVE_CALLS)
+
+
+def test_the_objective_call_check_sees_a_second_call():
+    code = (
+        "class LossSpec:\n    def objective(self):\n        return losses.objective(1)\n"
+        "def probe(spec):\n    return spec.objective() + objective(2)\n"
+    )
+    assert _objective_calls(ast.parse(code)) == ["LossSpec.objective", "probe", "probe"]
+
+
 @pytest.fixture
 def hand_run(tmp_path):
     def make(*overrides):

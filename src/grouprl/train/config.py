@@ -295,8 +295,9 @@ class EvalConfig:
     ks: tuple[int, ...] = (1, 8, 16)
     temperature: float = 1.0
     balance_every: int = 10
-    """R/KL balance (two extra backward passes on one micro-batch, ALGORITHMS.md §5) every this
-    many steps when β > 0; 0 = never."""
+    """R/KL balance (ALGORITHMS.md §5) every this many steps when β > 0; 0 = never. Measured
+    on the step's own forward (``train.update.BalanceProbe``): two extra ``autograd.grad``
+    passes on the first micro-batch, two on each micro-batch holding low-σ rows."""
 
 
 @dataclass(frozen=True)
