@@ -20,7 +20,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
     pytest.importorskip("trl")
-    from grouprl.integrations import verl as gv  # noqa: F401  (registers, then follows)
+    from grouprl.integrations import verl as gv
 
 from grouprl import advantages, plugins  # noqa: E402
 
@@ -48,6 +48,26 @@ def test_the_plugins_estimator_and_surrogate_join_verls_registries():
                       torch.ones(2, 2), "token-mean", cfg)  # fmt: skip
     # −clamp(A, ±5)·logp token mean: (5 + 5 − 1 − 1)/4 · 1 = 2
     assert float(loss.detach()) == pytest.approx(2.0)
+
+
+def test_the_names_the_adapter_exports_follow_a_plugin_loaded_after_it():
+    # grouprl.integrations.verl was imported above, before the plugin: its exported names
+    # (LOSS_NAMES, estimator_names(), REGISTERED) and verl's registries take the plugin in
+    assert "grouprl_clipped_reinforce" not in gv.LOSS_NAMES
+    assert "grouprl_mean_centered" not in gv.estimator_names()
+    before = list(gv.REGISTERED)
+    plugins.load(EXAMPLE)
+    from grouprl.integrations.verl import LOSS_NAMES
+
+    assert "grouprl_clipped_reinforce" in LOSS_NAMES and gv.loss_names() == LOSS_NAMES
+    assert "grouprl_mean_centered" in gv.estimator_names()
+    assert [*before, "grouprl_mean_centered", "grouprl_clipped_reinforce"] == gv.REGISTERED
+    for name in LOSS_NAMES:
+        assert core_algos.get_policy_loss_fn(name)._grouprl_surrogate == name[len("grouprl_") :]
+    for name in gv.estimator_names():
+        assert core_algos.get_adv_estimator_fn(name)._grouprl_estimator == name[len("grouprl_") :]
+    with pytest.raises(AttributeError, match="no attribute 'NO_SUCH'"):
+        gv.NO_SUCH  # noqa: B018
 
 
 def test_trl_trains_the_plugins_preset(tmp_path):
