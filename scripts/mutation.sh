@@ -111,7 +111,7 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
     local mod="$1" work="$2"
     rm -rf "$work"
     mkdir -p "$work"
-    (cd "$ROOT" && tar --exclude='__pycache__' --exclude='*.pyc' -cf - src tests pyproject.toml) |
+    (cd "$ROOT" && tar --exclude='__pycache__' --exclude='*.pyc' -cf - src tests examples pyproject.toml) |
         (cd "$work" && tar -xf -)
     {
         echo "[mutmut]"
