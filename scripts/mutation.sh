@@ -116,6 +116,8 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
     {
         echo "[mutmut]"
         echo "source_paths=src"
+        echo "also_copy="  # read by tests (the example plugin), beside src/ and tests/
+        echo "    examples"
         if [[ "$mod" == *.py ]]; then echo "only_mutate=src/grouprl/$mod"; else echo "only_mutate=src/grouprl/$mod/*"; fi
         # the wording of error messages is not mutated (a raise statement and its message);
         # the conditions that raise still are, and the tests provoke them
