@@ -70,12 +70,22 @@ def test_the_names_the_adapter_exports_follow_a_plugin_loaded_after_it():
         gv.NO_SUCH  # noqa: B018
 
 
-def test_trl_trains_the_plugins_preset(tmp_path):
+def test_trl_trains_the_plugins_preset(tmp_path, monkeypatch):
     from trl_doubles import run
 
+    from grouprl import losses
+
     plugins.load(EXAMPLE)
+    real, calls = losses.SURROGATES["clipped_reinforce"], []
+
+    def spy(*a, **k):  # TRL's loss is the plugin's surrogate (the table is read per call)
+        calls.append(k.get("clip"))
+        return real(*a, **k)
+
+    monkeypatch.setitem(losses.SURROGATES, "clipped_reinforce", spy)
     trainer, _ = run(tmp_path, preset="my_method")
     assert trainer.state.global_step == 3 and len(trainer.produced) == 3
+    assert len(calls) >= 3 and set(calls) == {5.0}  # the preset's clip, every step
     for grid, adv, _ in trainer.produced:  # TRL trained on the plugin's advantages
         want = advantages.compute("mean_centered", grid).values.reshape(-1)
         torch.testing.assert_close(adv.reshape(-1), want)
