@@ -131,6 +131,10 @@ class Sampling:
                 f"logprob_support must be one of {', '.join(SUPPORTS)}, got "
                 f"{self.logprob_support!r}"
             )
+        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
+            raise ValueError(
+                f"max_new_tokens must be a positive integer, got {self.max_new_tokens}"
+            )
 
     @property
     def truncates(self) -> bool:
@@ -143,10 +147,6 @@ class Sampling:
         """True when the rollouts carry their kept sets: truncated support on a truncating
         sampler (with nothing truncated both readings are the full softmax)."""
         return self.logprob_support == "truncated" and self.truncates
-        if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
-            raise ValueError(
-                f"max_new_tokens must be a positive integer, got {self.max_new_tokens}"
-            )
 
     @classmethod
     def of(cls, sampling: Any) -> Sampling:
