@@ -76,6 +76,11 @@ class Rollouts:
         finish_reason: one of ``"stop"`` (EOS) or ``"length"`` (truncated) per sequence.
         texts: decoded completions, one per sequence.
         group_size: G.
+        kept_ids: ``[N, T, K]`` int32, the token ids the sampler's top-k / top-p kept at each
+            position (-1 padding), when the log-probs are read on the truncated support
+            (``Sampling.logprob_support="truncated"``); None otherwise.
+        log_kept_mass: ``[N, T]`` log of the sampling distribution's mass on the kept set
+            (0 at padding), whenever the sampler truncates; None when it does not.
     """
 
     prompt_ids: torch.Tensor
@@ -86,6 +91,8 @@ class Rollouts:
     finish_reason: list[str]
     texts: list[str]
     group_size: int
+    kept_ids: torch.Tensor | None = None
+    log_kept_mass: torch.Tensor | None = None
 
     @property
     def num_prompts(self) -> int:

@@ -30,7 +30,12 @@ from grouprl.diagnostics.balance import (
 from grouprl.diagnostics.health import HealthConfig, RunHealth
 from grouprl.diagnostics.inverse_scale import inverse_scale_tail, updated_groups
 from grouprl.diagnostics.metrics import STEP_METRIC_KEYS, shaping_metrics, step_metrics
-from grouprl.diagnostics.mismatch import MISMATCH_KEYS, effective_sample_size, mismatch_metrics
+from grouprl.diagnostics.mismatch import (
+    MISMATCH_KEYS,
+    effective_sample_size,
+    kept_mass_metrics,
+    mismatch_metrics,
+)
 from grouprl.diagnostics.passk import pass_at_k
 from grouprl.diagnostics.regime import gradient_orthogonality, per_prompt_gradients, sigma_stats
 from grouprl.diagnostics.tailmiss import (
@@ -57,6 +62,7 @@ __all__ = [
     "gradient_orthogonality",
     "health",
     "inverse_scale_tail",
+    "kept_mass_metrics",
     "kl_stats",
     "low_sigma_groups",
     "mismatch_metrics",

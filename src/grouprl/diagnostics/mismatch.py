@@ -28,6 +28,11 @@ ones), :func:`mismatch_metrics` returns flat ``mismatch/*`` floats:
   kept mass, so ρ = M ≤ 1 at every token, ``ratio_le1_frac`` = 1 and ``ratio_mean`` is the
   mean kept mass (the health rule ``truncated_sampling`` reads these).
 
+:func:`kept_mass_metrics` measures the same bias at the source, from the sampler itself:
+the mass M of the kept set at every sampled token (``sampling/kept_mass_mean``,
+``sampling/log_kept_mass_mean`` = the mean log ρ a full-softmax reading against renormalised
+behaviour log-probs would carry).
+
 Sequences without a valid token count in none of the sequence statistics [OURS: verl's
 ``chi2_seq`` averages over every row, an empty row adding (e^0)² = 1].
 """
@@ -46,6 +51,7 @@ __all__ = [
     "PEER_KEYS",
     "effective_sample_size",
     "from_peer_log",
+    "kept_mass_metrics",
     "mismatch_metrics",
     "quantiles",
     "summarize",
@@ -200,6 +206,36 @@ def mismatch_metrics(
     seq = quantiles(seq_lr[rows], {"p01": 0.01, "p99": 0.99})
     out.update({f"seq_log_ratio_{k}": v for k, v in seq.items()})
     return {f"mismatch/{k}": v for k, v in to_floats(out).items()}
+
+
+@torch.no_grad()
+def kept_mass_metrics(
+    log_kept_mass: torch.Tensor | None, mask: torch.Tensor, kept_ids: torch.Tensor | None = None
+) -> dict[str, float]:
+    """The sampler's kept mass over the valid tokens of a batch, ``sampling/*`` floats.
+
+    ``log_kept_mass`` ``[N, T]``: log M at each sampled token (``Rollouts.log_kept_mass``;
+    None: the sampler did not truncate, no metrics); ``mask`` ``[N, T]``; ``kept_ids``
+    ``[N, T, K]`` (-1 padding) adds the mean size of the kept sets. ``kept_mass_mean`` is
+    what ``mismatch/ratio_mean`` reads when an engine renormalises its log-probs over the kept
+    tokens and the trainer scores the full softmax; ``log_kept_mass_mean`` its mean log ρ
+    (= −``mismatch/kl_k1`` of that pair) [OURS].
+    """
+    if log_kept_mass is None:
+        return {}
+    valid = mask.bool()
+    m = valid.to(torch.float32)
+    n = m.sum().clamp_min(1.0)
+    lm = torch.where(valid, log_kept_mass.float(), torch.zeros((), device=mask.device))
+    out = {
+        "kept_mass_mean": (lm.exp() * m).sum() / n,
+        "log_kept_mass_mean": (lm * m).sum() / n,
+        # log M <= 0 and padding holds 0, so the minimum over all entries is the valid one's
+        "kept_mass_min": lm.amin().exp() if lm.numel() else torch.ones((), device=mask.device),
+    }
+    if kept_ids is not None:
+        out["kept_tokens_mean"] = ((kept_ids >= 0).sum(-1).float() * m).sum() / n
+    return {f"sampling/{k}": v for k, v in to_floats(out).items()}
 
 
 # --------------------------------------------------------------------------- logged runs

@@ -26,6 +26,17 @@ full-vocabulary log-softmax, position ids from the attention mask) for the ratio
 ``exp(logp - old_logp)`` to be exactly 1 at the first optimizer step. With
 ``temperature == 0`` decoding is greedy and ``old_logp`` is taken at ``T_lp`` (1 unless set).
 
+``Sampling.logprob_support="truncated"`` [OURS] reads the behaviour log-probs on the truncated
+distribution instead, renormalised over the tokens top-k / top-p kept at that position,
+
+    old_logp[n, t] = z[y] - log Σ_{v ∈ K[n, t]} exp(z[v]),   z = logits[n, t] / T_lp,
+
+and records the kept sets ``K`` (``Rollouts.kept_ids``: the token ids themselves, so a log-prob
+pass replays the sampler's sets, not sets recomputed from its own, slightly different logits;
+:func:`kept_mask`, :func:`truncated_log_softmax`). Whenever sampling truncates,
+``Rollouts.log_kept_mass`` holds log M, M = Σ_{v ∈ K} softmax(logits / τ)[v], the sampling
+distribution's mass on the kept set: the log-ratio between the two readings.
+
 Per-prompt temperatures: ``generate(..., temperatures=[P])`` samples each prompt's group at
 its own temperature (AGPO's τ_t per prompt, ``trainer.py:667``); every row draws from
 ``softmax(logits / τ_row)`` in one batched call.
@@ -37,7 +48,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -48,16 +59,31 @@ try:
 except ImportError:  # transformers without per-layer caches: caches stay as the model builds them
     DynamicLayer = object
 
-__all__ = ["DRAWS", "Sampling", "generate", "gqa_attention", "sample_tokens"]
+__all__ = [
+    "DRAWS",
+    "SUPPORTS",
+    "Draw",
+    "Sampling",
+    "draw_tokens",
+    "generate",
+    "gqa_attention",
+    "kept_mask",
+    "sample_tokens",
+    "truncated_log_softmax",
+]
 
 
 DRAWS = ("inverse_cdf", "multinomial")
 """The ways :func:`sample_tokens` draws a token (``Sampling.draw``)."""
 
+SUPPORTS = ("full", "truncated")
+"""Where the log-probs are read (``Sampling.logprob_support``): the full softmax, or the
+truncated distribution renormalised over the kept tokens (module docstring)."""
+
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling settings: ``temperature`` (0 = greedy), nucleus ``top_p``, ``max_new_tokens``.
+    """Sampling settings: ``temperature`` (0 = greedy), nucleus ``top_p``, ``top_k``, ``max_new_tokens``.
 
     Defaults: temperature 1.0 and top-p 1.0, the on-policy setting of DeepSeekMath's GRPO
     and DAPO; [OURS] max_new_tokens 64 (the maze needs at most 25 tokens with EOS).
@@ -70,6 +96,11 @@ class Sampling:
     sum of the probabilities) or ``"multinomial"`` (``torch.multinomial``, as HF's
     ``generate`` and TRL: V exponential draws per row, ~ the cost of the lm-head matmul on
     SmolLM2's 49,152-token vocabulary). Same distribution, different draws for one seed.
+    ``top_k``: keep only the k most probable tokens before top-p (0 = off), the order of HF's
+    ``TopKLogitsWarper`` then ``TopPLogitsWarper`` and of vLLM's sampler: top-p then acts on
+    the top-k renormalised distribution. ``logprob_support``: one of :data:`SUPPORTS`,
+    ``"full"`` (the default: log-probs on the full softmax) or ``"truncated"`` (renormalised
+    over the kept tokens, which the rollouts then carry; module docstring).
     """
 
     temperature: float = 1.0
@@ -77,6 +108,8 @@ class Sampling:
     max_new_tokens: int = 64
     logprob_temperature: float | None = None
     draw: str = "inverse_cdf"
+    top_k: int = 0
+    logprob_support: str = "full"
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
@@ -91,10 +124,29 @@ class Sampling:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.draw not in DRAWS:
             raise ValueError(f"draw must be one of {', '.join(DRAWS)}, got {self.draw!r}")
+        if isinstance(self.top_k, bool) or int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        if self.logprob_support not in SUPPORTS:
+            raise ValueError(
+                f"logprob_support must be one of {', '.join(SUPPORTS)}, got "
+                f"{self.logprob_support!r}"
+            )
         if int(self.max_new_tokens) != self.max_new_tokens or self.max_new_tokens < 1:
             raise ValueError(
                 f"max_new_tokens must be a positive integer, got {self.max_new_tokens}"
             )
+
+    @property
+    def truncates(self) -> bool:
+        """True when a sampled token is drawn from fewer than all tokens (top-p or top-k set,
+        not greedy)."""
+        return self.temperature > 0 and (self.top_p < 1.0 or self.top_k > 0)
+
+    @property
+    def records_support(self) -> bool:
+        """True when the rollouts carry their kept sets: truncated support on a truncating
+        sampler (with nothing truncated both readings are the full softmax)."""
+        return self.logprob_support == "truncated" and self.truncates
 
     @classmethod
     def of(cls, sampling: Any) -> Sampling:
@@ -111,6 +163,8 @@ class Sampling:
             max_new_tokens=int(sampling.max_new_tokens),
             logprob_temperature=getattr(sampling, "logprob_temperature", None),
             draw=getattr(sampling, "draw", "inverse_cdf"),
+            top_k=int(getattr(sampling, "top_k", 0)),
+            logprob_support=getattr(sampling, "logprob_support", "full"),
         )
 
 
@@ -156,22 +210,65 @@ def _inverse_cdf(
     return idx.squeeze(-1)
 
 
+class Draw(NamedTuple):
+    """One decode step's draw (:func:`draw_tokens`)."""
+
+    tokens: torch.Tensor  # [N] drawn token ids
+    logp: torch.Tensor  # [N] behaviour log-probs at them (Sampling.logprob_support's reading)
+    kept: torch.Tensor | None  # [N, K] int32 kept token ids, -1 padding; truncated support only
+    log_kept_mass: torch.Tensor | None  # [N] log M of the kept set; when sampling truncates
+
+
+def kept_mask(kept: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[..., V]`` bool, True at the token ids ``kept [..., K]`` lists (-1 = padding).
+
+    [OURS] the exact replay of a sampler's kept set: the ids themselves, not a threshold on
+    logits the replaying pass would compute slightly differently. Padding writes into a spare
+    column V, dropped, so it can never clear a kept token.
+    """
+    idx = kept.long()
+    idx = torch.where(idx >= 0, idx, vocab)  # [..., K]
+    out = torch.zeros((*idx.shape[:-1], vocab + 1), dtype=torch.bool, device=idx.device)
+    return out.scatter_(-1, idx, True)[..., :vocab]
+
+
+def truncated_log_softmax(z: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``[..., V]`` log-probs of ``softmax(z)`` renormalised over ``keep`` (bool ``[..., V]``):
+    ``z - log Σ_{keep} exp(z)`` on the kept tokens, -inf elsewhere; its gradient is that of the
+    log of the renormalised probability (0 from every dropped token)."""
+    return torch.log_softmax(z.masked_fill(~keep, float("-inf")), dim=-1)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     sampling: Sampling,
     generator: torch.Generator | None,
     temperature: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row and return ``(tokens [N], behaviour log-probs [N])``.
+    """Draw one token per row and return ``(tokens [N], behaviour log-probs [N])``
+    (:func:`draw_tokens` without the kept sets)."""
+    d = draw_tokens(logits, sampling, generator, temperature)
+    return d.tokens, d.logp
+
+
+def draw_tokens(
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    temperature: torch.Tensor | None = None,
+) -> Draw:
+    """Draw one token per row: tokens ``[N]``, behaviour log-probs ``[N]`` and the kept sets.
 
     ``logits`` ``[N, V]``; ``temperature``: optional ``[N]`` per-row sampling temperatures
     (> 0) that replace ``sampling.temperature`` (AGPO's per-prompt τ_t, repeated over the
-    group). Row n is drawn from ``softmax(logits[n] / τ_n)``, truncated by top-p (the
-    smallest set of most probable tokens whose mass reaches ``top_p``, the first token always
-    kept, as HF's ``TopPLogitsWarper``), with ``generator`` as ``sampling.draw`` says:
+    group). Row n is drawn from ``softmax(logits[n] / τ_n)``, truncated by top-k (the k most
+    probable tokens) then top-p (the smallest set of most probable tokens whose mass, of the
+    top-k renormalised distribution, reaches ``top_p``, the first token always kept, as HF's
+    ``TopPLogitsWarper``), with ``generator`` as ``sampling.draw`` says:
     ``"inverse_cdf"`` (one float64 uniform per row, :func:`_inverse_cdf`) or
-    ``"multinomial"`` (``torch.multinomial``, V exponential draws per row). The returned
-    log-probs are ``log_softmax(logits / T_lp)`` at the drawn token, before top-p, with
+    ``"multinomial"`` (``torch.multinomial``, V exponential draws per row). The log-probs are
+    ``log_softmax(logits / T_lp)`` at the drawn token, before truncation
+    (``logprob_support="full"``) or renormalised over the kept tokens (``"truncated"``), with
     ``T_lp = sampling.logprob_temperature`` or, when None, the row's sampling temperature
     (module docstring).
     """
@@ -180,65 +277,111 @@ def sample_tokens(
     if temperature is None and sampling.temperature == 0.0:
         tokens = logits.argmax(dim=-1)  # [N]
         logp = torch.log_softmax(logits / (lp_t or 1.0), dim=-1)
-        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+        return Draw(tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), None, None)
     t = (
         sampling.temperature
         if temperature is None
         else _row_temperatures(temperature.to(logits.device), logits.shape[0])
     )  # float or [N, 1]
     z = logits if isinstance(t, float) and t == 1.0 else logits / t  # x / 1.0 is x: one pass less
+    record = sampling.logprob_support == "truncated"
     if sampling.draw == "multinomial":
-        tokens, logp = _multinomial(z, sampling.top_p, generator)
+        d = _multinomial(z, sampling.top_p, sampling.top_k, generator, record)
     else:
-        tokens, logp = _draw_inverse_cdf(z, sampling.top_p, generator)
+        d = _draw_inverse_cdf(z, sampling.top_p, sampling.top_k, generator, record)
     if lp_t is not None and (temperature is not None or lp_t != sampling.temperature):
-        logp_all = torch.log_softmax(logits / lp_t, dim=-1)  # e.g. AGPO: the raw logits (T = 1)
-        logp = logp_all.gather(-1, tokens[:, None]).squeeze(-1)
-    return tokens, logp
+        z_lp = logits / lp_t  # e.g. AGPO: the raw logits (T = 1), on the sampler's kept set
+        if d.kept is not None:
+            logp_all = truncated_log_softmax(z_lp, kept_mask(d.kept, z_lp.shape[-1]))
+        else:
+            logp_all = torch.log_softmax(z_lp, dim=-1)
+        d = d._replace(logp=logp_all.gather(-1, d.tokens[:, None]).squeeze(-1))
+    return d
+
+
+def _kept_ids(order: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` int32: the first ``count [N, 1]`` ids of ``order [N, V]`` (a descending sort),
+    -1 after them; K = the largest count."""
+    k = int(count.max())
+    pos = torch.arange(k, device=order.device)  # [K]
+    return torch.where(pos < count, order[:, :k], -1).to(torch.int32)
 
 
 def _draw_inverse_cdf(
-    z: torch.Tensor, top_p: float, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tokens ``[N]`` drawn from ``softmax(z)`` (top-p truncated) by inverse CDF, and
-    ``log_softmax(z)`` ``[N]`` at them. [OURS] One uniform per row instead of
+    z: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None, record: bool
+) -> Draw:
+    """Tokens ``[N]`` drawn from ``softmax(z)`` (top-k, top-p truncated) by inverse CDF, and
+    their log-probs ``[N]`` (``log_softmax(z)``, or renormalised over the kept set with
+    ``record``, which also returns the kept ids). [OURS] One uniform per row instead of
     ``torch.multinomial``'s V exponentials (its Gumbel-max trick, ``argmax(p / q)``,
     ``q ~ Exp(1)``): the same distribution, sampled through float64 running sums."""
     top = z.amax(-1, keepdim=True)  # [N, 1]
     w = (z - top).exp_()  # [N, V] unnormalised probabilities, the largest 1
     u = _row_uniforms(w.shape[0], generator, w.device)  # [N, 1]
-    if top_p < 1.0:
+    kept = log_mass = None
+    if top_p < 1.0 or top_k > 0:
         w_sorted, order = w.sort(dim=-1, descending=True)  # [N, V]
         cdf = w_sorted.cumsum(-1, dtype=torch.float64)  # [N, V]
-        # the nucleus: tokens whose mass strictly above them is below top_p (a prefix, >= 1)
-        count = ((cdf - w_sorted) < top_p * cdf[:, -1:]).sum(-1, keepdim=True)  # [N, 1]
+        k = min(top_k, w.shape[-1]) if top_k > 0 else w.shape[-1]
+        if top_p < 1.0:
+            # the nucleus of the top-k distribution: tokens whose mass strictly above them is
+            # below top_p of the top-k mass (a prefix, >= 1)
+            count = ((cdf - w_sorted) < top_p * cdf[:, k - 1 : k]).sum(-1, keepdim=True)
+            count = count.clamp_(max=k) if k < w.shape[-1] else count  # [N, 1]
+        else:
+            count = torch.full_like(u, k, dtype=torch.long)  # [N, 1]
         tokens = order.gather(-1, _inverse_cdf(w_sorted, cdf, count, u)[:, None]).squeeze(-1)
+        kept_total = cdf.gather(-1, count - 1)  # [N, 1] Σ_kept exp(z - top)
+        log_mass = (kept_total.log() - cdf[:, -1:].log()).squeeze(-1).float()  # [N] log M
+        if record:
+            kept = _kept_ids(order, count)
     else:
         cdf = w.cumsum(-1, dtype=torch.float64)  # [N, V]
         count = torch.full_like(u, w.shape[-1], dtype=torch.long)  # [N, 1]
         tokens = _inverse_cdf(w, cdf, count, u)
-    log_total = cdf[:, -1].log().float()  # [N] log Σ exp(z - top)
+    if kept is not None:
+        log_total = kept_total.squeeze(-1).log().float()  # [N] log Σ_kept exp(z - top)
+    else:
+        log_total = cdf[:, -1].log().float()  # [N] log Σ exp(z - top)
     logp = (z.gather(-1, tokens[:, None]) - top).squeeze(-1) - log_total
-    return tokens, logp
+    return Draw(tokens, logp, kept, log_mass)
 
 
 def _multinomial(
-    z: torch.Tensor, top_p: float, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.multinomial`` over ``softmax(z)`` (top-p truncated), as HF's sampler and this
-    module before the inverse-CDF draw: tokens ``[N]`` and ``log_softmax(z)`` at them."""
+    z: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None, record: bool
+) -> Draw:
+    """``torch.multinomial`` over ``softmax(z)`` (top-k, top-p truncated), as HF's sampler and
+    this module before the inverse-CDF draw: tokens ``[N]`` and ``log_softmax(z)`` at them
+    (renormalised over the kept set, and the kept ids, with ``record``)."""
     logp = torch.log_softmax(z, dim=-1)  # [N, V] the sampling distribution
     probs = logp.exp()
-    if top_p < 1.0:
+    kept = log_mass = None
+    if top_p < 1.0 or top_k > 0:
         sorted_p, order = probs.sort(dim=-1, descending=True)  # [N, V]
-        before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
-        sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+        v = probs.shape[-1]
+        drop = torch.zeros_like(sorted_p, dtype=torch.bool)  # [N, V]
+        if 0 < top_k < v:
+            drop[:, top_k:] = True
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+        if top_p < 1.0:
+            before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
+            # of the top-k renormalised distribution (HF: top-k, then top-p on its softmax)
+            bound = top_p * sorted_p.sum(-1, keepdim=True) if 0 < top_k < v else top_p
+            drop |= before >= bound
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        count = (~drop).sum(-1, keepdim=True)  # [N, 1] a prefix of the sort
+        log_mass = sorted_p.sum(-1, dtype=torch.float64).log().float()  # [N] log M
+        if record:
+            kept = _kept_ids(order, count)
     if generator is not None and generator.device != probs.device:
         tokens = torch.multinomial(probs.cpu(), 1, generator=generator).to(probs.device)
     else:
         tokens = torch.multinomial(probs, 1, generator=generator)  # [N, 1]
-    return tokens.squeeze(-1), logp.gather(-1, tokens).squeeze(-1)
+    out = logp.gather(-1, tokens).squeeze(-1)
+    if kept is not None:
+        out = out - log_mass
+    return Draw(tokens.squeeze(-1), out, kept, log_mass)
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
@@ -298,6 +441,9 @@ def generate(
     Row ``p * G + g`` is sample ``g`` of prompt ``p``. ``completion_mask`` is 1 up to and
     including EOS; after EOS a row holds pad ids, mask 0 and ``old_logp`` 0.
     ``finish_reason`` is ``"stop"`` (EOS emitted) or ``"length"`` (hit max_new_tokens).
+    With ``sampling.logprob_support="truncated"`` on a truncating sampler ``kept_ids`` holds
+    each position's kept set and ``old_logp`` is renormalised over it; whenever sampling
+    truncates ``log_kept_mass`` holds log M (module docstring).
     ``texts`` are decoded without special tokens. Deterministic given ``generator``
     (and the same model, dtype and thread count).
 
@@ -358,16 +504,22 @@ def generate(
     old_logp = torch.zeros((n, t_max), dtype=torch.float32, device=device)  # [N, T]
     done = torch.zeros(n, dtype=torch.bool, device=device)  # [N]
     rows = torch.arange(n, device=device)  # [A] original row of each row in the model batch
+    truncates = sampling.truncates
+    log_mass = torch.zeros((n, t_max), dtype=torch.float32, device=device) if truncates else None
+    kept_steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: (rows [a], ids [a, K])
     used = 0
     for step in range(t_max):
-        tok, logp = sample_tokens(
-            logits, sampling, generator, None if row_t is None else row_t[rows]
-        )  # [A], [A]
+        d = draw_tokens(logits, sampling, generator, None if row_t is None else row_t[rows])
+        tok, logp = d.tokens, d.logp  # [A], [A]
         live = ~done[rows]  # [A] rows not stopped yet (stopped ones await compaction)
         idx = rows[live]
         completion_ids[idx, step] = tok[live]
         old_logp[idx, step] = logp[live]
         completion_mask[idx, step] = 1
+        if log_mass is not None and d.log_kept_mass is not None:
+            log_mass[idx, step] = d.log_kept_mass[live]
+        if d.kept is not None:
+            kept_steps.append((idx, d.kept[live]))
         done[idx] = torch.isin(tok[live], eos)
         used = step + 1
         remaining = int((~done[rows]).sum())
@@ -392,6 +544,7 @@ def generate(
     completion_ids = completion_ids[:, :used]  # on the model's device, as every tensor here
     completion_mask = completion_mask[:, :used]
     old_logp = old_logp[:, :used]
+    kept_ids = _stack_kept(kept_steps, n, used, device) if kept_steps else None
     stopped = done.tolist()
     lengths = completion_mask.sum(-1).tolist()
     eos_set = set(eos.tolist())
@@ -410,7 +563,21 @@ def generate(
         finish_reason=["stop" if s else "length" for s in stopped],
         texts=texts,
         group_size=int(group_size),
+        kept_ids=kept_ids,
+        log_kept_mass=None if log_mass is None else log_mass[:, :used],
     )
+
+
+def _stack_kept(
+    steps: list[tuple[torch.Tensor, torch.Tensor]], n: int, t: int, device: torch.device
+) -> torch.Tensor:
+    """``[N, T, K]`` int32 kept ids of every position (-1 padding and after a row's end) from
+    each decode step's ``(rows [a], ids [a, K_step])``; K = the largest K_step."""
+    k = max(ids.shape[1] for _, ids in steps)
+    out = torch.full((n, t, k), -1, dtype=torch.int32, device=device)  # [N, T, K]
+    for step, (rows, ids) in enumerate(steps):
+        out[rows, step, : ids.shape[1]] = ids
+    return out
 
 
 # ---- the KV cache: written in place, never re-concatenated ----------------------------------

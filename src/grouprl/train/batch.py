@@ -80,6 +80,14 @@ class Batch:
     (``model.rollout_precision``): ``old_logp`` is then the trainer's recomputation at the
     behaviour parameters, and the pair feeds the rollout correction (ALGORITHMS.md §3c).
     None when matched: ``old_logp`` is the sampler's and the trainer's alike."""
+    kept_ids: torch.Tensor | None = None
+    """``[N, T, K]`` int32 the token ids the sampler kept at each position (-1 padding) under
+    ``sampling.logprob_support=truncated``: every log-prob pass on this batch (behaviour
+    recomputation, training forward, reference, entropy) reads the distribution renormalised
+    over them (``Policy.logprobs``). None: the full softmax."""
+    log_kept_mass: torch.Tensor | None = None
+    """``[N, T]`` log of the sampling distribution's mass on each position's kept set (0 at
+    padding) whenever the sampler truncates (top-p < 1 or top-k > 0); None when it does not."""
 
     @property
     def size(self) -> int:
@@ -133,6 +141,8 @@ def sampling_at(
         max_new_tokens=s.max_new_tokens,
         logprob_temperature=logprob_temperature,
         draw=s.draw,
+        top_k=s.top_k,
+        logprob_support=s.logprob_support,
     )
     return settings, temperature if per_prompt else None
 
@@ -157,6 +167,12 @@ def sample_groups(
     with timer("generate"):
         prompts = [scorer.task.render(ex, policy.tokenizer) for ex in examples]
         roll = policy.generate(prompts, group_size, sampling, gen, temperatures=temperatures)
+    if sampling.records_support and roll.kept_ids is None:
+        raise ValueError(
+            "sampling.logprob_support=truncated needs the sampler's kept token sets, and "
+            "these rollouts carry none (Rollouts.kept_ids): sample with grouprl.rollout.hf."
+            "generate, which records them, or set sampling.logprob_support=full"
+        )
     with timer("score"):
         refs = [ex.reference for ex in examples for _ in range(group_size)]
         ids = [r[m].tolist() for r, m in zip(roll.completion_ids, roll.completion_mask.bool())]
@@ -288,6 +304,7 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         if r.reward_parts is not None:
             split.append(r.reward_parts[kept])
     c = {k: torch.cat(v) for k, v in parts.items()}
+    kept_ids, log_mass = _join_kept(rounds, g, wc)
     shaped = any(r.verifier_rewards is not None for r in rounds)
     return Batch(
         prompt_ids=c["pi"],
@@ -305,7 +322,42 @@ def join_rounds(rounds: list[Round], pad_id: int, temperature: float) -> Batch:
         reward_weights=rounds[0].reward_weights,
         verifier_rewards=torch.cat(raw) if shaped else None,
         draw_weights=torch.cat(weights) if len(weights) == len(rounds) else None,
+        kept_ids=kept_ids,
+        log_kept_mass=log_mass,
     )
+
+
+def _join_kept(
+    rounds: list[Round], g: int, width: int
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The kept groups' ``kept_ids`` ``[N, T, K]`` (-1 padded to one T and K) and
+    ``log_kept_mass`` ``[N, T]`` (0 padded) of every round, each None when no round has it.
+
+    A round without kept sets next to one with them cannot be read on one support: an error.
+    """
+    out: list[torch.Tensor | None] = []
+    for name in ("kept_ids", "log_kept_mass"):
+        values = [getattr(r.rollouts, name) for r in rounds]
+        if all(v is None for v in values):
+            out.append(None)
+            continue
+        if any(v is None for v in values):
+            raise ValueError(
+                f"some generation rounds carry {name} and some do not: one batch must be "
+                "sampled with one sampling setting"
+            )
+        k = max(v.shape[-1] for v in values) if name == "kept_ids" else 0
+        parts = []
+        for r, v in zip(rounds, values):
+            rows = group_rows(r.kept, g).to(v.device)  # [k·G]
+            v = v[rows]
+            if name == "kept_ids":  # [n, T, K] -> [n, width, k]
+                v = F.pad(v, (0, k - v.shape[-1], 0, width - v.shape[1]), value=-1)
+            else:
+                v = _pad(v, width, False)
+            parts.append(v)
+        out.append(torch.cat(parts))
+    return out[0], out[1]
 
 
 def greedy_rewards(

@@ -123,6 +123,16 @@ class SamplingConfig:
     group_size: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0
+    """Keep only the k most probable tokens before top-p (0 = off; ``grouprl.rollout.hf``)."""
+    logprob_support: str = "full"
+    """Where every log-prob of the step is read (``grouprl.rollout.hf.SUPPORTS``): ``full``
+    (the full softmax; with top-p / top-k the sampled policy is the truncated one, so the
+    gradient is not that of the policy sampled) or ``truncated`` (the behaviour, training,
+    reference and entropy passes all on the distribution renormalised over the tokens the
+    sampler kept, its kept sets recorded at generation and replayed) [OURS; docs/training.md,
+    "Truncated sampling"]. With top_p=1 and top_k=0 nothing is truncated and both are the
+    full softmax."""
     max_new_tokens: int = 32
     draw: str = "inverse_cdf"
     """How a token is drawn (``grouprl.rollout.hf.DRAWS``): ``inverse_cdf`` (one uniform per
@@ -504,10 +514,17 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.temperature and eval.temperature must be > 0")
     if not 0 < s.top_p <= 1:
         raise ConfigError(f"sampling.top_p must be in (0, 1], got {s.top_p}")
-    from grouprl.rollout.hf import DRAWS  # the sampler's own list of draws
+    from grouprl.rollout.hf import DRAWS, SUPPORTS  # the sampler's own lists
 
     if s.draw not in DRAWS:
         raise ConfigError(f"sampling.draw must be one of {', '.join(DRAWS)}, got {s.draw!r}")
+    if isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 0:
+        raise ConfigError(f"sampling.top_k must be an integer >= 0 (0 = off), got {s.top_k!r}")
+    if s.logprob_support not in SUPPORTS:
+        raise ConfigError(
+            f"sampling.logprob_support must be one of {', '.join(SUPPORTS)}, got "
+            f"{s.logprob_support!r}"
+        )
     if s.pool_size < 0 or 0 < s.pool_size < s.prompts_per_step:
         raise ConfigError(
             f"sampling.pool_size must be 0 (automatic) or at least sampling.prompts_per_step="

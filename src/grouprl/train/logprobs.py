@@ -23,6 +23,13 @@ under causal attention, so the values are those of the padded forward).
 Dividing by the sampling temperature makes ``logp`` the log-probability under the
 distribution the tokens were drawn from (TRL and verl both do this), so the PPO ratio
 is 1 on-policy.
+
+``kept_ids`` (the sampler's kept sets, ``Rollouts.kept_ids``) reads every log-prob on the
+truncated distribution the sampler drew from: ``log_softmax`` of the logits with the tokens
+outside the position's kept set at -inf (:func:`grouprl.rollout.hf.truncated_log_softmax`),
+the entropy and Σπ² of that renormalised distribution. [OURS] This path takes autograd
+(``log_softmax`` then ``gather``, checkpointed under the ``keep_bytes`` rule), not the fused
+head.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from typing import Any
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from grouprl.rollout.hf import gqa_attention
+from grouprl.rollout.hf import gqa_attention, kept_mask, truncated_log_softmax
 from grouprl.train.lean import lean_activations
 
 __all__ = ["TokenLogProbs", "completion_logprobs", "length_buckets", "position_ids"]
@@ -286,12 +293,23 @@ def _chunk_logp(
     temperature: float,
     with_entropy: bool,
     with_spi: bool = False,
+    kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probs ``[c]`` (and entropies, Σπ² ``[c]``, no gradient) of ``y`` through ``head``;
+    ``kept`` ``[c, K]``: on the distribution renormalised over those ids (-1 padding)."""
     logits = head(h).float() / temperature  # [c, V]
-    logp_all = torch.log_softmax(logits, dim=-1)  # [c, V]
+    if kept is None:
+        logp_all = torch.log_softmax(logits, dim=-1)  # [c, V]
+    else:  # the sampler's truncated distribution: -inf outside its kept set
+        logp_all = truncated_log_softmax(logits, kept_mask(kept, logits.shape[-1]))
     logp = logp_all.gather(-1, y[:, None]).squeeze(-1)  # [c]
     with torch.no_grad():
-        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+        if with_entropy and kept is not None:  # 0 · log 0 = 0 at the dropped tokens
+            ent = -(logp_all.exp() * logp_all.clamp_min(torch.finfo(logp_all.dtype).min)).sum(-1)
+        elif with_entropy:
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+        else:
+            ent = torch.zeros_like(logp)
         # Σπ² = exp(logsumexp(2z) − 2·logsumexp(z)) (verl docs/algo/otb.md), from log π here
         spi = (2 * logp_all).exp().sum(-1) if with_spi else torch.zeros_like(logp)
     return logp, ent.detach(), spi.detach()
@@ -322,6 +340,7 @@ def completion_logprobs(
     bucket_overhead: float | None = None,
     keep_bytes: int = KEEP_BYTES,
     sum_pi_squared: bool = False,
+    kept_ids: torch.Tensor | None = None,
 ) -> TokenLogProbs:
     """Log-probs ``[N, T]`` of the completion tokens under ``model`` at ``temperature``.
 
@@ -346,6 +365,9 @@ def completion_logprobs(
         keep_bytes: the ``recompute=None`` threshold.
         sum_pi_squared: also return Σ_v π(v)² ``[N, T]`` at each position (no gradient): the
             optimal token baseline's w_t = 1 − 2π_t + Σπ² (verl ``calculate_sum_pi_squared``).
+        kept_ids: ``[N, T, K]`` the sampler's kept token ids per position (-1 padding,
+            ``Rollouts.kept_ids``): every output is then of the distribution renormalised
+            over them (module docstring); None = the full softmax.
 
     Padding positions get log-prob 0 and entropy 0. Models that are not Hugging Face causal
     LMs (no separate decoder / output head) fall back to ``model(...).logits``, which holds
@@ -357,7 +379,7 @@ def completion_logprobs(
         return _completion_logprobs(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
             chunk, entropy, recompute, group_size, trim, bucket_overhead, keep_bytes,
-            sum_pi_squared,
+            sum_pi_squared, kept_ids,
         )  # fmt: skip
 
 
@@ -376,9 +398,15 @@ def _completion_logprobs(
     overhead: float | None,
     keep_bytes: int,
     spi: bool = False,
+    kept_ids: torch.Tensor | None = None,
 ) -> TokenLogProbs:
     n, tp = prompt_ids.shape
     t = completion_ids.shape[1]
+    if kept_ids is not None and kept_ids.shape[:2] != completion_ids.shape:
+        raise ValueError(
+            f"kept_ids must be [N, T, K] with [N, T] = completion_ids' {tuple(completion_ids.shape)}"
+            f", got {tuple(kept_ids.shape)}"
+        )
     shared = group_size > 1 and _split_head(model) is not None
     if shared and _shares_prompts(prompt_ids, prompt_mask, group_size):
         hidden, head = _forward_shared(model, prompt_ids, prompt_mask, completion_ids,
@@ -391,29 +419,38 @@ def _completion_logprobs(
         hidden = hidden[:, tp - 1 : tp + t - 1]  # [N, T, H or V]: position i predicts token i+1
     sel = completion_mask.bool()  # [N, T]
     flat_h, flat_y = hidden[sel], completion_ids[sel]  # [M, H], [M]
+    flat_k = None if kept_ids is None else kept_ids[sel]  # [M, K]
     vocab = getattr(head, "out_features", None) or hidden.shape[-1]
     if recompute is None:
         kept = flat_h.shape[0] * vocab * 4  # bytes of [M, V] fp32
         recompute = torch.is_grad_enabled() and split and kept > keep_bytes
-    fused = split and _fused_head(head, flat_h)
+    fused = split and flat_k is None and _fused_head(head, flat_h)
     pieces, ents, spis = [], [], []
     for start in range(0, flat_h.shape[0], chunk):
         h, y = flat_h[start : start + chunk], flat_y[start : start + chunk]
+        k = None if flat_k is None else flat_k[start : start + chunk]  # [c, K]
         if fused:
             lp, en, sp = _HeadLogProb.apply(h, head.weight, head.bias, y, float(temperature),
                                             not recompute, entropy, spi)  # fmt: skip
         elif recompute:
-            lp, en, sp = checkpoint(_chunk_logp, head, h, y, temperature, entropy, spi,
+            lp, en, sp = checkpoint(_chunk_logp, head, h, y, temperature, entropy, spi, k,
                                     use_reentrant=False)  # fmt: skip
         else:
-            lp, en, sp = _chunk_logp(head, h, y, temperature, entropy, spi)
+            lp, en, sp = _chunk_logp(head, h, y, temperature, entropy, spi, k)
         pieces.append(lp)
         ents.append(en)
         spis.append(sp)
     logp = hidden.new_zeros((n, t), dtype=torch.float32)  # [N, T]
     ent = None
     if pieces:
-        logp = logp.masked_scatter(sel, torch.cat(pieces))
+        flat_lp = torch.cat(pieces)  # [M]
+        if flat_k is not None and not bool(torch.isfinite(flat_lp.detach()).all()):
+            raise ValueError(
+                "a completion token lies outside the kept set kept_ids gives for its position "
+                "(log-prob -inf): kept_ids must be the sampler's own (Rollouts.kept_ids) for "
+                "these completions"
+            )
+        logp = logp.masked_scatter(sel, flat_lp)
     if entropy:
         ent = torch.zeros((n, t), dtype=torch.float32, device=hidden.device)
         if ents:

@@ -358,6 +358,7 @@ def collect_batch(run: Run, timer: Timer) -> tuple[Batch, dict[str, float]]:
             "sampling/temperature": _mean(temperature),
         }
     )
+    metrics.update(diagnostics.kept_mass_metrics(batch.log_kept_mass, batch.mask, batch.kept_ids))
     return batch, metrics
 
 

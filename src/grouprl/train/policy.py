@@ -60,6 +60,8 @@ class Sequences(Protocol):
     mask: torch.Tensor  # [N, T]
     temperature: float  # of every log-prob taken on these sequences
     group_size: int  # G: rows p·G .. p·G+G-1 share a prompt
+    # optional ``kept_ids`` [N, T, K]: the sampler's kept sets; every pass then reads the
+    # truncated, renormalised distribution (sampling.logprob_support=truncated)
 
 
 @dataclass
@@ -156,14 +158,17 @@ class Policy:
 
         With gradient when the caller's grad mode is on (the training forward); ``model``:
         other weights computed the same way (the frozen reference), default the policy's.
+        When ``seqs`` carries the sampler's kept sets (``kept_ids``, not None), every pass,
+        the reference's included, reads the distribution renormalised over them.
         """
         m = slice(None) if rows is None else rows
+        kept = getattr(seqs, "kept_ids", None)
         with self.autocast(precision):
             return completion_logprobs(
                 model or self.model, seqs.prompt_ids[m], seqs.prompt_mask[m],
                 seqs.completion_ids[m], seqs.mask[m], temperature=seqs.temperature,
                 group_size=seqs.group_size, chunk=self.logprob_chunk, entropy=entropy,
-                sum_pi_squared=sum_pi_squared,
+                sum_pi_squared=sum_pi_squared, kept_ids=None if kept is None else kept[m],
             )  # fmt: skip
 
     @torch.no_grad()

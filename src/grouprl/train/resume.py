@@ -63,6 +63,8 @@ EXPERIMENT_FIELDS: tuple[str, ...] = (
     "sampling.group_size",
     "sampling.temperature",
     "sampling.top_p",
+    "sampling.top_k",
+    "sampling.logprob_support",  # which distribution every log-prob is read on
     "sampling.draw",  # other draws for the same seed
     "sampling.max_new_tokens",
     "sampling.verify_timeout_s",  # a completion that times out scores NaN
