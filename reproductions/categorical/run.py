@@ -317,7 +317,10 @@ def add_parts(args) -> int:
         **payload.get("seconds_added", {}),
         " ".join(args.add): time.perf_counter() - t0,
     }
-    return C.publish(out, payload, plot(payload), readme_block)
+    C.publish(out, payload, plot(payload), readme_block)
+    # the README block as --readme-only renders it: from the file (NaN saved as null)
+    C.update_readme(out, readme_block(C.load_results(out)))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
