@@ -240,7 +240,7 @@ class OptimConfig:
     """Optimisation: AdamW, PPO epochs and minibatches, exact gradient accumulation."""
 
     steps: int = 300
-    """RL steps (the maze miniature takes 150, :data:`MAZE_MINIATURE`)."""
+    """RL steps (the maze miniature takes 100, :data:`MAZE_MINIATURE`)."""
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the former maze default (5×5, 300 GRPO steps,
     32 x 8): 5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 ->
