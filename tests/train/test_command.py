@@ -74,7 +74,7 @@ def test_bad_input_exits_2_with_the_choices_before_loading_a_model(
 
 
 CONFIGS = {  # what each example config says it runs (read off the files)
-    "maze.yaml": ("tiny", "maze", "grpo", 150, 0.0),
+    "maze.yaml": ("tiny", "maze", "grpo", 100, 0.0),
     "maze_f_grpo.yaml": ("tiny", "maze", "f_grpo", 300, 0.0),
     "maze_focal.yaml": ("tiny", "maze", "f_grpo", 400, 0.0),
     "smollm2_arithmetic.yaml": ("smollm2", "basic_arithmetic", "f_grpo", 50, 0.0),
@@ -134,7 +134,7 @@ def test_the_default_run_is_the_maze_miniature_and_maze_yaml_spells_it_out():
     # `grouprl train` with no arguments, and configs/maze.yaml, are the same run
     default, yaml = load_config(), load_config(ROOT / "configs" / "maze.yaml")
     assert dict(default.task.params) == {"size": 4, "min_path": 1, "max_path": 5}
-    assert (default.model.sft_steps, default.optim.steps, default.batch_size) == (700, 150, 256)
+    assert (default.model.sft_steps, default.optim.steps, default.batch_size) == (550, 100, 256)
     assert default.sampling.max_new_tokens == 10 and default.sampling.verify_timeout_s == 0
     for section in ("model", "task", "sampling", "algorithm", "optim", "eval"):
         assert getattr(default, section) == getattr(yaml, section), section

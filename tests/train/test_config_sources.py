@@ -23,13 +23,13 @@ TINY = "model profile tiny (grouprl/configs/model_tiny.yaml)"
 
 def test_the_bare_command_reads_its_profiles_from_yaml_files():
     assert C.PROFILES["tiny"] == yaml.safe_load(C.PROFILE_FILES["tiny"].read_text())
-    assert C.MAZE_MINIATURE["optim"]["steps"] == 150
+    assert C.MAZE_MINIATURE["optim"]["steps"] == 100
     assert [w for w, _ in C.config_layers()] == [TINY, TASK]
     s = C.config_sources()
-    assert s["optim.steps"] == TASK  # 150, not OptimConfig's 300
+    assert s["optim.steps"] == TASK  # 100, not OptimConfig's 300
     assert s["sampling.verify_timeout_s"] == TINY
     assert "optim.lr" not in s  # the dataclass default
-    assert C.load_config().optim.steps == 150
+    assert C.load_config().optim.steps == 100
 
 
 def test_a_file_and_the_command_line_override_the_profiles_and_say_so():
@@ -52,7 +52,7 @@ def test_describe_config_names_every_field_and_its_source():
     cfg = C.load_config(None, ["optim.lr=1e-4"])
     lines = C.describe_config(cfg, C.config_sources(None, ["optim.lr=1e-4"])).splitlines()
     assert "optim.lr: 0.0001  # command line" in lines
-    assert f"optim.steps: 150  # {TASK}" in lines
+    assert f"optim.steps: 100  # {TASK}" in lines
     assert "optim.weight_decay: 0.0  # default (OptimConfig.weight_decay)" in lines
     fields = [ln for ln in lines if not ln.startswith("#")]
     assert len(fields) == len(C._leaves(cfg.to_dict()))

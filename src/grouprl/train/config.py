@@ -251,7 +251,7 @@ class OptimConfig:
     """Optimisation: AdamW, PPO epochs and minibatches, exact gradient accumulation."""
 
     steps: int = 300
-    """RL steps (the maze miniature takes 150, :data:`MAZE_MINIATURE`)."""
+    """RL steps (the maze miniature takes 100, :data:`MAZE_MINIATURE`)."""
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the former maze default (5×5, 300 GRPO steps,
     32 x 8): 5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 ->
@@ -273,8 +273,9 @@ class OptimConfig:
     activation_checkpointing: bool = False
     """Keep each decoder layer's input instead of its activations in the training forward and
     run the layer again in the backward (``grouprl.train.checkpointing``): the same gradients,
-    a smaller peak, a second forward's CPU time. The ``pretrained`` profile turns it on
-    (docs/results.md, "Memory")."""
+    a smaller peak, a second forward's CPU time: on SmolLM2 at the ``pretrained`` profile's
+    settings 13 % less peak RSS for 12 % more CPU a step, which is why it stays off
+    (docs/results.md, "Peak memory, where it goes")."""
     ppo_epochs: int | None = None
     """Passes over each generation batch; None = the preset's (``Preset.ppo_epochs``: AGPO's
     code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
