@@ -5,6 +5,7 @@
 #   scripts/mutation.sh                      # every module: losses advantages diagnostics train
 #   scripts/mutation.sh losses advantages    # some of them
 #   scripts/mutation.sh train/loop.py        # one file, against the tests chosen for it
+#   scripts/mutation.sh train/update.py      # (also train/inputs.py, registry.py)
 #   scripts/mutation.sh losses/objective.py  # (also losses/aggregation.py: against tests/losses)
 #   scripts/mutation.sh advantages/ranking.py  # any file of advantages/, against tests/advantages
 #   scripts/mutation.sh --report losses      # the scores and survivors of an earlier run only
@@ -61,6 +62,9 @@ declare -A TESTS=(
     [advantages/tokens.py]="tests/advantages"
     [advantages/transforms.py]="tests/advantages"
     [train/loop.py]="tests/train/test_step_update.py tests/train/test_step_sampling.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py tests/train/test_loop_inputs.py tests/train/test_loop.py tests/train/test_peer_methods_train.py tests/train/test_rollout_correction.py tests/train/test_loss_settings.py tests/train/test_sinks.py"
+    [train/update.py]="tests/train/test_step_update.py tests/train/test_step_run.py tests/train/test_gradient_rows.py tests/train/test_schedule.py tests/train/test_loop_inputs.py tests/train/test_loop.py tests/train/test_rollout_correction.py tests/train/test_loss_settings.py tests/train/test_inputs.py tests/train/test_topr_trains.py"
+    [train/inputs.py]="tests/train/test_inputs.py tests/train/test_loop_inputs.py tests/train/test_peer_methods_train.py tests/train/test_step_update.py"
+    [registry.py]="tests/test_registry.py tests/test_plugins.py tests/train/test_inputs.py tests/test_presets.py"
 )
 # pytest options for every module's run: the trainer's subprocess and end-to-end tests would
 # run the unmutated code in child processes or take minutes per mutant
@@ -82,6 +86,9 @@ declare -A EXTRA=(
     [advantages/tokens.py]=""
     [advantages/transforms.py]=""
     [train/loop.py]="-m not slow and not e2e"
+    [train/update.py]="-m not slow and not e2e"
+    [train/inputs.py]="-m not slow and not e2e"
+    [registry.py]="-m not slow and not e2e"
 )
 
 report_only=0
@@ -104,11 +111,13 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
     local mod="$1" work="$2"
     rm -rf "$work"
     mkdir -p "$work"
-    (cd "$ROOT" && tar --exclude='__pycache__' --exclude='*.pyc' -cf - src tests pyproject.toml) |
+    (cd "$ROOT" && tar --exclude='__pycache__' --exclude='*.pyc' -cf - src tests examples pyproject.toml) |
         (cd "$work" && tar -xf -)
     {
         echo "[mutmut]"
         echo "source_paths=src"
+        echo "also_copy="  # read by tests (the example plugin), beside src/ and tests/
+        echo "    examples"
         if [[ "$mod" == *.py ]]; then echo "only_mutate=src/grouprl/$mod"; else echo "only_mutate=src/grouprl/$mod/*"; fi
         # the wording of error messages is not mutated (a raise statement and its message);
         # the conditions that raise still are, and the tests provoke them

@@ -13,6 +13,7 @@ its strategy.
 """
 
 import os
+import sys
 
 import pytest
 from hypothesis import settings
@@ -59,7 +60,22 @@ def clean_registry():
 
     saved = {n: (dict(a.table), dict(a.declarations)) for n, a in registry.AXES.items()}
     listeners, loaded = list(registry._LISTENERS), dict(plugins._LOADED)
+    verl = sys.modules.get("grouprl.integrations.verl")  # it follows registrations
+    if verl is not None:
+        peer = verl.core_algos
+        verl_saved = (
+            list(verl.REGISTERED),
+            dict(peer.ADV_ESTIMATOR_REGISTRY),
+            dict(peer.POLICY_LOSS_REGISTRY),
+        )
     yield registry
+    if verl is not None:
+        verl.REGISTERED[:] = verl_saved[0]
+        for table, before in zip(
+            (peer.ADV_ESTIMATOR_REGISTRY, peer.POLICY_LOSS_REGISTRY), verl_saved[1:]
+        ):
+            table.clear()
+            table.update(before)
     plugins._LOADED.clear()
     plugins._LOADED.update(loaded)  # a plugin loaded by the test loads (registers) again
     for name, (table, declarations) in saved.items():

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from grouprl import advantages, losses, plugins, presets
+from grouprl import advantages, losses, plugins, presets, registry
 from grouprl.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +35,16 @@ def test_the_example_is_the_documented_size_and_registers_three_things():
     assert (p.estimator, p.surrogate, dict(p.surrogate_params)) == (
         "mean_centered", "clipped_reinforce", {"clip": 5.0}
     )  # fmt: skip
+
+
+def test_extending_md_shows_the_example_file_as_it_is():
+    # the page's code block is the file without its docstring: the two cannot drift apart
+    page = (ROOT / "docs" / "extending.md").read_text()
+    block = page.split("```python\n", 1)[1].split("```", 1)[0]
+    code = EXAMPLE.read_text().split('"""', 2)[2].lstrip("\n")
+    assert block == code
+    n = len(EXAMPLE.read_text().splitlines())
+    assert f"my_method.py), {n} lines:" in page
 
 
 def test_the_example_estimator_and_surrogate_compute_their_hand_derived_values():
@@ -95,26 +105,31 @@ def test_an_installed_packages_entry_point_is_loaded(tmp_path, monkeypatch):
     sys.modules.pop("ep_methods", None)
 
 
-def _spy(monkeypatch, calls):
-    """Record each call of the example's estimator and surrogate (the tables are read at
-    call time)."""
-    for table, name in ((advantages.ESTIMATORS, "mean_centered"),
-                        (losses.SURROGATES, "clipped_reinforce")):  # fmt: skip
-        real = table[name]
+def _spy_when_registered(monkeypatch, calls):
+    """Record each call of the example's estimator and surrogate, spied on as each is
+    registered (by ``--plugin``, then the only thing that loads the file; the tables are read
+    at call time)."""
 
-        def spy(*a, _real=real, _name=name, **k):
-            calls.append(_name)
-            return _real(*a, **k)
+    def follow(decl):
+        if decl.name in ("mean_centered", "clipped_reinforce"):
+            table = registry.AXES[decl.axis].table
+            real = table[decl.name]
 
-        monkeypatch.setitem(table, name, spy)
+            def spy(*a, _real=real, _name=decl.name, **k):
+                calls.append(_name)
+                return _real(*a, **k)
+
+            monkeypatch.setitem(table, decl.name, spy)
+
+    registry.on_register(follow)  # (clean_registry removes the listener after the test)
 
 
 def test_grouprl_train_with_the_plugin_trains_the_plugins_methods(tmp_path, monkeypatch):
-    # in a folder outside src/, by the file's path, as a user runs it
+    # in a folder outside src/, by the file's path, as a user runs it: --plugin loads it
     monkeypatch.chdir(tmp_path)
     calls: list[str] = []
-    plugins.load(EXAMPLE)  # (then the spies; --plugin finds it loaded)
-    _spy(monkeypatch, calls)
+    assert "my_method" not in presets.PRESETS
+    _spy_when_registered(monkeypatch, calls)
     out = tmp_path / "run"
     argv = ["train", "--plugin", str(EXAMPLE), "--preset", "my_method", "--model", TINY,
             "--steps", "2", "--prompts-per-step", "2", "--group-size", "4", "--out", str(out),

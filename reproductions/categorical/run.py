@@ -14,7 +14,10 @@ categorical``). Four calls ("parts"):
 - **wd0**: AdamW at η = 1e-2 without weight decay, N ∈ {8, 256, 8192, 131072}, γ ∈ {0, 1}
   (our [OURS] choice of torch's default decay 0.01 tested);
 - **plain**: the labelled plain-gradient-ascent option at η = 2e3 and the paper's 1e-2, N ∈
-  {8, 256, 8192}, γ ∈ {0, 1} (plain gradient ascent).
+  {8, 256, 8192}, γ ∈ {0, 1} (plain gradient ascent);
+- **logprob**: AdamW at η = 1e-2 on the log-probability surrogate L = (1/N) Σ_j r̃_j log π(a_j)
+  (the one LLM trainers differentiate) instead of the paper's probability surrogate, N ∈ {2, 16,
+  256, 8192, 131,072}, γ ∈ {0, 1}: whether the collapse at large N is the surrogate's.
 
 Per (part, η, N, γ): Q_pos(T), its gain, M_ret(T), min over t of M_ret, entropy H(T), mean ± std
 over seeds; for γ > 0, M_ret minus the γ = 0 runs' M_ret at equal N and at the step where their
@@ -46,6 +49,12 @@ FULL = {
         "group_sizes": (8, 256, 8192, 131072),
         "gammas": (0.0, 1.0),
     },
+    "logprob": {
+        "surrogate": "logprob",
+        "lr": 1e-2,
+        "group_sizes": (2, 16, 256, 8192, 131072),
+        "gammas": (0.0, 1.0),
+    },
     "plain": {
         "optimizer": "plain",
         "lr": 2e3,
@@ -63,6 +72,13 @@ QUICK = {
         **_WORLD,
         "lr": 1e-2,
         "weight_decay": 0.0,
+        "group_sizes": (8, 64),
+        "gammas": (0.0, 1.0),
+    },
+    "logprob": {
+        **_WORLD,
+        "surrogate": "logprob",
+        "lr": 1e-2,
         "group_sizes": (8, 64),
         "gammas": (0.0, 1.0),
     },
@@ -116,6 +132,7 @@ def summarise(cfg: dict, part: str, data: dict) -> list[dict]:
                 row = {
                     "part": part,
                     "optimizer": cfg["optimizer"],
+                    "surrogate": cfg.get("surrogate", "prob"),
                     "wd": cfg["weight_decay"] if cfg["optimizer"] == "adamw" else None,
                     "eta": float(eta),
                     "N": n,
@@ -212,7 +229,7 @@ def plot(payload: dict):
     _plot_vs_n(ax[0, 2], rows, "main", eta, "M_ret(T)", "(c) M_ret(T) vs N")
     _plot_vs_n(ax[1, 0], rows, "main", eta, "Q_pos(T)", "(c) Q_pos(T) vs N")
     _plot_vs_n(ax[1, 1], rows, "main", eta, "H(T)", "entropy H(T), nats (H(0) = 10.78)")
-    for part in ("hu", "wd0", "plain"):
+    for part in ("hu", "wd0", "logprob", "plain"):
         for e in sorted({r["eta"] for r in rows if r["part"] == part}):
             _plot_vs_n(ax[1, 2], rows, part, e, "M_ret(T)", "M_ret(T), other parts",
                        gammas=(0.0,))  # fmt: skip
@@ -231,11 +248,22 @@ def readme_block(payload: dict) -> str:
     other_rows = [r for r in rows if r["part"] != "main"]
     others = C.markdown_table(
         other_rows,
-        ["part", "optimizer", "wd", "eta", *cols[:6], "M_ret − γ=0 (same N)", "SE same N", "H(T)"],
+        [
+            "part",
+            "optimizer",
+            "surrogate",
+            "wd",
+            "eta",
+            *cols[:6],
+            "M_ret − γ=0 (same N)",
+            "SE same N",
+            "H(T)",
+        ],
     )
     what = {
         "hu": "hu: Hu et al.'s η = 1e-3",
         "wd0": "wd0: no weight decay",
+        "logprob": "logprob: the log-probability surrogate",
         "plain": "plain: plain gradient ascent, labelled, not the papers' optimiser",
     }
     ran = [p for p in what if any(r["part"] == p for r in other_rows)]
@@ -259,6 +287,39 @@ def readme_block(payload: dict) -> str:
     )
 
 
+def add_parts(args) -> int:
+    """``--add``: run the named parts and merge them into the saved results.json (a part run
+    before is replaced); the command recorded names every part the file then holds."""
+    out = args.out or HERE
+    payload = C.load_results(out)
+    if payload.get("quick") != args.quick or len(payload["seeds"]) != args.seeds:
+        raise SystemExit(
+            f"{out / 'results.json'} holds a run with quick={payload.get('quick')} and "
+            f"{len(payload['seeds'])} seeds; --add must match them (--seeds, --quick)"
+        )
+    torch.set_num_threads(args.threads)
+    from grouprl.simulate.categorical import simulate
+
+    t0 = time.perf_counter()
+    grid = QUICK if args.quick else FULL
+    results = C.simulate_parts(simulate, {p: grid[p] for p in args.add}, args)
+    keep = [r for r in payload["table"] if r["part"] not in results]
+    new_rows = [r for part, res in results.items() for r in summarise(res.config, part, res.data)]
+    payload["table"] = keep + new_rows
+    payload["checks"] = [
+        c for c in payload["checks"] if not any(c["name"].startswith(f"{p}:") for p in results)
+    ] + [c for part, res in results.items() for c in _claims(part, res)]
+    payload["config"].update({part: res.config for part, res in results.items()})
+    parts = [p for p in FULL if p in payload["config"]]
+    base = "python reproductions/categorical/run.py" + (" --quick" if args.quick else "")
+    payload["command"] = base if parts == list(FULL) else f"{base} --parts {' '.join(parts)}"
+    payload["seconds_added"] = {
+        **payload.get("seconds_added", {}),
+        " ".join(args.add): time.perf_counter() - t0,
+    }
+    return C.publish(out, payload, plot(payload), readme_block)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = C.parser(__doc__.splitlines()[0], default_seeds=4)
     parser.add_argument(
@@ -269,7 +330,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the parts to run (default: all; main is required: the figure and the Fig. 2 "
         "checks read it)",
     )  # fmt: skip
+    parser.add_argument(
+        "--add", nargs="+", choices=[p for p in FULL if p != "main"], default=None,
+        help="run only these parts and add them to the existing results.json (its other "
+        "parts' rows, checks and curves kept as they are)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.add:
+        return add_parts(args)
     if "main" not in args.parts:
         parser.error(f"--parts must include main (the figure reads it); got {args.parts}")
     if args.figure_only:

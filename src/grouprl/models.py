@@ -25,6 +25,9 @@ Specs, in the order they are tried (:data:`MODELS` names the built-in ones):
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -32,6 +35,7 @@ import os
 import shutil
 import string
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -207,14 +211,14 @@ def _gguf_cache_folder(path: Path) -> Path:
     return cache_dir() / "models" / f"{path.stem}-f32-{key.hexdigest()[:12]}"
 
 
-def _convert_gguf(path: Path, target: Path) -> None:
-    """De-quantise a GGUF file into a plain HF folder (fp32 safetensors + tokenizer), atomically."""
+def _convert_gguf(path: Path, folder: Path) -> None:
+    """De-quantise a GGUF file into ``folder``: a plain HF model (fp32 safetensors + tokenizer)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    folder, name = str(path.parent), path.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
+    parent, name = str(path.parent), path.name
+    tokenizer = AutoTokenizer.from_pretrained(parent, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(parent, gguf_file=name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(parent, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = type(gguf_model)(config)
@@ -227,23 +231,67 @@ def _convert_gguf(path: Path, target: Path) -> None:
     if eos_id is not None:
         tokenizer.eos_token = tokenizer.convert_ids_to_tokens(int(eos_id))
         tokenizer.pad_token = tokenizer.eos_token
+    plain.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    (folder / "grouprl_source.json").write_text(json.dumps({"gguf": str(path)}))
+
+
+_DONE = "config.json"
+"""The file whose presence marks a cached model folder as complete (it is renamed in whole)."""
+
+
+def _cached_folder(target: Path, write: Callable[[Path], None]) -> Path:
+    """``target``, a cache folder that ``write(folder)`` fills, written once across processes.
+
+    ``write`` fills a private temporary folder beside ``target``, which is then renamed to
+    ``target`` in one step, so no reader ever sees a half-written folder. Processes that
+    convert the same model at once queue on an exclusive ``flock`` of ``<target>.lock``, and
+    each one looks again after taking it, so the first one writes and the others load its
+    folder; where the file system has no locks, two writers may both write and the second
+    rename, finding the first one's folder there, keeps it and drops its own [OURS].
+    """
+    if (target / _DONE).is_file():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
+    with _lock(target.with_name(target.name + ".lock")):
+        if (target / _DONE).is_file():  # another process wrote it while this one waited
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp", dir=target.parent))
+        try:
+            write(tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is for every local user
+            if target.exists() and not (target / _DONE).is_file():
+                shutil.rmtree(target)  # an incomplete folder no rename made: not a cache entry
+            try:
+                os.replace(tmp, target)
+            except OSError:
+                if not (target / _DONE).is_file():
+                    raise
+                # a writer without the lock renamed its complete folder first: keep that one
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@contextlib.contextmanager
+def _lock(file: Path) -> Iterator[None]:
+    """An exclusive ``flock`` of ``file`` while the block runs (blocking); none where the file
+    system refuses locks (some network mounts), and :func:`_cached_folder` still holds."""
+    fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        plain.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "grouprl_source.json").write_text(json.dumps({"gguf": str(path)}))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is for every local user
-        os.replace(tmp, target)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+        yield
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)  # closing the descriptor drops the lock
 
 
 def _gguf(path: Path, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
-    target = _gguf_cache_folder(path)
-    if not (target / "config.json").is_file():
-        _convert_gguf(path, target)
+    target = _cached_folder(_gguf_cache_folder(path), lambda folder: _convert_gguf(path, folder))
     return _folder(target, dtype, **kwargs)
 
 

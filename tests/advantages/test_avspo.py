@@ -292,3 +292,16 @@ def test_code_modes_fill_is_exact_in_the_rewards_dtype():
             _f64(rows), None, mode="code", reward_range=(0.0, 0.1)
         )
         assert aug.dtype == torch.float64 and aug[0, 2].item() == fill
+
+
+def test_trigger_starts_where_the_paper_fixes_it():
+    # ACR paper §4.3 and App. A.2: τ_adapt(0) = 0.5, η = 0.01, bounds [0.1, 0.9], the same in
+    # every experiment; the authors' README example sets acr_threshold_init=0.5
+    t = VirtualTrigger()
+    assert (t.tau, t.eta, t.lo, t.hi) == (0.5, 0.01, 0.1, 0.9)
+    # Eq. 12 by hand: after the EMA's first reading, a rising reward at ACR 0.3 moves τ by
+    # η·(+1)·(0.3 − 0.5) = −0.002
+    t.update(0.3, 0.2)
+    assert t.tau == 0.5
+    t.update(0.3, 0.4)
+    assert t.tau == pytest.approx(0.498)

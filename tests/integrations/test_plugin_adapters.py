@@ -20,7 +20,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     core_algos = pytest.importorskip("verl.trainer.ppo.core_algos")
     pytest.importorskip("trl")
-    from grouprl.integrations import verl as gv  # noqa: F401  (registers, then follows)
+    from grouprl.integrations import verl as gv
 
 from grouprl import advantages, plugins  # noqa: E402
 
@@ -50,12 +50,42 @@ def test_the_plugins_estimator_and_surrogate_join_verls_registries():
     assert float(loss.detach()) == pytest.approx(2.0)
 
 
-def test_trl_trains_the_plugins_preset(tmp_path):
+def test_the_names_the_adapter_exports_follow_a_plugin_loaded_after_it():
+    # grouprl.integrations.verl was imported above, before the plugin: its exported names
+    # (LOSS_NAMES, estimator_names(), REGISTERED) and verl's registries take the plugin in
+    assert "grouprl_clipped_reinforce" not in gv.LOSS_NAMES
+    assert "grouprl_mean_centered" not in gv.estimator_names()
+    before = list(gv.REGISTERED)
+    plugins.load(EXAMPLE)
+    from grouprl.integrations.verl import LOSS_NAMES
+
+    assert "grouprl_clipped_reinforce" in LOSS_NAMES and gv.loss_names() == LOSS_NAMES
+    assert "grouprl_mean_centered" in gv.estimator_names()
+    assert [*before, "grouprl_mean_centered", "grouprl_clipped_reinforce"] == gv.REGISTERED
+    for name in LOSS_NAMES:
+        assert core_algos.get_policy_loss_fn(name)._grouprl_surrogate == name[len("grouprl_") :]
+    for name in gv.estimator_names():
+        assert core_algos.get_adv_estimator_fn(name)._grouprl_estimator == name[len("grouprl_") :]
+    with pytest.raises(AttributeError, match="no attribute 'NO_SUCH'"):
+        gv.NO_SUCH  # noqa: B018
+
+
+def test_trl_trains_the_plugins_preset(tmp_path, monkeypatch):
     from trl_doubles import run
 
+    from grouprl import losses
+
     plugins.load(EXAMPLE)
+    real, calls = losses.SURROGATES["clipped_reinforce"], []
+
+    def spy(*a, **k):  # TRL's loss is the plugin's surrogate (the table is read per call)
+        calls.append(k.get("clip"))
+        return real(*a, **k)
+
+    monkeypatch.setitem(losses.SURROGATES, "clipped_reinforce", spy)
     trainer, _ = run(tmp_path, preset="my_method")
     assert trainer.state.global_step == 3 and len(trainer.produced) == 3
+    assert len(calls) >= 3 and set(calls) == {5.0}  # the preset's clip, every step
     for grid, adv, _ in trainer.produced:  # TRL trained on the plugin's advantages
         want = advantages.compute("mean_centered", grid).values.reshape(-1)
         torch.testing.assert_close(adv.reshape(-1), want)

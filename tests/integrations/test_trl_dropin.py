@@ -213,6 +213,8 @@ def test_trl_estimator_and_loss_half_read_the_config(tmp_path):
         gt.trl_loss_half(config(tmp_path, delta=1.1))
     with pytest.raises(ValueError, match="sequence"):
         gt.trl_loss_half(config(tmp_path, loss_type="cispo", importance_sampling_level="sequence"))
+    with pytest.raises(ValueError, match=r"epsilon_high=0\.2\) caps every token's weight below 1"):
+        gt.trl_loss_half(config(tmp_path, loss_type="cispo"))  # TRL's default epsilon_high
     # mapping back onto TRL's knobs gives the config's own fields again
     for loss_type in ("grpo", "dapo", "bnpo", "dr_grpo", "luspo", "sapo", "vespo"):
         targs = config(tmp_path, loss_type=loss_type, epsilon_high=0.28, delta=2.0)
@@ -234,16 +236,24 @@ LOSS_CONFIGS["dapo_delta"] = {"loss_type": "dapo", "delta": 1.3, "epsilon_high":
 LOSS_CONFIGS["gspo"] = {"loss_type": "grpo", "importance_sampling_level": "sequence"}
 
 
+TOKEN_MEAN = ("dapo", "cispo", "vespo", "dapo_delta")
+"""TRL divides these by the generation batch's tokens per accumulation window, grouprl's loss
+path by the step's own tokens (exact: tests/integrations/test_trl_conformance.py)."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LOSS_CONFIGS))
 def test_grouprl_loss_path_is_trls_under_accumulation(tmp_path, name):
     # grouprl's objective computing the GRPOConfig's loss (loss="grouprl", no preset) against
-    # TRL's own: 2 accumulation steps, steps_per_generation 4 != accumulation, 2 iterations
-    # (off-policy ratios): the loss, gradient norm and every loss metric TRL logs agree.
+    # TRL's own: 2 accumulation steps, 2 iterations (off-policy ratios): the loss, gradient
+    # norm and every loss metric TRL logs agree. steps_per_generation 4 != accumulation, except
+    # for the token means, whose normaliser is the step's own tokens in grouprl's path: with
+    # steps_per_generation = accumulation it is TRL's, and otherwise only the loss's scale moves.
+    per_generation = 2 if name in TOKEN_MEAN else 4
     targs = {
         "gradient_accumulation_steps": 2,
         "per_device_train_batch_size": 4,
-        "steps_per_generation": 4,
+        "steps_per_generation": per_generation,
         "num_iterations": 2,
         "learning_rate": 5e-2,
         **LOSS_CONFIGS[name],

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import multiprocessing
+import os
 import string
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +135,69 @@ def test_smollm2_gguf_loads_cached_and_generates(monkeypatch):
     with torch.no_grad():
         logits = model(ids).logits[0, -1]
     assert int(logits.argmax()) == int(out.completion_ids[0, 0])
+
+
+def _slow_writer(log: str):
+    """A conversion that takes a while and records each time it runs."""
+
+    def write(folder):
+        with open(log, "a") as f:
+            f.write("x")
+        time.sleep(0.5)
+        (folder / "weights.bin").write_bytes(b"w" * 1000)
+        (folder / "config.json").write_text("{}")
+
+    return write
+
+
+def _convert_in_child(target: str, log: str) -> None:
+    models._cached_folder(Path(target), _slow_writer(log))
+
+
+def test_two_processes_converting_the_same_model_write_it_once(tmp_path):
+    """Two processes that find the cache empty at once: both return the folder, complete, and
+    the conversion ran once (the second waited for the first and loaded its folder)."""
+    target, log = tmp_path / "cache" / "model-f32", tmp_path / "log"
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_convert_in_child, args=(str(target), str(log))) for _ in "ab"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [0, 0]
+    assert log.read_text() == "x"
+    assert sorted(f.name for f in target.iterdir()) == ["config.json", "weights.bin"]
+    assert [f.name for f in target.parent.iterdir() if ".tmp" in f.name] == []  # no leftovers
+
+
+def test_a_writer_without_the_lock_keeps_the_folder_renamed_first(tmp_path, monkeypatch):
+    """Where the file system refuses locks, the second rename finds the first writer's
+    complete folder and keeps it instead of failing."""
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "no locks")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    target = tmp_path / "model-f32"
+
+    def racing(folder):  # another writer renames its folder while this one writes
+        first = tmp_path / "first"
+        first.mkdir()
+        (first / "config.json").write_text('{"first": 1}')
+        os.replace(first, target)
+        (folder / "config.json").write_text('{"second": 1}')
+
+    assert models._cached_folder(target, racing) == target
+    assert (target / "config.json").read_text() == '{"first": 1}'
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["model-f32", "model-f32.lock"]
+
+
+def test_an_incomplete_folder_is_replaced(tmp_path):
+    """A folder without config.json at the cache path (not written by a rename) is no cache
+    entry: the conversion runs and replaces it."""
+    target = tmp_path / "model-f32"
+    target.mkdir()
+    (target / "partial.bin").write_bytes(b"p")
+    models._cached_folder(target, lambda f: (f / "config.json").write_text("{}"))
+    assert [f.name for f in target.iterdir()] == ["config.json"]

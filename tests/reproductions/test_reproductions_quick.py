@@ -71,11 +71,36 @@ def test_categorical_parts_runs_only_those_and_says_so(tmp_path, capsys):
     assert {r["part"] for r in res["table"]} == {"main", "wd0"}
     assert res["command"] == "python reproductions/categorical/run.py --quick --parts main wd0"
     text = readme.read_text()
-    assert "wd0: no weight decay" in text and "parts not run: hu, plain" in text
+    assert "wd0: no weight decay" in text and "parts not run: hu, logprob, plain" in text
     assert "Hu et al.'s η = 1e-3" not in text  # no header for a part that did not run
+    assert (
+        mod.main(["--quick", "--seeds", "2", "--parts", "main", "logprob", "--out", str(tmp_path)])
+        == 0
+    )
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["config"]["logprob"]["surrogate"] == "logprob"
+    assert {r["surrogate"] for r in res["table"] if r["part"] == "logprob"} == {"logprob"}
+    assert {r["surrogate"] for r in res["table"] if r["part"] == "main"} == {"prob"}
     with pytest.raises(SystemExit) as exc:
         mod.main(["--quick", "--parts", "wd0", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "must include main" in capsys.readouterr().err
+
+
+def test_categorical_add_merges_a_part_into_the_saved_results(tmp_path):
+    """``--add logprob`` runs that part alone and keeps the saved parts' rows as they were."""
+    mod = _load("categorical")
+    (tmp_path / "README.md").write_text("<!-- results:start -->\n<!-- results:end -->\n")
+    argv = ["--quick", "--seeds", "2", "--out", str(tmp_path)]
+    assert mod.main([*argv, "--parts", "main", "wd0"]) == 0
+    before = json.loads((tmp_path / "results.json").read_text())
+    assert mod.main([*argv, "--add", "logprob"]) == 0
+    after = json.loads((tmp_path / "results.json").read_text())
+    assert [r for r in after["table"] if r["part"] != "logprob"] == before["table"]
+    assert {r["part"] for r in after["table"]} == {"main", "wd0", "logprob"}
+    assert after["command"].endswith("--quick --parts main wd0 logprob")
+    assert "parts not run: hu, plain" in (tmp_path / "README.md").read_text()
+    with pytest.raises(SystemExit, match="--add must match them"):
+        mod.main(["--quick", "--seeds", "3", "--out", str(tmp_path), "--add", "logprob"])
 
 
 def _load_common():
@@ -377,7 +402,7 @@ def test_maze_predicted_regime_hand_case():
 def test_committed_results_match_their_readmes():
     """Every committed README block is exactly what its results.json renders to."""
     c = _load_common()
-    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction"):
+    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction", "agpo"):
         folder = ROOT / name
         if not (folder / "results.json").exists():
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,66 @@ def test_the_check_sees_a_method_name_written_in_train(tmp_path):
         'def f(p):\n    """grpo in a docstring is fine."""\n    return p.surrogate == "clip_cov"\n'
     )
     assert _strings(ast.parse(code)) == {"clip_cov"}
+
+
+SRC = TRAIN.parent
+
+OBJECTIVE_CALLS = {
+    ("train/update.py", "LossSpec.objective"): "the trainer's one call of losses.objective",
+    ("train/update.py", "micro_batch_loss"): "the trainer's one call of LossSpec.objective",
+    ("integrations/trl.py", "GroupRLGRPOTrainer._compute_loss"): "TRL's loop, not ours",
+    ("simulate/low_variance.py", "train"): "the Table 3 simulation's linear policy",
+}
+"""(module, enclosing function) -> the call of an ``objective`` there: one per engine."""
+
+
+def _function_name(name: str) -> str:
+    """A function's own name; under mutation testing (``scripts/mutation.sh``) mutmut copies
+    each function as ``x_<name>__mutmut_<n>`` (a method as ``xǁ<Class>ǁ<name>__mutmut_<n>``),
+    and a copy is read as the function it copies."""
+    return re.sub(r"^x(?:_|ǁ\w+ǁ)(\w+?)__mutmut_\w+$", r"\1", name)
+
+
+def _objective_calls(tree: ast.AST) -> set[str]:
+    """The enclosing ``Class.function`` of every call of something named ``objective``
+    (``losses.objective(...)``, ``spec.objective(...)``, ``objective(...)``)."""
+    out: set[str] = set()
+
+    def walk(node: ast.AST, where: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                walk(child, [*where, _function_name(child.name)])
+                continue
+            if isinstance(child, ast.Call):
+                f = child.func
+                name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+                if name == "objective":
+                    out.add(".".join(where))
+            walk(child, where)
+
+    walk(tree, [])
+    return out
+
+
+def test_the_objective_is_called_in_one_place_per_engine():
+    # the trainer computes its loss in one call (the R/KL diagnostic reuses that call's
+    # branches, train.update.BalanceProbe); a second copy anywhere in src/ fails here
+    found = {
+        (str(path.relative_to(SRC)), where)
+        for path in sorted(SRC.rglob("*.py"))
+        for where in _objective_calls(ast.parse(path.read_text()))
+    }
+    assert found == set(OBJECTIVE_CALLS)
+
+
+def test_the_objective_call_check_sees_a_second_call():
+    code = (
+        "class LossSpec:\n    def objective(self):\n        return losses.objective(1)\n"
+        "def probe(spec):\n    return spec.objective() + objective(2)\n"
+    )
+    assert _objective_calls(ast.parse(code)) == {"LossSpec.objective", "probe"}
+    copies = "def x_probe__mutmut_3(spec):\n    return spec.objective()\n"
+    assert _objective_calls(ast.parse(copies)) == {"probe"}
 
 
 @pytest.fixture

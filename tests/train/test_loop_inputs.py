@@ -238,7 +238,7 @@ def test_avspo_reads_the_runs_trigger_and_the_tasks_reward_range(tmp_path):
     assert adv.stats["virtual/tau_adapt"] == pytest.approx(0.2)
 
 
-# ---- _balance: R/KL on the low-σ rows, the step's loss as trained -----------------------------
+# ---- BalanceProbe: R/KL on the low-σ rows, from the step's own loss ------------------------
 
 
 def test_the_low_sigma_balance_is_the_trained_loss_of_those_rows_by_hand(tmp_path):
@@ -273,7 +273,12 @@ def test_the_low_sigma_balance_is_the_trained_loss_of_those_rows_by_hand(tmp_pat
         run.policy, batch, targets, _spec(run), rows, totals, timer=Timer(run.device)
     )
     low = torch.tensor([False] * 4 + [True] * 4)
-    out = update.reward_kl_balance(run.policy, batch, targets, _spec(run), obj, rows, totals, low)
+    probe = update.BalanceProbe(
+        list(run.policy.model.parameters()), _spec(run).beta, [(rows, True)],
+        targets.loss_mask(batch.mask), targets, totals, low,
+    )  # fmt: skip
+    probe.add(obj, rows)  # the update's own objective: no second forward, no second loss
+    out = probe.metrics()
 
     pi = softmax(theta)
 
@@ -305,6 +310,26 @@ def test_the_low_sigma_balance_is_the_trained_loss_of_those_rows_by_hand(tmp_pat
     # the inputs act: some ratio is clipped, the rows' tokens differ
     rhos = [math.exp(log_prob(theta, y) - log_prob(old, y)) for y in ys[4:]]
     assert any(r > 1.1 or r < 0.7 for r in rhos) and len(set(ys[4:])) > 1, ys
+
+    # both groups in the subset, one micro-batch each: the subset's gradients are the sums of
+    # its two micro-batches' (each aggregated under the subset's totals), the by-hand numbers
+    # of all eight rows; balance/batch/* is the first micro-batch's group alone
+    halves = [rows[:4], rows[4:]]
+    probe = update.BalanceProbe(
+        list(run.policy.model.parameters()), _spec(run).beta, [(h, True) for h in halves],
+        targets.loss_mask(batch.mask), targets, totals, torch.ones(8, dtype=torch.bool),
+    )  # fmt: skip
+    for h in halves:
+        probe.add(update.micro_batch_loss(run.policy, batch, targets, _spec(run), h, totals,
+                                          timer=Timer(run.device)), h)  # fmt: skip
+    out = probe.metrics()
+    for name, subset in (("batch", range(4)), ("low_sigma", range(8))):
+        g_r, g_kl = branches(subset)
+        if name == "batch":  # the first micro-batch under the step's totals: 7 kept rows
+            g_r, g_kl = ([x * 4 / 7 for x in g] for g in (g_r, g_kl))
+        assert out[f"balance/{name}/reward_grad_norm"] == pytest.approx(math.hypot(*g_r), rel=1e-5)
+        assert out[f"balance/{name}/kl_grad_norm"] == pytest.approx(math.hypot(*g_kl), rel=1e-5)
+    assert out["balance/low_sigma/rows"] == 8.0
 
 
 # ---- update_policy: the seeded shuffle ------------------------------------------------------

@@ -60,6 +60,25 @@ def test_remax_baseline_is_the_greedy_completions_reward(tmp_path):
     assert result.step == 3 and "adv/remax/baseline_nan_frac" in result.metrics
 
 
+def test_remaxs_greedy_baseline_takes_the_soft_overlong_penalty_of_its_own_length(tmp_path):
+    # DAPO's soft overlong penalty over the whole length range (L_max 4, cache 4: −(L − 0)/4
+    # for a completion of L tokens): the greedy completion's reward is penalised by its own
+    # length, as the samples' are [OURS]
+    run = _run(
+        tmp_path, "algorithm.preset=remax", "algorithm.overlong=soft",
+        "sampling.max_new_tokens=4", "sampling.overlong_cache=4",
+    )  # fmt: skip
+    batch, _ = collect_batch(run, Timer(run.device))
+    by_id = {ex.id: ex for ex in run.task.examples("train", batch.num_prompts, run.cfg.run.seed)}
+    exs = [by_id[i] for i in batch.example_ids]
+    settings, _ = loop.sampling_at(run.cfg.sampling, 1.0)
+    greedy, raw = greedy_rewards(run.policy, run.scorer, exs, settings, run.gen)
+    lengths = greedy.completion_mask.sum(-1).float()  # [P] tokens, EOS included
+    want = raw[:, 0] - lengths / 4
+    assert bool((lengths > 0).all())
+    torch.testing.assert_close(batch.baseline, want.to(batch.baseline.dtype))
+
+
 def test_gdpo_reads_each_reward_function(tmp_path):
     datasets = pytest.importorskip("datasets")
     from grouprl.tasks.dataset import DatasetTask

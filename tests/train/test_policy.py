@@ -5,6 +5,11 @@ the ratio is 1 and the KL to the reference 0. Measured on this model on the CPU:
 one precision agree to the bit (max |Δ log p| = 0 under bf16 autocast, 5e-7 in fp32), and a
 pass at the other precision moves log-probs by 3.2e-3. The bf16 tolerance, 5e-4, sits far
 between, so one pass without the autocast fails these tests (shown by the planted cases).
+
+That bit-agreement holds where ATen dispatches its AVX-512 kernels. With the AVX2 kernels
+(a CPU without AVX-512, or ``ATEN_CPU_CAPABILITY=avx2``) bf16 passes of different shapes
+round differently: step 1 measures 3.4e-3 off-policy, as far as a precision change, so the
+bf16 case of the on-policy test cannot tell right from wrong there and is skipped.
 """
 
 from __future__ import annotations
@@ -47,7 +52,16 @@ def _to_reference(m: dict[str, float]) -> float:
     return max(abs(m["kl/mean"]), abs(m["kl/max"]))
 
 
-@pytest.mark.parametrize("precision", ["none", "bfloat16"])
+BF16_PASSES_AGREE = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+"""Whether bf16 passes of different shapes agree to the bit on this CPU (module docstring)."""
+
+
+@pytest.mark.parametrize(
+    "precision",
+    ["none", pytest.param("bfloat16", marks=pytest.mark.skipif(
+        not BF16_PASSES_AGREE, reason="ATen's AVX2 kernels: bf16 passes of different shapes "
+        "round differently, as far apart as a precision change (module docstring)"))],
+)  # fmt: skip
 def test_step_one_is_on_policy_and_at_the_reference(tmp_path, precision):
     m = loop.train_step(_run(tmp_path, precision))
     assert _off_policy(m) <= TOL[precision], m

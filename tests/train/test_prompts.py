@@ -105,7 +105,9 @@ def test_is_grpo_resume_equals_no_resume(tmp_path):
 def test_pool_and_sampler_config_errors():
     with pytest.raises(ConfigError, match=r"sampling\.pool_size must be 0 .* at least"):
         load_config(None, ["sampling.pool_size=4", "sampling.prompts_per_step=8"])
-    with pytest.raises(ConfigError, match=r"unknown sampler 'bogus'; valid: uniform, sigma, curriculum"):
+    with pytest.raises(
+        ConfigError, match=r"unknown sampler 'bogus'; valid: uniform, sigma, curriculum"
+    ):
         load_config(None, ["algorithm.sampler=bogus"])
 
 

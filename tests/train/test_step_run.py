@@ -119,14 +119,22 @@ def _balance(rows, theta0, **agg):
 
 
 @pytest.mark.parametrize(
-    "aggregation, every", [("token_mean", 1), ("seq_mean_token_sum_norm", 1), ("token_mean", 2)]
+    "aggregation, every, micro",
+    [
+        ("token_mean", 1, 0),
+        ("seq_mean_token_sum_norm", 1, 0),
+        ("token_mean", 2, 0),
+        ("seq_mean_token_sum_norm", 1, G),
+    ],
 )
-def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, aggregation, every):
+def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, aggregation, every, micro):
     # β = 0.5, k1, RLOO; group 0 has rewards 0 / 0.5 / 1 (σ ≈ 0.5), group 1 0.995 / 1 and an
     # unscorable <eos> (σ < 1e-2: MaxNorm Table 3's low-σ subset). R/KL = ‖g_R‖/(β‖g_KL‖) on
     # the whole minibatch (balance/batch/*) and on the subset's kept rows alone, aggregated
     # over them (balance/low_sigma/*). Completions of up to 2 tokens (L_max = 2). Measured
-    # every eval.balance_every steps: step 1 is not a multiple of 2
+    # every eval.balance_every steps: step 1 is not a multiple of 2. One group per micro-batch
+    # (micro = G): the subset is measured in the second micro-batch, under its own totals, the
+    # same numbers; balance/batch/* is then the first micro-batch's group alone (not checked)
     tables = {
         "ab": first_is("a", empty=0.5),
         "tiny": first_is("a", other=0.995, empty=math.nan),
@@ -135,7 +143,8 @@ def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, aggregation, every):
     result, policy, theta0 = train_hand(
         tmp_path, task, "algorithm.preset=rloo", "algorithm.beta=0.5", "algorithm.kl=k1",
         f"algorithm.aggregation={aggregation}", f"eval.balance_every={every}", "run.seed=2",
-        "sampling.max_new_tokens=2", "sampling.max_unscorable_frac=1", theta=(0.0, 0.3, 0.0),
+        "sampling.max_new_tokens=2", "sampling.max_unscorable_frac=1",
+        f"optim.micro_batch_size={micro}", theta=(0.0, 0.3, 0.0),
     )  # fmt: skip
     m = result.metrics
     if every == 2:
@@ -159,7 +168,7 @@ def test_the_reward_kl_balance_of_a_step_by_hand(tmp_path, aggregation, every):
     assert nan_rows and len({r.adv for r in per_group[1]}) > 1, [c.text for c in task.calls]
     rows = per_group[0] + per_group[1]
     agg = {"aggregation": aggregation, "max_len": 2}
-    for subset, part in (("batch", rows), ("low_sigma", per_group[1])):
+    for subset, part in (("batch", rows), ("low_sigma", per_group[1]))[1 if micro else 0 :]:
         norm_r, norm_kl, cos = _balance(part, theta0, **agg)
         assert norm_r > 1e-4 and norm_kl > 0.01
         assert m[f"balance/{subset}/reward_grad_norm"] == pytest.approx(norm_r, rel=1e-4)

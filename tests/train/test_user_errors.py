@@ -105,3 +105,46 @@ def test_resume_anyway_flag_sets_both_fields():
     command.add_arguments(parser)
     overrides = command.overrides_from_args(parser.parse_args(["--resume-anyway"]))
     assert overrides == ["run.resume=true", "run.resume_anyway=true"]
+
+
+def test_switching_a_presets_surrogate_names_its_stale_parameters_and_the_fix(tmp_path, capsys):
+    # grpo's clip bounds belong to ppo_clip, which algorithm.surrogate=topr replaces: the error
+    # says which parameters, topr's settings, and the override that fixes it
+    sets = ["--set", "algorithm.preset=grpo", "--set", "algorithm.surrogate=topr"]
+    assert cli.main(["train", *TINY_MAZE_ARGS, *sets, "--set", f"run.out={tmp_path}"]) == 2
+    err = _one_line_error(capsys)
+    assert err == (
+        "grouprl train: algorithm overrides: algorithm.surrogate=topr replaces the surrogate "
+        "of preset 'grpo', whose surrogate_params ['eps_high', 'eps_low'] are not settings of "
+        "surrogate 'topr' (its settings and defaults: ratio_low: 0.0, ratio_high: 1.0, "
+        "ratio_level: 'seq_mean'). Set them with the override: --set "
+        "'algorithm.surrogate_params={}' for topr's defaults, or --set "
+        "'algorithm.surrogate_params={ratio_low: ...}'"
+    )
+    # the fix is a valid config: topr with its defaults, or with a setting of its own
+    from grouprl.train.config import load_config
+
+    base = ["algorithm.preset=grpo", "algorithm.surrogate=topr", "task.name=maze"]
+    cfg = load_config(None, [*base, "algorithm.surrogate_params={}"])
+    assert dict(cfg.algorithm.resolve().surrogate_params) == {}
+    cfg = load_config(None, [*base, "algorithm.surrogate_params={ratio_low: 0.5}"])
+    assert dict(cfg.algorithm.resolve().surrogate_params) == {"ratio_low": 0.5}
+
+
+def test_switching_a_presets_estimator_names_its_stale_parameters(clean_registry):
+    from grouprl import presets
+    from grouprl.train.config import ConfigError, load_config
+
+    presets.register_preset(
+        name="my_floor", estimator="maxnorm_rloo", estimator_params={"tau_res": 0.05}
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["algorithm.preset=my_floor", "algorithm.estimator=gopo"])
+    assert "algorithm.estimator=gopo replaces the estimator of preset 'my_floor', whose " in str(
+        err.value
+    )
+    assert "estimator_params ['tau_res'] are not settings of estimator 'gopo'" in str(err.value)
+    assert "--set 'algorithm.estimator_params={}' for gopo's defaults" in str(err.value)
+    # an override that keeps a setting of the new method passes the check
+    cfg = load_config(None, ["algorithm.preset=my_floor", "algorithm.estimator=maxnorm_dr_grpo"])
+    assert cfg.algorithm.resolve().estimator == "maxnorm_dr_grpo"

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments
+from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments, zero_where
 from grouprl.advantages.baseline import DEFAULT_DDOF, GRPO_EPS
 from grouprl.types import Advantages
 
@@ -81,6 +81,14 @@ def whiten(
         mu = x.sum() / n.clamp_min(tiny)  # []
         dev = x - mu
         var = dev.square().sum() / (n - ddof).clamp_min(tiny)
+    elif weights is None:  # a mask, unit weights: the same terms as below, by bit masks
+        # [OURS] zero_where instead of torch.where and the float mask's products (each slow on
+        # CPU); the masked terms are exact zeros either way, so the sums see the same values
+        x0 = zero_where(x.clone(memory_format=torch.contiguous_format), ~valid)
+        n = valid.sum().to(x.dtype)  # [] exact count
+        mu = x0.sum() / n.clamp_min(tiny)  # []
+        dev = x0 - mu
+        var = zero_where(dev.square(), ~valid).sum() / (n - ddof).clamp_min(tiny)
     else:
         w = valid.to(x.dtype) if weights is None else weights.to(x.dtype)
         if valid is not None and weights is not None:
@@ -99,7 +107,7 @@ def whiten(
         s = var.clamp_min(eps).sqrt()
     out = dev / torch.where(s > 0, s, torch.ones_like(s))  # s = 0 (eps 0, constant batch): dev = 0
     if valid is not None:
-        out = out.masked_fill(~valid, 0.0)
+        out = zero_where(out, ~valid)
     return out, mu, s
 
 

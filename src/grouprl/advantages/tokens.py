@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments
+from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments, zero_where
 from grouprl.advantages.baseline import DEFAULT_DDOF
 from grouprl.advantages.global_norm import EPS_MODES, whiten
 from grouprl.types import Advantages
@@ -60,6 +60,17 @@ def outcome_to_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     return out.scatter_(-1, last.clamp_min(0)[..., None], src[..., None])
 
 
+def _add_outcome(tok: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``tok [P, G, T]`` + :func:`outcome_to_tokens`, in place: each sample's reward added
+    on its last valid token (one scatter instead of a second ``[P, G, T]`` tensor)."""
+    t = mask.shape[-1]
+    small = torch.int16 if t < 2**15 else torch.long
+    pos = torch.arange(t, device=mask.device, dtype=small)
+    last = torch.where(mask, pos, -1).amax(dim=-1).long()  # [P, G], -1 for an empty completion
+    src = zero_where(rewards.nan_to_num(0.0), last < 0)  # [P, G]
+    return tok.scatter_add_(-1, last.clamp_min(0)[..., None], src[..., None].to(tok.dtype))
+
+
 def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0):
     """``[..., T]`` discounted reward-to-go over the valid tokens; 0 at masked tokens.
 
@@ -68,18 +79,31 @@ def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float =
     running return through unchanged, so tool-output spans are skipped, not discounted).
     γ = 1 is a reverse cumulative sum; γ < 1 walks the T positions backwards (vectorised
     over the batch, as verl does): G_t = r_t + G_{t+1}·f_t with f_t = γ at a valid token and
-    1 at a masked one (r_t = 0 there, so G_{t+1} passes through unchanged) [OURS: two passes
-    over one ``[...]`` column a position, written in place; the same floats as verl's loop].
+    1 at a masked one (r_t = 0 there, so G_{t+1} passes through unchanged) [OURS: the same
+    floats as verl's loop].
     """
-    m = mask.to(token_rewards.dtype)
+    return _returns(
+        zero_where(token_rewards.clone(memory_format=torch.contiguous_format), ~mask), mask, gamma
+    )
+
+
+def _returns(x: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """:func:`reward_to_go` of ``x [..., T]``, which is already 0 at the masked tokens; may
+    write into ``x``.
+
+    [OURS] γ < 1 runs on the transposed ``[T, N]`` copy, so each of the T − 1 steps reads and
+    writes whole contiguous rows instead of every T-th float of ``[..., T]``.
+    """
     if gamma == 1.0:
-        return (token_rewards * m).flip(-1).cumsum(-1).flip(-1) * m
-    out = token_rewards * m  # [..., T], becomes the returns from the last position back
-    f = torch.full_like(out, gamma).masked_fill_(~mask, 1.0)  # [..., T] γ or 1
-    tmp = torch.empty_like(out[..., 0])
-    for s in range(out.shape[-1] - 2, -1, -1):
-        out[..., s].add_(torch.mul(out[..., s + 1], f[..., s], out=tmp))
-    return out.mul_(m)
+        return zero_where(x.flip(-1).cumsum(-1).flip(-1), ~mask)
+    shape, t = x.shape, x.shape[-1]
+    cols = x.reshape(-1, t).t().contiguous()  # [T, N]
+    f = torch.full_like(cols, gamma)  # [T, N] γ at a valid token, 1 at a masked one
+    f[~mask.reshape(-1, t).t()] = 1.0
+    tmp = torch.empty_like(cols[0])
+    for s in range(t - 2, -1, -1):
+        cols[s].add_(torch.mul(cols[s + 1], f[s], out=tmp))
+    return zero_where(cols.t().contiguous().reshape(shape), ~mask)
 
 
 def sequence_mean(token_values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -122,10 +146,11 @@ def kl_reward(
 def _token_result(token_values, mask, sample_valid, rewards, scale, collapsed, **stats):
     p = rewards.shape[0]
     keep_tok = mask & sample_valid[..., None]
-    token_values = token_values.masked_fill(~keep_tok, 0.0)
+    token_values = zero_where(token_values.clone(memory_format=torch.contiguous_format), ~keep_tok)
     live = sample_valid.any(dim=1) & ~collapsed
+    count = keep_tok.sum(-1).clamp_min(1).to(token_values.dtype)  # [P, G]
     return Advantages(
-        values=sequence_mean(token_values, keep_tok),
+        values=token_values.sum(-1) / count,  # sequence_mean: the masked terms are 0 already
         keep=torch.ones(p, dtype=torch.bool, device=rewards.device),
         kl_weight=torch.ones(p, dtype=rewards.dtype, device=rewards.device),
         scale=scale,
@@ -169,8 +194,8 @@ def reinforce_pp_global_tokens(
     """
     _check_eps_mode(eps_mode)
     sv = _sample_valid(rewards, valid)
-    tok = outcome_to_tokens(rewards, mask) + token_rewards * mask
-    returns = reward_to_go(tok, mask, gamma)
+    tok = zero_where(token_rewards.clone(memory_format=torch.contiguous_format), ~mask)
+    returns = _returns(_add_outcome(tok, rewards, mask), mask, gamma)
     keep_tok = mask & sv[..., None]
     values, mu, s = whiten(returns, keep_tok, ddof=ddof, eps=eps, eps_mode=eps_mode)
     m = group_moments(rewards, valid, ddof, tau)

@@ -114,10 +114,16 @@ def _resolution_columns(
 class VirtualTrigger:
     """AVSPO's adaptive trigger threshold τ_adapt, carried across steps (ALGORITHMS.md §2).
 
-    Update (ACR paper + code): τ ← clip(τ + η·sign(ΔJ)·(ACR_t − τ), lo, hi), where ΔJ is the
+    Update (ACR paper Eq. 12): τ ← clip(τ + η·sign(ΔJ)·(ACR_t − τ), lo, hi), where ΔJ is the
     change of an EMA of the batch mean reward ([OURS]: the EMA, decay ``ema_decay``, keeps
     one noisy batch from flipping the sign). The first update only initialises the EMA.
     Save it with ``state_dict()`` in checkpoints.
+
+    Defaults: the paper's τ(0) = 0.5 ("initialized conservatively", §4.3), η = 0.01 and
+    bounds [0.1, 0.9] (App. A.2, fixed across its experiments; the authors' README example,
+    github.com/hexixiang/ACR, sets ``acr_threshold_init=0.5``). The paper's GRPO runs have
+    ACR 0.28-0.45 (its Table of main results), below τ(0): the trigger fires only once τ
+    has come down or on a batch above it.
     """
 
     tau: float = 0.5
@@ -187,8 +193,12 @@ def virtual_samples(
       v_k = r_lo + (r_hi − r_lo)·k/K, k = 1..K (for [0, 1] exactly ALGORITHMS.md's r_hi·(1 −
       k/K) and k/K). Other collapsed groups (a constant strictly inside the range) are left.
     - ``"paper"``: same trigger; v_1 = r_max, v_k = r_max·(1 − (k−1)/K), r_max the group's
-      max reward. Known defect, kept for comparison: an all-zero group stays collapsed
-      (every v_k = 0), and with K = 1 the virtual sample equals the group's value.
+      max reward (ACR paper Eq. 10, restated as Eq. 21 in App. B.3: "r_max = max r_i is the
+      highest observed reward in the original group"). As written it gives an all-incorrect
+      group no anchor: r_max = 0, every v_k = 0, and the group stays collapsed; with K = 1 the
+      virtual sample equals the group's value. A summary of the paper that speaks of "small
+      positive anchors" for all-incorrect groups describes no equation of the paper; the
+      ``"symmetric"`` mode is that reading.
     - ``"code"`` (what the authors' repository runs): only when every valid reward of the
       whole generation batch is r_lo (or every one is r_hi), one virtual sample of the
       opposite value is added to every group of it; τ_adapt is not used. ``batch_groups``:

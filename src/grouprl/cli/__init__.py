@@ -1,4 +1,4 @@
-"""The ``grouprl`` command line: ``grouprl train | simulate | diagnose | bench | list``.
+"""The ``grouprl`` command line: ``grouprl train | simulate | diagnose | compare | sweep | bench | list``.
 
 Each subcommand lives in its own module of this package, imported only when it runs, so
 ``grouprl list`` stays fast. A command module defines ``add_arguments(parser)`` and
@@ -15,6 +15,8 @@ COMMANDS: dict[str, str] = {
     "train": "grouprl.cli.train",
     "simulate": "grouprl.cli.simulate",
     "diagnose": "grouprl.cli.diagnose",
+    "compare": "grouprl.cli.compare",
+    "sweep": "grouprl.cli.sweep",
     "bench": "grouprl.cli.bench",
     "list": "grouprl.cli.listing",
 }
@@ -24,6 +26,8 @@ HELP: dict[str, str] = {
     "train": "train a policy with a preset on a verifiable task (default: the maze miniature)",
     "simulate": "run a simulation that reproduces a paper's analysis (categorical, tail-miss, ...)",
     "diagnose": "training-health report for a JSONL of reward groups or a grouprl run folder",
+    "compare": "paired comparison of runs across seeds: arms × seeds, SE, signs, bootstrap CI",
+    "sweep": "run a sweep file's arms × seeds as local grouprl train processes, N at a time",
     "bench": "run the benchmarks (advantages, train step, vs TRL) and print one table",
     "list": "list every estimator, transform, loss axis, preset, task and simulation",
 }

@@ -20,6 +20,8 @@ from grouprl.diagnostics import health
 from grouprl.diagnostics.acr import DEFAULT_TAU, acr, collapse_split
 from grouprl.diagnostics.balance import (
     LOW_SIGMA,
+    flat_gradient,
+    gradient_balance,
     kl_stats,
     low_sigma_groups,
     reward_kl_balance,
@@ -55,6 +57,8 @@ __all__ = [
     "advise_group_size",
     "collapse_split",
     "effective_sample_size",
+    "flat_gradient",
+    "gradient_balance",
     "gradient_orthogonality",
     "health",
     "inverse_scale_tail",

@@ -22,6 +22,8 @@ from grouprl.types import Advantages
 __all__ = [
     "LOW_SIGMA",
     "SUBSETS",
+    "flat_gradient",
+    "gradient_balance",
     "kl_stats",
     "low_sigma_groups",
     "reward_kl_balance",
@@ -72,8 +74,13 @@ def subset_keys(metrics: dict[str, float], subset: str) -> dict[str, float]:
     return {k.replace("balance/", f"balance/{subset}/", 1): v for k, v in metrics.items()}
 
 
-def _flat_grad(loss: torch.Tensor, params: list[torch.Tensor], retain: bool) -> torch.Tensor:
-    grads = torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)
+def flat_gradient(
+    loss: torch.Tensor, params: list[torch.Tensor], *, retain_graph: bool = True
+) -> torch.Tensor:
+    """``[Σ numel]`` float64: the gradient of the scalar ``loss`` with respect to ``params``,
+    flattened and concatenated (0 for a parameter the loss does not reach), by
+    ``torch.autograd.grad``: the ``.grad`` buffers are not touched."""
+    grads = torch.autograd.grad(loss, params, retain_graph=retain_graph, allow_unused=True)
     parts = [
         (g if g is not None else torch.zeros_like(p)).reshape(-1).to(torch.float64)
         for g, p in zip(grads, params)
@@ -107,8 +114,15 @@ def reward_kl_balance(
         raise ValueError("params has no tensor with requires_grad=True: pass model.parameters()")
     if reward_loss.dim() != 0 or kl_loss.dim() != 0:
         raise ValueError("reward_loss and kl_loss must be scalars (aggregate the branches first)")
-    g_r = _flat_grad(reward_loss, params, True)
-    g_k = _flat_grad(kl_loss, params, retain_graph)
+    g_r = flat_gradient(reward_loss, params)
+    g_k = flat_gradient(kl_loss, params, retain_graph=retain_graph)
+    return gradient_balance(g_r, g_k, beta=beta)
+
+
+def gradient_balance(g_r: torch.Tensor, g_k: torch.Tensor, *, beta: float) -> dict[str, float]:
+    """:func:`reward_kl_balance`'s metrics from the two gradients themselves: ``g_r`` and
+    ``g_k`` ``[D]`` (:func:`flat_gradient` of the reward branch and of the unweighted KL
+    branch, or their sums over micro-batches), ``beta`` the base coefficient."""
     nr, nk = float(g_r.norm()), float(g_k.norm())
     cos = float(g_r @ g_k) / (nr * nk) if nr > 0 and nk > 0 else 0.0
     out = {"balance/reward_grad_norm": nr, "balance/kl_grad_norm": nk, "balance/cosine": cos}

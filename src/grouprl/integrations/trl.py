@@ -355,6 +355,13 @@ def trl_loss_half(args: Any) -> dict[str, Any]:
                 "GRPOConfig(loss_type='cispo', importance_sampling_level='sequence') has no "
                 "grouprl equivalent (CISPO clips token weights): use loss='trl'"
             )
+        if eps_high < 1.0:
+            raise ValueError(
+                f"GRPOConfig(loss_type='cispo', epsilon_high={eps_high}) caps every token's "
+                "weight below 1 (TRL's CISPO bound is absolute); grouprl's CISPO caps it at "
+                "1 + eps_high >= 1: set epsilon_high >= 1 (TRL and ScaleRL recommend 5.0) or "
+                "use loss='trl'"
+            )
         return {
             "surrogate": "cispo",
             "surrogate_params": {"eps_low": 1.0, "eps_high": eps_high - 1.0},
@@ -896,19 +903,61 @@ class GroupRLGRPOTrainer(GRPOTrainer):
         return out
 
     # -- loss -----------------------------------------------------------------------------------
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffering of the generation batch, then, for grouprl's loss path, each
+        micro-batch's optimizer-step token count (see :meth:`_grouprl_window_tokens`)."""
+        buffered = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        aligned = self.args.steps_per_generation % max(1, self.args.gradient_accumulation_steps)
+        fresh = self._buffered_inputs is not buffered
+        if self._grouprl_loss and self.model.training and fresh and aligned == 0:
+            self._grouprl_window_tokens(self._buffered_inputs)
+        return inputs
+
+    def _grouprl_window_tokens(self, chunks: list[dict[str, Any]]) -> None:
+        """Write into each buffered micro-batch the valid tokens of its optimizer step.
+
+        TRL splits a generation batch into ``steps_per_generation`` micro-batches per process
+        and steps the optimizer every ``gradient_accumulation_steps`` of them; its token-mean
+        losses (``dapo``, ``cispo``, ``vespo``) divide by the generation batch's tokens per
+        window, which equals a step's own tokens only when every window holds as many
+        (docs/integrations.md measures the difference). The counts of every micro-batch on
+        every process are gathered once per generation batch, so each step divides by its own
+        tokens, over all processes: the step's token mean, exact under accumulation. [OURS]
+        Only when ``steps_per_generation`` is a multiple of the accumulation steps: otherwise a
+        step spans two generation batches, its tokens are not known in advance, and the loss
+        keeps TRL's normaliser.
+        """
+        ga = max(1, int(self.args.gradient_accumulation_steps))
+
+        def valid(chunk: Mapping[str, Any]) -> torch.Tensor:
+            mask = chunk["completion_mask"]
+            return (mask * chunk["tool_mask"] if "tool_mask" in chunk else mask).sum()
+
+        counts = torch.stack([valid(c) for c in chunks]).float()  # [S] this process's
+        every = self.accelerator.gather(counts).view(-1, len(chunks)).sum(0)  # [S] all processes
+        for i, chunk in enumerate(chunks):
+            window = slice(i - i % ga, i - i % ga + ga)
+            chunk["grouprl_step_tokens"] = every[window].sum()
+
     def _grouprl_totals(self, inputs, mask: torch.Tensor, mode: str) -> loss_lib.StepTotals:
-        """TRL's own normalisers as StepTotals, so the micro-batch losses add up as TRL's do.
+        """The step's normalisers as StepTotals, so the micro-batch losses add up to the loss
+        of the step's batch.
 
         TRL 1.16 ``_compute_loss``: ``grpo`` / ``sapo`` / ``luspo`` / ``dr_grpo`` divide by the
-        accumulation steps (``num_seqs`` = rows × steps), ``dapo`` / ``cispo`` / ``vespo`` by
-        the generation batch's tokens per process and accumulation window
-        (``num_items_in_batch`` · steps / ``steps_per_generation``), ``bnpo`` divides the
-        micro-batch's own token mean by the steps (``num_micro``). No accumulation in eval.
+        accumulation steps (``num_seqs`` = rows × steps), ``bnpo`` divides the micro-batch's own
+        token mean by the steps (``num_micro``), as TRL does. The token mean (TRL's ``dapo`` /
+        ``cispo`` / ``vespo``) divides by the step's own tokens per process
+        (:meth:`_grouprl_window_tokens`) where TRL divides by the generation batch's tokens per
+        window (``num_items_in_batch`` · steps / ``steps_per_generation``); the two agree when
+        ``steps_per_generation`` equals the accumulation steps. No accumulation in eval.
         """
         ga = self.current_gradient_accumulation_steps if mode == "train" else 1
         n_seq = float(mask.shape[0] * ga)
         tokens = float(inputs["num_items_in_batch"]) / self.accelerator.num_processes
-        if mode == "train":
+        if mode == "train" and "grouprl_step_tokens" in inputs:
+            tokens = float(inputs["grouprl_step_tokens"]) / self.accelerator.num_processes
+        elif mode == "train":
             tokens = tokens * ga / self.args.steps_per_generation
         return loss_lib.StepTotals(
             num_tokens=max(tokens, 1.0),

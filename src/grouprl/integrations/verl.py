@@ -108,7 +108,7 @@ except ImportError as err:  # pragma: no cover - exercised only without verl
 
 __all__ = [
     "BYPASS_NOTE",
-    "LOSS_NAMES",
+    "LOSS_NAMES",  # noqa: F822 (module __getattr__: read live)
     "OPTION_KEYS",
     "PREFIX",
     "SINGLETON_RULES",
@@ -119,6 +119,7 @@ __all__ = [
     "group_layout",
     "last_result",
     "load_trigger_state_dict",
+    "loss_names",
     "make_estimator",
     "make_policy_loss",
     "register",
@@ -153,7 +154,20 @@ OPTION_KEYS = (
 )
 """Keys of ``algorithm.grouprl`` handled here; any other key is an estimator parameter."""
 
-LOSS_NAMES: tuple[str, ...] = tuple(PREFIX + name for name in loss_lib.SURROGATES)
+
+def loss_names() -> tuple[str, ...]:
+    """The names grouprl registers in verl's policy-loss registry, one per surrogate, those
+    registered after this import (a plugin's) included. Also ``LOSS_NAMES``, read live."""
+    return tuple(PREFIX + name for name in loss_lib.SURROGATES)
+
+
+def __getattr__(name: str) -> Any:
+    # LOSS_NAMES is computed at each read, so that a surrogate registered after this import
+    # (a plugin) is in it: a tuple built once at import would miss it
+    if name == "LOSS_NAMES":
+        return loss_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _TRIGGERS: dict[str, VirtualTrigger] = {}
 _LAST: dict[str, Advantages] = {}
@@ -923,11 +937,13 @@ def fix_trl_probe() -> bool:
 
 
 REGISTERED: list[str] = register()
-"""Every name this import registered in verl."""
+"""Every name grouprl registered in verl: this import's, then each later registration's
+(:func:`_follow`)."""
 
 
 def _follow(declaration: Any) -> None:
-    """A method registered after this import (a plugin) joins verl's registries too."""
+    """A method registered after this import (a plugin) joins verl's registries too, and
+    :data:`REGISTERED` (``LOSS_NAMES`` and :func:`estimator_names` read the tables live)."""
     name = declaration.name
     if declaration.axis in ("estimator", "token estimator"):
         _put(
@@ -943,6 +959,10 @@ def _follow(declaration: Any) -> None:
             make_policy_loss(name),
             core_algos.register_policy_loss,
         )
+    else:
+        return
+    if PREFIX + name not in REGISTERED:
+        REGISTERED.append(PREFIX + name)
 
 
 registry.on_register(_follow)

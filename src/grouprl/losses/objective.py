@@ -46,6 +46,11 @@ class Objective:
             R/KL = ‖g_R‖/(β‖g_KL‖) differentiates (``diagnostics.reward_kl_balance``).
         entropy_bonus: the aggregated ``entropy_coeff·H`` (0 when unused).
         per_token: ``[N, T]`` the summed per-token objective (0 at masked / dropped tokens).
+        reward_tokens, kl_tokens, loss_mask, aggregation: the branches' per-token terms as
+            aggregated (``[N, T]``, 0 outside ``loss_mask``: the surrogate after the
+            top-entropy mask and the correction weight; the unweighted KL, None when β = 0),
+            the ``[N, T]`` 0/1 mask of the tokens in the loss and the aggregation name:
+            :meth:`branches` re-aggregates them over a subset of the rows.
         stats: floats: the surrogate's stats (ratio, clip fractions) plus ``pg_loss``,
             ``kl_loss``, ``kl_mean`` (token mean of the raw KL estimate), ``entropy_mean``,
             ``kept_frac`` (fraction of sequences kept). Loss values are this micro-batch's
@@ -60,6 +65,30 @@ class Objective:
     per_token: torch.Tensor
     stats: dict[str, float] = field(default_factory=dict)
     kl_unweighted: torch.Tensor | None = None
+    reward_tokens: torch.Tensor | None = None
+    kl_tokens: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    aggregation: str = "token_mean"
+
+    def branches(
+        self, rows: torch.Tensor, totals: StepTotals | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(reward branch, unweighted KL branch)`` of this call's rows ``rows`` (``[k]``
+        indices) alone, aggregated under ``totals``, with their graph.
+
+        The same per-token terms as :attr:`pg_loss` and :attr:`kl_unweighted` (this call's
+        forward, its selection, correction and entropy mask), reduced over the rows ``rows``
+        only: what ``diagnostics.reward_kl_balance`` differentiates for a subset (MaxNorm
+        Table 3's low-σ groups) without a second forward or a second objective. The KL branch
+        is 0 with the graph when β = 0.
+        """
+        if self.reward_tokens is None or self.loss_mask is None:
+            raise ValueError("this Objective carries no per-token branches (losses.objective)")
+        mask = self.loss_mask[rows]  # [k, T]
+        pg = reduce_masked(self.aggregation, self.reward_tokens[rows], mask, totals)
+        if self.kl_tokens is None:
+            return pg, pg * 0.0
+        return pg, reduce_masked(self.aggregation, self.kl_tokens[rows], mask, totals)
 
 
 def _per_sample(name: str, t: torch.Tensor | None, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -270,7 +299,10 @@ def objective(
         if stats:
             sur_stats = {key: 0.0 for key in sur_stats}
             sur_stats.update(pg_loss=0.0, kl_loss=0.0, kl_mean=0.0, entropy_mean=0.0, kept_frac=0.0)
-        return Objective(zero, zero, zero, zero, per_token * 0.0, sur_stats, zero)
+        return Objective(
+            zero, zero, zero, zero, per_token * 0.0, sur_stats, zero,
+            reward_tokens=per_token * 0.0, loss_mask=eff, aggregation=aggregation,
+        )  # fmt: skip
     extra: dict[str, torch.Tensor] = {}
     token_keep = _top_entropy(entropy, eff, top_entropy_quantile, totals, logp.shape)
     if token_keep is not None:
@@ -284,6 +316,7 @@ def objective(
     zero = pg_loss * 0.0
     loss, total = pg_loss, per_token  # only the branches that act: a zero branch would add
     kl_loss = kl_unweighted = ent_bonus = zero  # a backward pass
+    kl_tok = None
     if beta > 0:
         kl_tok = _kl_tokens(
             kl, logp, ref_logp, old_logp, eff, kl_correction, kl_weight_clip
@@ -309,7 +342,10 @@ def objective(
         if keep is not None:
             extra["kept_frac"] = keep_t.to(eff.dtype).mean()
         sur_stats.update(_branch_stats(to_floats(extra)))  # one device sync for all of them
-    return Objective(loss, pg_loss, kl_loss, ent_bonus, total, sur_stats, kl_unweighted)
+    return Objective(
+        loss, pg_loss, kl_loss, ent_bonus, total, sur_stats, kl_unweighted,
+        reward_tokens=per_token, kl_tokens=kl_tok, loss_mask=eff, aggregation=aggregation,
+    )  # fmt: skip
 
 
 def _masks(

@@ -17,6 +17,7 @@ import importlib.util
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -305,8 +306,9 @@ class EvalConfig:
     ks: tuple[int, ...] = (1, 8, 16)
     temperature: float = 1.0
     balance_every: int = 10
-    """R/KL balance (two extra backward passes on one micro-batch, ALGORITHMS.md §5) every this
-    many steps when β > 0; 0 = never."""
+    """R/KL balance (ALGORITHMS.md §5) every this many steps when β > 0; 0 = never. Measured
+    on the step's own forward (``train.update.BalanceProbe``): two extra ``autograd.grad``
+    passes on the first micro-batch, two on each micro-batch holding low-σ rows."""
 
 
 @dataclass(frozen=True)
@@ -683,7 +685,9 @@ def _check_names(cfg: RunConfig) -> None:
             f"{', '.join(sorted(settings)) or '(none)'}"
         )
     try:
-        resolved = presets.check(cfg.algorithm.resolve())  # the names its methods hold
+        resolved = cfg.algorithm.resolve()
+        _check_switched_method(cfg.algorithm.preset, cfg.algorithm.overrides, resolved)
+        resolved = presets.check(resolved)  # the names its methods hold
     except (TypeError, ValueError) as err:
         raise ConfigError(f"algorithm overrides: {err}") from None
     from grouprl import sampling
@@ -710,6 +714,39 @@ def _check_names(cfg: RunConfig) -> None:
                 "reasoning-gym dataset name (e.g. basic_arithmetic; `grouprl list` shows them)"
             )
     _check_model_name(cfg.model.name)
+
+
+def _check_switched_method(preset: str, overrides: Mapping[str, Any], resolved: Any) -> None:
+    """A ValueError naming the fix when an override switches the estimator or the surrogate
+    and the preset's parameters for the old one are not settings of the new one (``grpo``'s
+    ``eps_low`` / ``eps_high`` under ``algorithm.surrogate=topr``): they are the preset's, so
+    the override must say which parameters the new method takes."""
+    from grouprl import advantages, losses
+
+    for method, key, tables in (
+        ("surrogate", "surrogate_params", (losses.surrogate_axis,)),
+        ("estimator", "estimator_params", (advantages.estimator_axis,
+                                           advantages.token_estimator_axis)),
+    ):  # fmt: skip
+        name = getattr(resolved, method)
+        if method not in overrides or key in overrides:
+            continue
+        axis = next((a for a in tables if name in a.table), None)
+        if axis is None:  # an unknown name: presets.check says so
+            continue
+        decl = axis.get(name)
+        valid = decl.setting_names()
+        stale = sorted(set(getattr(resolved, key)) - set(valid))
+        if not stale:
+            continue
+        defaults = ", ".join(f"{s.name}: {s.default!r}" for s in decl.settings) or "none"
+        raise ValueError(
+            f"algorithm.{method}={name} replaces the {method} of preset {preset!r}, whose {key} "
+            f"{stale} are not settings of {decl.axis} {name!r} (its settings and defaults: "
+            f"{defaults}). Set them with the override: --set 'algorithm.{key}={{}}' for "
+            f"{name}'s defaults, or --set 'algorithm.{key}={{{valid[0] if valid else 'x'}: "
+            f"...}}'"
+        )
 
 
 def _check_model_name(name: str) -> None:

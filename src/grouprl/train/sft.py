@@ -79,19 +79,18 @@ def sft_batch(tokenizer: Any, task: Any, examples: list[Any]) -> tuple[torch.Ten
     if tokenizer.eos_token_id is None:
         raise ValueError("the tokenizer has no EOS token: the model could never learn to stop")
     rows, targets = [], []
-    for ex in examples:
-        prompt = tokenizer(task.render(ex, tokenizer), add_special_tokens=False)["input_ids"]
-        answer = tokenizer(task.demonstration(ex), add_special_tokens=False)["input_ids"]
+    # one batched call each for the prompts and the answers: the same ids as one call per
+    # text, without the per-call overhead that otherwise costs a tiny model's step ~10 % [OURS]
+    prompts = tokenizer([task.render(ex, tokenizer) for ex in examples], add_special_tokens=False)
+    answers = tokenizer([task.demonstration(ex) for ex in examples], add_special_tokens=False)
+    for prompt, answer in zip(prompts["input_ids"], answers["input_ids"]):
         answer = [*answer, tokenizer.eos_token_id]
         rows.append(prompt + answer)
         targets.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    for i, (row, target) in enumerate(zip(rows, targets)):
-        ids[i, : len(row)] = torch.tensor(row)
-        labels[i, : len(target)] = torch.tensor(target)
+    ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=torch.long)
+    labels = torch.tensor([t + [-100] * (width - len(t)) for t in targets], dtype=torch.long)
     return ids, labels
 
 

@@ -29,6 +29,7 @@ from grouprl.train.batch import Batch, group_rows
 from grouprl.train.targets import Targets
 
 __all__ = [
+    "BalanceProbe",
     "LossSpec",
     "StepStats",
     "UpdateLog",
@@ -37,7 +38,6 @@ __all__ = [
     "micro_batch_loss",
     "micro_batches",
     "optimizer_step",
-    "reward_kl_balance",
     "step_selection",
     "update_policy",
 ]
@@ -226,7 +226,7 @@ def update_policy(
     """``schedule.ppo_epochs`` × ``schedule.minibatches`` AdamW steps over whole groups.
 
     Groups are shuffled each epoch with ``shuffle``. ``balance_rows``: measure the R/KL
-    balance at the first optimizer step (:func:`reward_kl_balance`): the ``[N]`` low-σ row
+    balance at the first optimizer step (:class:`BalanceProbe`): the ``[N]`` low-σ row
     mask of MaxNorm Table 3's subset, or True (no subset); None: not this step. ``streak``:
     the run's non-finite steps in a row so far. Stops when the streak reaches
     ``spec.max_nonfinite_steps`` (``UpdateLog.diverged``).
@@ -282,6 +282,10 @@ def optimizer_step(
     totals, selected = step_selection(
         policy, batch, targets, spec, loss_mask, micro, totals, timer=timer
     )
+    probe = None
+    if balance is not None and balance is not False:
+        low = balance if isinstance(balance, torch.Tensor) else None
+        probe = BalanceProbe(_trainable(policy), spec.beta, micro, loss_mask, targets, totals, low)
     stats, finite, backward = StepStats(), True, False
     for (m, grad), chosen in zip(micro, selected):
         if not loss_mask[m].any():  # no loss token (every completion masked): adds exactly 0
@@ -296,12 +300,8 @@ def optimizer_step(
                 break
             if grad:
                 with timer("backward"):
-                    if balance is not None and balance is not False:
-                        low = balance if isinstance(balance, torch.Tensor) else None
-                        log.balance = reward_kl_balance(
-                            policy, batch, targets, spec, obj, rows, totals, low
-                        )
-                        balance = None
+                    if probe is not None:  # before the backward frees the graph
+                        probe.add(obj, m)
                     obj.loss.backward()  # micro-batch losses sum to the minibatch loss
                 backward = True
         stats.add(obj.stats, len(m) / len(rows))
@@ -310,6 +310,8 @@ def optimizer_step(
         for q in params:
             q.grad = torch.zeros_like(q)
     grad_norm = guarded_step(params, optimizer, spec, finite=finite, timer=timer)
+    if probe is not None and grad_norm is not None:  # [OURS] a skipped step logs none
+        log.balance = probe.metrics()
     if grad_norm is None:
         log.skipped += 1
         log.streak += 1
@@ -493,52 +495,95 @@ def _correction(
     return weight, keep
 
 
-def reward_kl_balance(
-    policy: Any,
-    batch: Batch,
-    targets: Targets,
-    spec: LossSpec,
-    obj: losses.Objective,
-    rows: torch.Tensor,
-    totals: losses.StepTotals,
-    low_sigma: torch.Tensor | None,
-) -> dict[str, float]:
-    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine, on two sets of rows.
+class BalanceProbe:
+    """R/KL = ‖g_R‖/(β‖g_KL‖) and the reward/KL gradient cosine of one optimizer step,
+    measured from the update's own objectives (ALGORITHMS.md §5).
 
     As the MaxNorm paper's Table 3 caption defines it (``diagnostics.reward_kl_balance``): the
     base β and the gradient of the *unweighted* KL branch (no β, no per-group ``kl_weight``,
-    so ``grpo_beta_comp``'s 1/σ weights are not folded in). ``balance/batch/*``: the
-    branches of ``obj``, the first micro-batch as the update computed it, every kept row
-    [OURS]. ``balance/low_sigma/*``: on the minibatch's rows of Table 3's subset, the updated
-    groups with σ_q < 1e-2 (``low_sigma`` ``[N]``, ``diagnostics.low_sigma_groups``), both
-    branches aggregated over those rows alone (their own StepTotals, through
-    :meth:`LossSpec.objective` like every loss of the update), with
-    ``balance/low_sigma/rows`` their count (no ratio when there are none): the number to hold
-    against Table 3, and the one the health rule reads. Extra backward passes with
-    ``retain_graph`` (and a forward of the subset); the ``.grad`` buffers are not touched.
+    so ``grpo_beta_comp``'s 1/σ weights are not folded in). A diagnostic: MaxNorm's schedule
+    does not read it (its scale s_q and the resolution protocol set the step), the health
+    rule does. Nothing is recomputed: each gradient micro-batch's :class:`losses.Objective`
+    (the forward, the selection, the correction and the entropy mask that are trained) is
+    split into its two branches, each differentiated by ``torch.autograd.grad`` with the
+    graph kept for the update's own backward, so the ``.grad`` buffers and the step are those
+    of an unmeasured step.
+
+    ``balance/batch/*``: both branches of the first gradient micro-batch as the update
+    aggregated them (the step's StepTotals), every kept row [OURS]. ``balance/low_sigma/*``:
+    Table 3's subset, the rows of updated groups with σ_q < 1e-2 (``low_sigma`` ``[N]``,
+    ``diagnostics.low_sigma_groups``) among the step's gradient micro-batches, both branches
+    aggregated over those rows alone (:meth:`losses.Objective.branches` under the subset's own
+    StepTotals, the step's entropy threshold), their gradients summed over the micro-batches
+    that hold them, with ``balance/low_sigma/rows`` their count (no ratio when they have no
+    loss token): the number to hold against Table 3 and the one the health rule reads. A
+    subset row in a micro-batch without gradient is not measured [OURS]: with β > 0 only a
+    group with ``keep`` False or ``kl_weight`` 0 everywhere is there, and neither is updated.
+
+    Against a separate forward of the subset's rows alone (a second objective call on them),
+    the subset's log-probs and both branch values are the same bits; its gradients are not
+    always: the backward runs through the whole micro-batch's graph, whose float32 sums over
+    rows (the other rows adding exact zeros) take another order, a few ulp in some entries,
+    so the logged norms can move in their ninth digit. A surrogate with a step selection
+    (Clip-Cov, KL-Cov) is measured with the selection it trained with, where a separate call
+    on the subset would select within the subset.
     """
-    params = _trainable(policy)
-    out = diagnostics.subset_keys(
-        diagnostics.reward_kl_balance(obj.pg_loss, obj.kl_unweighted, params, beta=spec.beta),
-        "batch",
-    )
-    sub = rows[low_sigma[rows]] if low_sigma is not None else rows[:0]  # [k] subset rows
-    out["balance/low_sigma/rows"] = float(len(sub))
-    if not len(sub) or not batch.mask[sub].any():
+
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        beta: float,
+        micro: list[tuple[torch.Tensor, bool]],
+        loss_mask: torch.Tensor,
+        targets: Targets,
+        totals: losses.StepTotals,
+        low_sigma: torch.Tensor | None,
+    ) -> None:
+        self.params, self.beta = params, beta
+        self.batch: dict[str, float] = {}
+        self.g_r: torch.Tensor | None = None  # [D] the subset's reward gradient, summed
+        self.g_k: torch.Tensor | None = None  # [D] its unweighted KL gradient, summed
+        self.low = low_sigma
+        sub = [m[low_sigma[m]] for m, grad in micro if grad] if low_sigma is not None else []
+        self.rows = sum(len(r) for r in sub)
+        self.sub_totals = None
+        if any(len(r) for r in sub):
+            counts = losses.step_totals(
+                [loss_mask[r] for r in sub if len(r)],
+                keep=[targets.keep[r] for r in sub if len(r)], max_len=int(totals.max_len),
+            )  # fmt: skip
+            # the subset's loss as trained: the step's top-entropy threshold
+            self.sub_totals = replace(counts, entropy_threshold=totals.entropy_threshold)
+        if self.sub_totals is not None and self.sub_totals.is_empty:
+            self.sub_totals = None
+
+    def add(self, obj: losses.Objective, m: torch.Tensor) -> None:
+        """Measure the gradient micro-batch ``m`` (``[m]`` rows) whose objective is ``obj``,
+        before its backward."""
+        if not self.batch:
+            self.batch = diagnostics.subset_keys(
+                diagnostics.reward_kl_balance(
+                    obj.pg_loss, obj.kl_unweighted, self.params, beta=self.beta
+                ),
+                "batch",
+            )
+        if self.sub_totals is None or self.low is None:
+            return
+        local = self.low[m].nonzero().squeeze(-1)  # [k] this micro-batch's subset rows
+        if not len(local):
+            return
+        pg, kl = obj.branches(local, self.sub_totals)
+        g_r = diagnostics.flat_gradient(pg, self.params)
+        g_k = diagnostics.flat_gradient(kl, self.params)
+        self.g_r = g_r if self.g_r is None else self.g_r + g_r
+        self.g_k = g_k if self.g_k is None else self.g_k + g_k
+
+    def metrics(self) -> dict[str, float]:
+        out = {**self.batch, "balance/low_sigma/rows": float(self.rows)}
+        if self.g_r is not None and self.g_k is not None:
+            out.update(
+                diagnostics.subset_keys(
+                    diagnostics.gradient_balance(self.g_r, self.g_k, beta=self.beta), "low_sigma"
+                )
+            )
         return out
-    sub_totals = losses.step_totals(
-        targets.loss_mask(batch.mask)[sub], keep=targets.keep[sub], max_len=int(totals.max_len)
-    )
-    # the subset's loss as trained: the step's entropy threshold and rollout correction
-    sub_totals = replace(sub_totals, entropy_threshold=totals.entropy_threshold)
-    lp = policy.logprobs(batch, sub, entropy=spec.top_entropy_quantile < 1.0)
-    t = targets.rows(sub)
-    weight, keep = _correction(batch, t, spec, lp, sub)
-    low = spec.objective(lp, batch, t, sub, sub_totals, weight=weight, keep=keep, stats=False)
-    out.update(
-        diagnostics.subset_keys(
-            diagnostics.reward_kl_balance(low.pg_loss, low.kl_unweighted, params, beta=spec.beta),
-            "low_sigma",
-        )
-    )
-    return out
