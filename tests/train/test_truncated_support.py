@@ -163,3 +163,31 @@ def test_rollouts_without_kept_sets_are_refused(tmp_path, monkeypatch):
 def test_bad_settings_are_refused_with_the_field_named(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, [override])
+
+
+def test_a_bf16_engine_on_the_same_support_is_not_truncated_sampling_and_the_planted_mix_is(
+    tmp_path, monkeypatch
+):
+    """Rollouts at bf16 (another engine), the trainer at fp32, truncated support on both
+    sides: ratios scatter on both sides of 1 and the ``truncated_sampling`` rule stays quiet.
+    Planted: the trainer's recomputation of the behaviour log-probs on the full softmax
+    against the engine's renormalised ones: every ratio is the kept mass, the rule fires and
+    ``mismatch/ratio_mean`` is the sampler's own ``sampling/kept_mass_mean`` (bf16 noise
+    ~3e-3 in log-prob, tests/train/test_policy.py)."""
+    from grouprl.diagnostics.health import RunHealth
+
+    extra = ["model.rollout_precision=bfloat16", *_truncated("0.9", "3")]
+    m = loop.train_step(_run(tmp_path / "same", *extra))
+    assert m["mismatch/ratio_max"] > 1 > m["mismatch/ratio_min"]
+    assert not [x for x in RunHealth().update(1, m) if x.startswith("[truncated_sampling]")]
+    real = Policy.batch_logprobs
+
+    def full_recomputation(self, seqs, **k):
+        return real(self, dataclasses.replace(seqs, kept_ids=None), **k)
+
+    monkeypatch.setattr(Policy, "batch_logprobs", full_recomputation)
+    m = loop.train_step(_run(tmp_path / "mixed", *extra))
+    assert m["mismatch/ratio_max"] <= 1 and m["mismatch/ratio_le1_frac"] == 1.0
+    assert m["mismatch/ratio_mean"] == pytest.approx(m["sampling/kept_mass_mean"], abs=5e-3)
+    (line,) = [x for x in RunHealth().update(1, m) if x.startswith("[truncated_sampling]")]
+    assert "= the mean kept mass" in line

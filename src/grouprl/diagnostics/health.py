@@ -661,7 +661,8 @@ class RunHealth:
                 "rollout log-probs look renormalised over the top-p / top-k tokens the engine "
                 "kept, so every ratio carries the log of the kept mass, not a policy difference",
                 "score both sides on one support: full-softmax log-probs from the engine, or "
-                "the trainer's log-probs over the same kept tokens; a rollout correction would "
+                "the trainer's log-probs over the same kept tokens (grouprl's trainer: "
+                "sampling.logprob_support=truncated); a rollout correction would "
                 "reweight by the kept mass; sampling with top_p=1, top_k off removes it",
                 f"mean |log ratio| {gap:.2g}",
                 log_scale=True,
