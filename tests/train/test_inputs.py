@@ -202,3 +202,23 @@ def test_a_registered_surrogates_step_selection_spans_every_micro_batch(clean_re
     # one selection for the step, over its two micro-batches of 4, with the surrogate's params
     assert calls == [([4, 4], {"cut": 2.0})]
     assert log.taken == 1 and log.policy["selected_seen"] == 1.0
+
+
+def test_a_registered_transform_trains_from_a_preset_or_an_override(clean_registry, hand_run):
+    def clip_adv(rewards, valid, values, *, bound: float = 0.5):
+        """Advantages clipped to [−bound, bound]."""
+        return values.clamp(-bound, bound)
+
+    advantages.register_transform("clip_adv", clip_adv)
+    for overrides in (
+        ["algorithm.preset=grpo", "algorithm.transforms={clip_adv: {bound: 0.1}}"],
+        ["algorithm.preset=clipped"],
+    ):
+        if "clipped" not in presets.PRESETS:
+            presets.register_preset(name="clipped", transforms={"clip_adv": {"bound": 0.1}})
+        run = hand_run(*overrides)
+        batch, _ = collect_batch(run, Timer(run.device))
+        _, adv_n, _ = step_advantages(run, batch, None)
+        plain = advantages.compute("grpo", batch.rewards).values.reshape(-1)  # [N]
+        assert bool((plain.abs() > 0.1).any())  # the clip acts
+        assert adv_n.tolist() == plain.clamp(-0.1, 0.1).tolist()
