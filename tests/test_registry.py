@@ -279,3 +279,7 @@ def test_a_preset_turns_a_registered_transform_on_and_is_checked():
         presets.register_preset(name="bad", transforms={"nope": {}})
     with pytest.raises(ValueError, match=r"preset 'bad': transforms: transform 'clip_adv' got"):
         presets.register_preset(name="bad", transforms={"clip_adv": {"cap": 1}})
+    with pytest.raises(ValueError, match=r"'optimal_token_baseline' is a token-level estimator"):
+        presets.register_preset(
+            name="bad", estimator="optimal_token_baseline", transforms={"clip_adv": {}}
+        )

@@ -971,6 +971,12 @@ def check(preset: Preset) -> Preset:
         advantages._registered_transforms(preset.transforms)
     except ValueError as err:
         raise ValueError(f"preset {preset.name!r}: transforms: {err}") from None
+    if preset.transforms and preset.estimator not in advantages.ESTIMATORS:
+        raise ValueError(
+            f"preset {preset.name!r}: transforms act on sequence-level advantages [P, G], "
+            f"and {preset.estimator!r} is a token-level estimator; use a sequence-level one "
+            "or drop the transforms"
+        )
     return preset
 
 
