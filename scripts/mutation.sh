@@ -111,13 +111,14 @@ prepare() {  # a scratch copy of the repository with this module's mutmut config
     local mod="$1" work="$2"
     rm -rf "$work"
     mkdir -p "$work"
-    (cd "$ROOT" && tar --exclude='__pycache__' --exclude='*.pyc' -cf - src tests examples pyproject.toml) |
+    (cd "$ROOT" && tar --exclude='__pycache__' --exclude='*.pyc' -cf - src tests examples docs pyproject.toml) |
         (cd "$work" && tar -xf -)
     {
         echo "[mutmut]"
         echo "source_paths=src"
-        echo "also_copy="  # read by tests (the example plugin), beside src/ and tests/
+        echo "also_copy="  # read by tests (the example plugin and its page)
         echo "    examples"
+        echo "    docs"
         if [[ "$mod" == *.py ]]; then echo "only_mutate=src/grouprl/$mod"; else echo "only_mutate=src/grouprl/$mod/*"; fi
         # the wording of error messages is not mutated (a raise statement and its message);
         # the conditions that raise still are, and the tests provoke them

@@ -138,8 +138,8 @@ BUGS: dict[str, tuple[str, str, str]] = {
     ),
     "IS-GRPO sampler never observes": (
         "train/prompts.py",
-        "            self.sampler.observe(indices, advantages.group_std(rewards).cpu())",
-        "            pass",
+        "        self.sampler.observe_groups(indices, sigma, successes, trials)",
+        "        pass",
     ),
     "IS-GRPO observes the population std": (
         "train/prompts.py",

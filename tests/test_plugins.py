@@ -145,6 +145,7 @@ def test_grouprl_train_with_the_plugin_trains_the_plugins_methods(tmp_path, monk
     assert [r["step"] for r in rows] == [1, 2]
 
 
+@pytest.mark.slow  # two fresh interpreters (and out of a mutation run's reach: a subprocess)
 def test_grouprl_list_with_the_plugin_shows_its_methods(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "200"}
     out = subprocess.run(

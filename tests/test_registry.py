@@ -211,3 +211,75 @@ def test_the_objective_hands_entropy_to_a_surrogate_that_declares_it():
     losses.objective(
         logp, logp.detach(), torch.ones(1), torch.ones(1, 2), surrogate="reinforce", entropy=h
     )  # fmt: skip  (a built-in that does not declare it: not passed)
+
+
+def _clip_adv(rewards, valid, values, *, bound: float = 0.5):
+    """Advantages clipped to [−bound, bound]."""
+    return values.clamp(-bound, bound)
+
+
+def test_a_registered_transform_runs_on_the_estimators_advantages_in_its_place():
+    advantages.register_transform("clip_adv", _clip_adv, sources={"bound": "my paper §4"})
+    decl = advantages.transform_axis.get("clip_adv")
+    assert decl.settings == (Setting("bound", 0.5, "float", "my paper §4"),)
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 0.0]])
+    # Dr.GRPO: r − mean = 0.75, −0.25 ×3; clipped at 0.5 ...
+    out = advantages.compute("dr_grpo", rewards, transforms={"clip_adv": {}})
+    assert out.values.tolist() == [[0.5, -0.25, -0.25, -0.25]]
+    out = advantages.compute("dr_grpo", rewards, transforms={"clip_adv": {"bound": 0.2}})
+    assert out.values[0].tolist() == pytest.approx([0.2, -0.2, -0.2, -0.2])
+    # ... after the focal weight (μ̂ = 1/4, (1 − 1/4)^1 = 0.75: 0.5625 → 0.5, −0.1875) and
+    # before the group weight (× 2 after the clip: 1.0, not 0.5 clipped from 1.5)
+    out = advantages.compute(
+        "dr_grpo", rewards, focal_gamma=1.0, group_weight=torch.tensor([2.0]),
+        transforms={"clip_adv": {}},
+    )  # fmt: skip
+    assert out.values[0].tolist() == pytest.approx([1.0, -0.375, -0.375, -0.375])
+    assert catalogue(["transforms"])[next(iter(catalogue(["transforms"])))]["clip_adv"] == (
+        "Advantages clipped to [−bound, bound]."
+    )
+
+
+def test_a_registered_transform_gets_what_it_declares_and_is_checked():
+    seen = {}
+
+    def shaped(rewards, valid, values, *, verifier_rewards=None):
+        """Records the verifier's rewards; the advantages unchanged."""
+        seen["v"] = verifier_rewards
+        return values
+
+    advantages.register_transform("shaped", shaped, reads={"verifier_rewards"})
+    rewards, verified = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0]])
+    advantages.compute("grpo", rewards, verifier_rewards=verified, transforms={"shaped": {}})
+    assert seen["v"] is verified
+    with pytest.raises(ValueError, match=r"unknown transform 'nope'; valid: .*shaped"):
+        advantages.compute("grpo", rewards, transforms={"nope": {}})
+    with pytest.raises(ValueError, match=r"'focal_gamma' is a built-in transform: pass it as"):
+        advantages.compute("grpo", rewards, transforms={"focal_gamma": {}})
+    with pytest.raises(ValueError, match=r"transform 'shaped' got unknown setting\(s\) \['x'\]"):
+        advantages.compute("grpo", rewards, transforms={"shaped": {"x": 1}})
+    advantages.register_transform("flat", lambda rewards, valid, values: values.reshape(-1))
+    with pytest.raises(ValueError, match=r"'flat' must return the advantages' shape \(1, 2\)"):
+        advantages.compute("grpo", rewards, transforms={"flat": {}})
+    with pytest.raises(RegistrationError, match=r"3 positional argument\(s\) \(rewards, valid"):
+        advantages.register_transform("two", lambda rewards, valid: rewards)
+    with pytest.raises(RegistrationError, match=r"reads=\['lengths'\].*may read: trigger"):
+        advantages.register_transform("long", shaped, reads={"lengths"})
+
+
+def test_a_preset_turns_a_registered_transform_on_and_is_checked():
+    advantages.register_transform("clip_adv", _clip_adv)
+    p = presets.register_preset(
+        name="clipped_dr", estimator="dr_grpo", transforms={"clip_adv": {"bound": 0.2}}
+    )
+    assert p.advantage_kwargs() == {"transforms": {"clip_adv": {"bound": 0.2}}}
+    out = advantages.compute(p.estimator, torch.tensor([[1.0, 0.0]]), **p.advantage_kwargs())
+    assert out.values[0].tolist() == pytest.approx([0.2, -0.2])
+    with pytest.raises(ValueError, match=r"preset 'bad': transforms: unknown transform 'nope'"):
+        presets.register_preset(name="bad", transforms={"nope": {}})
+    with pytest.raises(ValueError, match=r"preset 'bad': transforms: transform 'clip_adv' got"):
+        presets.register_preset(name="bad", transforms={"clip_adv": {"cap": 1}})
+    with pytest.raises(ValueError, match=r"'optimal_token_baseline' is a token-level estimator"):
+        presets.register_preset(
+            name="bad", estimator="optimal_token_baseline", transforms={"clip_adv": {}}
+        )

@@ -41,7 +41,9 @@ class Preset:
     """One frozen combination of every axis. Field defaults are GRPO's (verl / TRL).
 
     Advantage half: ``estimator`` (+ ``estimator_params``), ``focal_gamma`` (0 = off),
-    ``delta_res`` (resolution protocol, None = off), ``virtual`` (AVSPO mode, None = off).
+    ``delta_res`` (resolution protocol, None = off), ``virtual`` (AVSPO mode, None = off),
+    ``transforms`` (registered transforms and their settings, ``{name: {setting: value}}``,
+    ``advantages.register_transform``; empty = none).
     Reward side: ``reward_combination`` of several reward functions (None: the estimator's
     default, ``advantages.DEFAULT_COMBINATION``) and a KL folded into the reward
     (``reward_kl_coef`` > 0: ``reward_kl`` estimator, ``reward_kl_controller`` "fixed" or
@@ -71,6 +73,7 @@ class Preset:
     delta_res: float | None = None
     virtual: str | None = None
     virtual_batch_groups: int | None = None
+    transforms: MappingProxyType = field(default_factory=frozen)
     # -- reward side (ALGORITHMS.md §1 "Reward combination", §4 "KL in the reward")
     reward_combination: str | None = None  # None: the estimator's default (advantages.compute)
     reward_kl_coef: float = 0.0  # β of a KL folded into the reward (0 = off)
@@ -165,6 +168,8 @@ class Preset:
             kwargs["virtual_batch_groups"] = self.virtual_batch_groups
         if self.reward_combination is not None:
             kwargs["combine"] = self.reward_combination
+        if self.transforms:
+            kwargs["transforms"] = {k: dict(v or {}) for k, v in self.transforms.items()}
         return kwargs
 
     @property
@@ -205,6 +210,8 @@ class Preset:
             out |= advantages.transform_axis.reads("virtual")
         if self.focal_gamma:
             out |= advantages.transform_axis.reads("focal_gamma")
+        for name in self.transforms:
+            out |= advantages.transform_axis.reads(name)
         if self.sampler_weight:
             out.add("draw_weights")
         out |= losses.surrogate_axis.reads(self.surrogate)
@@ -224,7 +231,14 @@ class Preset:
         for key in ("estimator_params", "surrogate_params", "sources"):
             if key in changes and not isinstance(changes[key], MappingProxyType):
                 changes[key] = frozen(changes[key])
+        if "transforms" in changes:
+            changes["transforms"] = _frozen_transforms(changes["transforms"])
         return replace(self, **changes)
+
+
+def _frozen_transforms(transforms: Any) -> MappingProxyType:
+    """``{name: {setting: value}}`` read-only at both levels (a preset is frozen)."""
+    return frozen({k: frozen(v) for k, v in dict(transforms or {}).items()})
 
 
 _GRPO_CLIP = {"eps_low": 0.2, "eps_high": 0.2}
@@ -356,6 +370,7 @@ _DEFAULT_SOURCES: dict[str, str] = {
     "delta_res": "None: no resolution protocol",
     "virtual": "None: no virtual samples",
     "virtual_batch_groups": "None: the code rule, when used, looks at the whole batch",
+    "transforms": "{}: no registered transform",
     "reward_combination": "None: the estimator's default (a weighted sum, TRL's "
     "sum_then_normalize; GDPO's own first stage for gdpo)",
     "reward_kl_coef": "0.0: no KL in the reward (verl use_kl_in_reward default False)",
@@ -952,6 +967,16 @@ def check(preset: Preset) -> Preset:
                 f"preset {preset.name!r}: {key} {unknown} are not settings of "
                 f"{decl.axis} {decl.name!r}; its settings: {', '.join(valid) or 'none'}"
             )
+    try:  # the registered transforms: names and settings (the built-ins are fields)
+        advantages._registered_transforms(preset.transforms)
+    except ValueError as err:
+        raise ValueError(f"preset {preset.name!r}: transforms: {err}") from None
+    if preset.transforms and preset.estimator not in advantages.ESTIMATORS:
+        raise ValueError(
+            f"preset {preset.name!r}: transforms act on sequence-level advantages [P, G], "
+            f"and {preset.estimator!r} is a token-level estimator; use a sequence-level one "
+            "or drop the transforms"
+        )
     return preset
 
 
@@ -969,6 +994,8 @@ def register_preset(preset: Preset | None = None, /, **fields_: Any) -> Preset:
         for key in ("estimator_params", "surrogate_params"):
             if key in fields_:
                 fields_[key] = frozen(fields_[key])
+        if "transforms" in fields_:
+            fields_["transforms"] = _frozen_transforms(fields_["transforms"])
         unknown = set(sources) - set(_DEFAULT_SOURCES)
         if unknown:
             raise ValueError(f"preset {name!r}: sources for unknown fields {sorted(unknown)}")

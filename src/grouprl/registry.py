@@ -5,10 +5,10 @@
     @register_estimator("my_adv", reads={"lengths"}, sources={"eps": "my paper §3"})
     def my_adv(rewards, valid, *, lengths=None, eps=1e-6): ...
 
-Every axis (estimators, token estimators, reward combinations, surrogates, aggregations, KL
-estimators, rollout corrections, presets) is an :class:`Axis` over the package's public table
-(``advantages.ESTIMATORS``, ``losses.SURROGATES``, ``presets.PRESETS``, ...): registering
-writes the function into that table and its :class:`Declaration` beside it, so validation,
+Every axis (estimators, token estimators, reward combinations, transforms, surrogates,
+aggregations, KL estimators, rollout corrections, presets) is an :class:`Axis` over the
+package's public table (``advantages.ESTIMATORS``, ``losses.SURROGATES``,
+``presets.PRESETS``, ...): registering writes the function into that table and its :class:`Declaration` beside it, so validation,
 ``grouprl list``, the trainer, the resume guard (``algorithm.overrides`` holds every setting)
 and the TRL and verl adapters all read one source. A declaration says
 

@@ -202,3 +202,36 @@ def test_a_registered_surrogates_step_selection_spans_every_micro_batch(clean_re
     # one selection for the step, over its two micro-batches of 4, with the surrogate's params
     assert calls == [([4, 4], {"cut": 2.0})]
     assert log.taken == 1 and log.policy["selected_seen"] == 1.0
+
+
+def test_a_registered_transform_trains_from_a_preset_or_an_override(clean_registry, hand_run):
+    def clip_adv(rewards, valid, values, *, bound: float = 0.5):
+        """Advantages clipped to [−bound, bound]."""
+        return values.clamp(-bound, bound)
+
+    advantages.register_transform("clip_adv", clip_adv)
+    for overrides in (
+        ["algorithm.preset=grpo", "algorithm.transforms={clip_adv: {bound: 0.1}}"],
+        ["algorithm.preset=clipped"],
+    ):
+        if "clipped" not in presets.PRESETS:
+            presets.register_preset(name="clipped", transforms={"clip_adv": {"bound": 0.1}})
+        run = hand_run(*overrides)
+        batch, _ = collect_batch(run, Timer(run.device))
+        _, adv_n, _ = step_advantages(run, batch, None)
+        plain = advantages.compute("grpo", batch.rewards).values.reshape(-1)  # [N]
+        assert bool((plain.abs() > 0.1).any())  # the clip acts
+        assert adv_n.tolist() == plain.clamp(-0.1, 0.1).tolist()
+
+
+def test_a_length_reading_estimator_at_token_level_counts_its_lengths_once(hand_run):
+    # OPO reads the completions' lengths; a KL in the reward makes the preset token level,
+    # where compute_tokens counts the lengths from the mask itself (the step's are dropped)
+    run = hand_run("algorithm.preset=opo", "algorithm.reward_kl_coef=0.1")
+    assert run.preset.token_level and "lengths" in run.preset.reads
+    batch, _ = collect_batch(run, Timer(run.device))
+    ref = run.reference.logprobs(run.policy, batch)  # the policy itself at step 1: KL = 0
+    _, adv_n, _ = step_advantages(run, batch, ref)
+    mask = batch.mask.view(batch.num_prompts, batch.group_size, -1) > 0  # [P, G, T]
+    want = advantages.compute_tokens("opo", batch.rewards, mask, token_rewards=mask * 0.0)
+    torch.testing.assert_close(adv_n, want.per_token.float())

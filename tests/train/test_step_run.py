@@ -237,3 +237,15 @@ def test_the_run_folder_gets_its_configuration_and_the_sinks_it_asked_for(tmp_pa
     again, _, _ = train_hand(tmp_path, task, *extra, "run.resume=true")
     assert (again.step, again.metrics, again.stopped_by) == (2, {}, None)
     assert result.metrics and [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_the_truncated_share_counts_the_cut_completions_the_loss_trains_on(tmp_path):
+    # completions of up to 2 tokens: "a b" (no <eos> within the limit) is cut, "a" and ""
+    # ended; every one trains (no overlong shaping), so the trained cut share is the cut one's
+    task = HandTask({"ab": first_is("a", empty=0.5)})
+    result, _, _ = train_hand(tmp_path, task, "sampling.max_new_tokens=2", theta=(0.0, 0.3, 0.0))
+    cut = [len(c.text.split()) == 2 for c in task.calls]
+    assert 0 < sum(cut) < len(cut), [c.text for c in task.calls]
+    m = result.metrics
+    assert m["truncated/trained_count"] == sum(cut)
+    assert m["truncated/trained_frac"] == pytest.approx(sum(cut) / len(cut))

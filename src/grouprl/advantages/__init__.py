@@ -57,6 +57,7 @@ from grouprl.types import Advantages
 
 __all__ = [
     "ALIASES",
+    "BUILTIN_TRANSFORMS",
     "DEFAULT_DELTA_RES",
     "ESTIMATORS",
     "REWARD_COMBINATIONS",
@@ -77,6 +78,7 @@ __all__ = [
     "register_combination",
     "register_estimator",
     "register_token_estimator",
+    "register_transform",
     "resolution",
     "token_names",
     "transforms",
@@ -177,11 +179,17 @@ combination_axis.declare("normalize_then_sum", reads={"reward_parts"})
 transform_axis = registry.Axis(
     "transform",
     TRANSFORMS,
-    positional=("rewards", "valid"),
+    positional=("rewards", "valid", "values"),
     inputs=("trigger", "verifier_rewards"),
+    example="(rewards [P, G], valid [P, G] | None, values [P, G], *, **settings) -> [P, G]",
 )
-"""The transforms (keywords of :func:`compute`; built-in only): the virtual samples read the
-run's trigger, the focal weight the verifier's unshaped rewards."""
+"""The transforms: the built-in three are keywords of :func:`compute` (the virtual samples
+read the run's trigger, the focal weight the verifier's unshaped rewards); a registered one
+(:func:`register_transform`) runs on the estimator's advantages, through ``transforms=``."""
+
+BUILTIN_TRANSFORMS = tuple(TRANSFORMS)
+"""The transforms that are keywords of :func:`compute` (``focal_gamma=``...), not entries of
+its ``transforms=``."""
 transform_axis.declare("virtual", reads={"trigger"})
 transform_axis.declare("focal_gamma", reads={"verifier_rewards"})
 
@@ -205,6 +213,61 @@ def register_combination(name: str, fn: Any = None, **declaration: Any) -> Any:
     it reads the per-function rewards (``reads={"reward_parts"}`` is implied)."""
     declaration.setdefault("reads", {"reward_parts"})
     return combination_axis.register(name, fn, **declaration)
+
+
+def register_transform(name: str, fn: Any = None, **declaration: Any) -> Any:
+    """Register an advantage transform ``fn(rewards [P, G], valid [P, G] | None, values [P,
+    G], *, **settings) -> [P, G]``: it takes the estimator's advantages ``values`` (after the
+    focal weight, before a group weight and the resolution skip) and returns new ones; a
+    preset turns it on with ``transforms={name: {setting: value}}`` (``reads``: trigger,
+    verifier_rewards)."""
+    return transform_axis.register(name, fn, **declaration)
+
+
+def _registered_transforms(
+    transforms: Mapping[str, Mapping[str, Any]] | None,
+) -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
+    """``(name, fn, settings)`` of each entry of :func:`compute`'s ``transforms=``, checked:
+    a registered transform (not a built-in keyword), settings among its own."""
+    out = []
+    for name, settings in dict(transforms or {}).items():
+        if name in BUILTIN_TRANSFORMS:
+            raise ValueError(
+                f"{name!r} is a built-in transform: pass it as compute()'s {name}= keyword "
+                "(a preset's field of that name), not in transforms="
+            )
+        decl = transform_axis.get(name)  # an unknown name: the error lists the valid ones
+        settings = dict(settings or {})
+        unknown = sorted(set(settings) - set(decl.setting_names()))
+        if unknown:
+            raise ValueError(
+                f"transform {name!r} got unknown setting(s) {unknown}; its settings: "
+                f"{', '.join(decl.setting_names()) or 'none'}"
+            )
+        out.append((name, decl.fn, settings))
+    return out
+
+
+def _apply_registered(
+    registered: list[tuple[str, Callable[..., Any], dict[str, Any]]],
+    rewards: torch.Tensor,
+    valid: torch.Tensor | None,
+    values: torch.Tensor,
+    given: Mapping[str, Any],
+) -> torch.Tensor:
+    """``values [P, G]`` through each registered transform in turn, each handed the inputs
+    it declares (from ``given``); a result of another shape is refused by name."""
+    for name, fn, settings in registered:
+        reads = {k: given[k] for k in transform_axis.reads(name)}
+        out = fn(rewards, valid, values, **reads, **settings)
+        if not isinstance(out, torch.Tensor) or out.shape != values.shape:
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(
+                f"transform {name!r} must return the advantages' shape "
+                f"{tuple(values.shape)} [P, G], got {got}"
+            )
+        values = out.to(values.dtype)
+    return values
 
 
 def names() -> list[str]:
@@ -415,6 +478,7 @@ def compute(
     verifier_rewards: torch.Tensor | None = None,
     group_weight: torch.Tensor | None = None,
     draw_weights: torch.Tensor | None = None,
+    transforms: Mapping[str, Mapping[str, Any]] | None = None,
     **params: Any,
 ) -> Advantages:
     """Advantages of estimator ``name`` for ``rewards [P, G]`` (NaN = missing), with transforms.
@@ -453,11 +517,16 @@ def compute(
             None: 1.
         draw_weights: ``[P]`` the same importance weights, handed to an estimator that
             declares ``reads={"draw_weights"}`` (never multiplied in here).
+        transforms: registered transforms (:func:`register_transform`) and their settings,
+            ``{name: {setting: value}}``, applied in order to the advantages after the focal
+            weight and before ``group_weight``; each gets the rewards the estimator saw (real
+            samples), their valid mask, the advantages, and what it declares it reads.
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
     rewards, level, how = _combined(name, rewards, combine, reward_weights, combine_params)
     r_lo, r_hi = _check_transforms(focal_gamma, delta_res, virtual, reward_range)
+    registered = _registered_transforms(transforms)
     if how not in (None, "sum") and (delta_res is not None or virtual is not None):
         raise ValueError(
             f"the reward combination {how!r} hands the estimator normalised rewards, which "
@@ -535,6 +604,9 @@ def compute(
         weight = focal_weight(lv, lvalid, focal_gamma, (r_lo, r_hi))  # [P]
         values = values * weight[:, None]
         stats["focal/mean_weight"] = float(weight.mean())
+
+    given = {"trigger": trigger, "verifier_rewards": verifier_rewards}
+    values = _apply_registered(registered, rewards, valid, values, given)  # the plugins', in order
 
     if group_weight is not None:
         values = _weighted(values, group_weight, stats)

@@ -29,7 +29,7 @@ SECTIONS: dict[str, tuple[str, str, str]] = {
         "KL_CONTROLLERS",
     ),
     "transforms": (
-        "Advantage transforms (keywords of advantages.compute)",
+        "Advantage transforms (keywords of advantages.compute; registered ones: a preset's transforms)",
         "grouprl.advantages",
         "TRANSFORMS",
     ),
