@@ -259,10 +259,7 @@ def summarise(args, s, runs: Path, out: Path) -> int:
     ks = [int(k) for k in s["ks"].split(",")]
     metrics = [f"eval/pass@{k}" for k in ks]
     at = list(range(s["eval_every"], s["steps"], s["eval_every"]))
-    res = {
-        b: compare(arms, metrics=metrics, baseline=b, at=at)
-        for b in ("grpo", "clip", "temperature")
-    }
+    res = {b: compare(arms, metrics=metrics, baseline=b, at=at) for b in BASELINES}
     rows, checks = verdicts(res, metrics)
     payload = {
         "name": "agpo",

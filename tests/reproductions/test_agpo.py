@@ -14,6 +14,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"
 
 
+@pytest.fixture(autouse=True)
+def _put_back(clean_registry):
+    """The script registers its presets and controllers in this process: put both back."""
+    from grouprl.train import controllers
+
+    saved = dict(controllers.CONTROLLERS)
+    yield
+    controllers.CONTROLLERS.clear()
+    controllers.CONTROLLERS.update(saved)
+
+
 def _load():
     spec = importlib.util.spec_from_file_location("repro_agpo", ROOT / "agpo" / "run.py")
     mod = importlib.util.module_from_spec(spec)
