@@ -283,3 +283,54 @@ def test_a_preset_turns_a_registered_transform_on_and_is_checked():
         presets.register_preset(
             name="bad", estimator="optimal_token_baseline", transforms={"clip_adv": {}}
         )
+
+
+def test_a_fresh_axis_declares_its_tables_built_ins_with_their_settings():
+    # what every package does at import, run here (mutation testing forks after the import)
+    def tool(x, *, k=1, when=None, ignored=None):
+        """A tool."""
+        return x
+
+    tool.__annotations__.update(k=int, when=int | None)  # evaluated, not string annotations
+    table = {"tool": tool}
+    axis = registry.Axis(
+        "toy axis",
+        table,
+        positional=("x",),
+        inputs=("entropy",),
+        example="(x) -> x",
+        skip=("ignored",),
+    )
+    try:
+        assert registry.AXES["toy axis"] is axis and axis.name == "toy axis"
+        assert axis.table is table and axis.example == "(x) -> x"
+        d = axis.get("tool")
+        assert (d.axis, d.name, d.fn, d.builtin, d.reads) == ("toy axis", "tool", tool, True, set())
+        assert d.settings == (Setting("k", 1, "int", ""), Setting("when", None, "int | None", ""))
+        axis.declare("tool", reads="entropy", note="x")  # one name for a set of one
+        d = axis.get("tool")
+        assert (d.axis, d.reads, d.builtin, dict(d.extra)) == (
+            "toy axis", {"entropy"}, True, {"note": "x"}
+        )  # fmt: skip
+        assert d.settings[0] == Setting("k", 1, "int", "")
+        assert axis.reads("tool") == {"entropy"} and axis.reads("no_such") == frozenset()
+    finally:
+        registry.AXES.pop("toy axis")
+
+
+def test_the_decorator_form_passes_reads_replace_and_the_axis_facts_on():
+    def select(logps, old_logps, advs, masks):
+        return [None] * len(masks)
+
+    def sur(logp, old_logp, adv, mask, *, selected=None, stats=True):
+        """−A·logp."""
+        return -adv[:, None] * logp * mask, {}
+
+    deco = losses.surrogate_axis.register("deco", reads={"step_selection"}, select=select)
+    deco(sur)
+    d = losses.surrogate_axis.get("deco")
+    assert d.reads == {"step_selection"} and d.extra["select"] is select
+    again = losses.surrogate_axis.register("deco", replace=True, reads={"step_selection"},
+                                           select=select)  # fmt: skip
+    again(lambda logp, old_logp, adv, mask, *, selected=None, stats=True: (logp, {}))
+    assert losses.surrogate_axis.get("deco").fn is not sur  # replaced, as asked

@@ -122,6 +122,20 @@ def _select(run, batch, targets, loss_mask):
     return micro, out, selected
 
 
+def test_no_selection_takes_no_extra_forward(tmp_path, monkeypatch):
+    # ρ = 1 and a surrogate without a step selection: nothing to select before the backward,
+    # so no no-grad forward of the micro-batches (the totals come back as given)
+    run, batch, targets, _, _ = _selection_inputs(tmp_path)
+    assert _spec(run).top_entropy_quantile == 1.0 and _spec(run).select is None
+    calls = []
+    real = run.policy.logprobs
+    monkeypatch.setattr(run.policy, "logprobs", lambda *a, **k: calls.append(1) or real(*a, **k))
+    loss_mask = targets.loss_mask(batch.mask)
+    micro, out, selected = _select(run, batch, targets, loss_mask)
+    assert calls == [] and selected == [None] * len(micro)
+    assert out.entropy_threshold is None
+
+
 def test_the_steps_top_entropy_threshold_counts_the_loss_mask_not_the_rejected_tokens(tmp_path):
     run, batch, targets, lp, rejected = _selection_inputs(
         tmp_path, "algorithm.top_entropy_quantile=0.5"
@@ -484,6 +498,10 @@ def test_a_micro_batch_without_loss_tokens_is_left_out_of_the_steps_means(tmp_pa
     )
     assert (log.empty, log.taken, log.skipped) == (1, 0, 0)
     assert [float(x) for x in run.model.theta.detach()] == before
+    update.optimizer_step(  # a second empty step in the same update adds one
+        *_parts(run), batch, targets, _spec(run), rows, timer=Timer(run.device), log=log
+    )
+    assert (log.empty, log.taken, log.skipped) == (2, 0, 0)
 
 
 def test_the_current_policy_correction_multiplies_the_batchs_correction_weight(

@@ -49,8 +49,9 @@ class LossSpec:
 
     ``select``: the surrogate's step-level token selection (its declaration's ``select``, when
     it reads ``step_selection``); ``every_row``: a row with A = 0 still has a gradient (the
-    surrogate's ``zero_at_zero_advantage`` is False); ``per_batch`` / ``per_micro_batch``: the
-    rollout-correction spec split by what it reads (``current_logp``: in the loss).
+    surrogate's ``zero_at_zero_advantage`` is False); ``per_micro_batch``: the rollout
+    corrections that read ``current_logp``, computed in the loss (:func:`split_correction`;
+    the others run once on the batch, in the loop's stage 2b).
     """
 
     surrogate: str
@@ -63,7 +64,6 @@ class LossSpec:
     entropy: bool = True
     select: Callable[..., Any] | None = None
     every_row: bool = False
-    per_batch: tuple = ()
     per_micro_batch: tuple = ()
     max_new_tokens: int = 0
     micro_batch_size: int = 0
@@ -75,7 +75,7 @@ class LossSpec:
         """The spec of ``preset`` (resolved) under config ``cfg``."""
         algo, optim = cfg.algorithm, cfg.optim
         decl = losses.surrogate_axis.get(preset.surrogate)
-        per_batch, per_micro = split_correction(preset.rollout_correction)
+        _, per_micro = split_correction(preset.rollout_correction)
         return cls(
             surrogate=preset.surrogate,
             aggregation=preset.aggregation,
@@ -87,7 +87,6 @@ class LossSpec:
             entropy=optim.entropy or algo.top_entropy_quantile < 1.0 or "entropy" in decl.reads,
             select=decl.extra.get("select") if "step_selection" in decl.reads else None,
             every_row=not decl.extra.get("zero_at_zero_advantage", True),
-            per_batch=per_batch,
             per_micro_batch=per_micro,
             max_new_tokens=cfg.sampling.max_new_tokens,
             micro_batch_size=optim.micro_batch_size,
