@@ -24,6 +24,14 @@ from pathlib import Path
 ARMS = ("uniform", "sigma", "curriculum")
 
 
+def run_timed(argv: list[str]) -> float:
+    """Run ``argv`` to completion (its stdout dropped); the CPU seconds (user + sys) it took."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ})
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def run(out: Path, arm: str, seed: int, steps: int, pool: int) -> dict:
     folder = out / f"{arm}_s{seed}"
     argv = [sys.executable, "-m", "grouprl", "train", "--out", str(folder), "--overwrite",
@@ -31,10 +39,7 @@ def run(out: Path, arm: str, seed: int, steps: int, pool: int) -> dict:
             "--set", f"algorithm.sampler={arm}", "--set", f"sampling.pool_size={pool}",
             "--set", f"eval.every={steps}", "--set", "run.threads=1",
             "--set", "run.save_final=false", "--set", "run.report=false"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = run_timed(argv)
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x]
     train = [r for r in rows if "acr/sampled_rate" in r]
     evals = [r for r in rows if "eval/pass@1" in r]

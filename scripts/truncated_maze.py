@@ -21,11 +21,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import resource
-import subprocess
 import sys
 from pathlib import Path
+
+from curriculum_maze import run_timed
 
 ARMS = ("full", "truncated")
 KS = (1, 8, 16)
@@ -39,10 +38,7 @@ def run(out: Path, arm: str, seed: int, steps: int, top_p: float, top_k: int) ->
             "--set", f"sampling.top_k={top_k}",
             "--set", f"eval.every={steps}", "--set", "run.threads=1",
             "--set", "run.save_final=false", "--set", "run.report=false"]  # fmt: skip
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env={**os.environ})
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu = run_timed(argv)
     rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x]
     train = [r for r in rows if "acr/sampled_rate" in r]
     evals = [r for r in rows if "eval/pass@1" in r]

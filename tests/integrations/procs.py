@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 
 def run_bounded(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
@@ -30,3 +32,21 @@ def run_bounded(cmd: list[str], *, timeout: float, **kwargs) -> subprocess.Compl
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err) from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def torchrun(script: Path, out: Path, ranks: int, *, timeout: float) -> None:
+    """``script OUT`` under torchrun (``ranks`` CPU processes, gloo), with this checkout's grouprl
+    first on the path, one thread a process and no hub access; asserts it exited 0."""
+    import grouprl
+
+    src = str(Path(grouprl.__file__).resolve().parents[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += [f"--nproc_per_node={ranks}", str(script), str(out)]
+    res = run_bounded(cmd, env=env, timeout=timeout)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]

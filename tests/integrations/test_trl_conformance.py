@@ -12,22 +12,18 @@ loss type's definition is applied to them as ONE batch, written out below from T
 """
 
 import json
-import os
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from procs import run_bounded
+from procs import torchrun
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     pytest.importorskip("trl")
 
 from tiny_lm import tiny_model
-
-import grouprl
 
 pytestmark = [pytest.mark.peer, pytest.mark.slow, pytest.mark.e2e]
 
@@ -41,17 +37,7 @@ EXACT = 1e-5
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("trl-conformance")
-    src = str(Path(grouprl.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={RANKS}", str(SCRIPT), str(out)]
-    res = run_bounded(cmd, env=env, timeout=TIMEOUT_S)
-    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+    torchrun(SCRIPT, out, RANKS, timeout=TIMEOUT_S)
     return out
 
 

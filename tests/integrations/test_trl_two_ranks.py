@@ -9,20 +9,17 @@ With 6 completions per rank and G = 4, group 1 (global rows 4-7) is split 2 + 2 
 
 import json
 import math
-import os
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from procs import run_bounded
+from procs import torchrun
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     pytest.importorskip("trl")
 
-import grouprl
 from grouprl import advantages
 from grouprl.integrations import trl as gt
 
@@ -43,17 +40,7 @@ TIMEOUT_S = 300
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("trl-two-ranks")
-    src = str(Path(grouprl.__file__).resolve().parents[1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-    }
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    cmd += [f"--nproc_per_node={RANKS}", str(SCRIPT), str(out)]
-    res = run_bounded(cmd, env=env, timeout=TIMEOUT_S)
-    assert res.returncode == 0, (res.stdout + res.stderr)[-6000:]
+    torchrun(SCRIPT, out, RANKS, timeout=TIMEOUT_S)
     return out
 
 

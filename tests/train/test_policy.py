@@ -18,7 +18,7 @@ import dataclasses
 
 import pytest
 import torch
-from train_toy import make
+from train_toy import make, off_policy, to_reference
 
 from grouprl.train import loop
 from grouprl.train.batch import evaluate, sample_groups, sampling_at
@@ -41,17 +41,6 @@ def _run(tmp_path, precision, *extra):
     return run
 
 
-def _off_policy(m: dict[str, float]) -> float:
-    """How far step 1 is from on-policy: the ratio's distance from 1, |approx KL|."""
-    return max(abs(m["policy/ratio_max"] - 1), abs(m["policy/ratio_min"] - 1),
-               abs(m["policy/approx_kl"]))  # fmt: skip
-
-
-def _to_reference(m: dict[str, float]) -> float:
-    """The KL to the reference at step 1: in the loss (``kl/mean``) and behaviour's (``kl/max``)."""
-    return max(abs(m["kl/mean"]), abs(m["kl/max"]))
-
-
 BF16_PASSES_AGREE = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 """Whether bf16 passes of different shapes agree to the bit on this CPU (module docstring)."""
 
@@ -64,8 +53,8 @@ BF16_PASSES_AGREE = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 )  # fmt: skip
 def test_step_one_is_on_policy_and_at_the_reference(tmp_path, precision):
     m = loop.train_step(_run(tmp_path, precision))
-    assert _off_policy(m) <= TOL[precision], m
-    assert _to_reference(m) <= KL_TOL[precision], m
+    assert off_policy(m) <= TOL[precision], m
+    assert to_reference(m) <= KL_TOL[precision], m
 
 
 def _rollouts_at_fp32(monkeypatch):
@@ -92,8 +81,8 @@ def _reference_at_fp32(monkeypatch):
 
 @pytest.mark.parametrize(
     ("plant", "measure", "tol"),
-    [(_rollouts_at_fp32, _off_policy, TOL), (_training_forward_at_fp32, _off_policy, TOL),
-     (_reference_at_fp32, _to_reference, KL_TOL)],
+    [(_rollouts_at_fp32, off_policy, TOL), (_training_forward_at_fp32, off_policy, TOL),
+     (_reference_at_fp32, to_reference, KL_TOL)],
     ids=["rollouts", "training-forward", "reference"],
 )  # fmt: skip
 def test_one_pass_without_the_autocast_fails_the_tolerance(

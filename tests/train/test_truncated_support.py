@@ -14,7 +14,7 @@ import dataclasses
 
 import pytest
 import torch
-from train_toy import make
+from train_toy import make, off_policy, to_reference
 
 from grouprl.train import loop
 from grouprl.train import policy as policy_module
@@ -41,15 +41,6 @@ def _run(tmp_path, *extra):
     return run
 
 
-def _off_policy(m: dict[str, float]) -> float:
-    return max(abs(m["policy/ratio_max"] - 1), abs(m["policy/ratio_min"] - 1),
-               abs(m["policy/approx_kl"]))  # fmt: skip
-
-
-def _to_reference(m: dict[str, float]) -> float:
-    return max(abs(m["kl/mean"]), abs(m["kl/max"]))
-
-
 def _truncated(top_p: str, top_k: str) -> list[str]:
     return [f"sampling.top_p={top_p}", f"sampling.top_k={top_k}",
             "sampling.logprob_support=truncated"]  # fmt: skip
@@ -60,8 +51,8 @@ def test_step_one_is_on_policy_and_at_the_reference_on_the_truncated_support(
     tmp_path, top_p, top_k
 ):
     m = loop.train_step(_run(tmp_path, *_truncated(top_p, top_k)))
-    assert _off_policy(m) <= TOL, m
-    assert _to_reference(m) <= KL_TOL, m
+    assert off_policy(m) <= TOL, m
+    assert to_reference(m) <= KL_TOL, m
     assert m["sampling/kept_mass_mean"] < 0.98 and m["sampling/log_kept_mass_mean"] < -0.02
 
 
@@ -80,7 +71,7 @@ def test_the_planted_full_softmax_scoring_of_truncated_behaviour_is_off_policy(
 
     monkeypatch.setattr(Policy, "logprobs", full_training_forward)
     m = loop.train_step(_run(tmp_path, *_truncated(top_p, top_k)))
-    assert _off_policy(m) >= 0.02, m
+    assert off_policy(m) >= 0.02, m
     assert m["policy/ratio_max"] <= 1 + TOL  # every ratio at a kept mass ≤ 1
 
 

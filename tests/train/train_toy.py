@@ -110,3 +110,14 @@ def subprocess_env() -> dict[str, str]:
     src = str(Path(__file__).resolve().parents[2] / "src")
     path = os.environ.get("PYTHONPATH", "")
     return {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": f"{src}:{path}" if path else src}
+
+
+def off_policy(m: dict[str, float]) -> float:
+    """How far a step is from on-policy: the ratio's distance from 1, |approx KL| (step metrics)."""
+    return max(abs(m["policy/ratio_max"] - 1), abs(m["policy/ratio_min"] - 1),
+               abs(m["policy/approx_kl"]))  # fmt: skip
+
+
+def to_reference(m: dict[str, float]) -> float:
+    """The KL to the reference: in the loss (``kl/mean``) and the behaviour's (``kl/max``)."""
+    return max(abs(m["kl/mean"]), abs(m["kl/max"]))
