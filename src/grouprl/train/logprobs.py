@@ -156,10 +156,23 @@ def _selectable(cache: Any) -> bool:
 
 
 def _select_cache(cache: Any, rows: torch.Tensor) -> Any:
-    """A copy of ``cache`` holding batch rows ``rows`` (the original's tensors untouched)."""
+    """A copy of ``cache`` holding batch rows ``rows`` (the original's tensors untouched).
+
+    ``rows`` repeats each prompt G times, so the gather's backward sums G gradients into
+    each prompt row. ``index_select`` sums them in index order (``index_add_``); advanced
+    indexing ``keys[rows]`` (what ``Cache.batch_select_indices`` does) sums them with
+    parallel atomic adds whose order follows the threads' timing, which made the same
+    command and seed give different numbers on a busy machine than on an idle one.
+    """
     out = copy.copy(cache)
     out.layers = [copy.copy(layer) for layer in cache.layers]
-    out.batch_select_indices(rows)  # re-indexes each copied layer: differentiable gathers
+    for layer in out.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            if keys.numel():  # an empty layer has nothing to select (as transformers')
+                layer.keys, layer.values = keys.index_select(0, rows), values.index_select(0, rows)
+        else:  # a layer type without plain key/value tensors: its own selection
+            layer.batch_select_indices(rows)
     return out
 
 
