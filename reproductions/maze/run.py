@@ -902,6 +902,36 @@ def legacy(path: Path = LEGACY) -> dict[str, Any] | None:
     return row
 
 
+PLATEAU = 0.03
+"""[OURS] pass@1 has "stopped rising" when its mean rise over the second half of the run (the
+last evaluation − the half-way one, paired by seed) is below 3 points, the same margin as the
+other endpoint the paper's Table 4 shows (pass@1 within ~3 points of pass@k)."""
+
+
+def _endpoint_checks(tables: dict[str, Any], kmax: str) -> list[dict]:
+    """Whether each arm reached the endpoint the paper judges at: pass@1 within ``PLATEAU`` of
+    pass@kmax at the end, or pass@1 no longer rising over the run's second half."""
+    out = []
+    curves = {(c["arm"], c["metric"]): c for c in tables.get("curves", [])}
+    for (arm, metric), c in curves.items():
+        steps = sorted(int(k) for k in c if k.isdigit() and c[k]["n"] > 1)
+        if metric != "pass@1" or len(steps) < 3 or (arm, kmax) not in curves:
+            continue
+        end, mid = steps[-1], steps[(len(steps) - 1) // 2]
+        rise = paired(c[str(end)]["values"], c[str(mid)]["values"])
+        gap = paired(curves[(arm, kmax)][str(end)]["values"], c[str(end)]["values"])
+        out.append(
+            {
+                "name": f"{arm} converged".replace(" ", "_"),
+                "holds": gap["mean"] < PLATEAU or rise["mean"] < PLATEAU,
+                "detail": f"{arm}: pass@1 step {end} − step {mid} {fmt_paired(rise)}, "
+                f"{kmax} − pass@1 at step {end} {fmt_paired(gap)}; holds when either is below "
+                f"{PLATEAU:g} (pass@1 stopped rising, or it met {kmax})",
+            }
+        )
+    return out
+
+
 def checks(tables: dict[str, Any], cfg: dict[str, Any], old: dict | None) -> list[dict]:
     """The paper's statements and the issue's precondition; a difference counts beyond 2 SE."""
     out = []
@@ -929,6 +959,7 @@ def checks(tables: dict[str, Any], cfg: dict[str, Any], old: dict | None) -> lis
                     "paired mean is above 2 paired SE (F-GRPO: the focal weight raises both)",
                 }
             )
+    out += _endpoint_checks(tables, kmax)
     for row in tables["dips"][:1]:  # grpo; every arm's row is in the README's table
         dip, rec = (v for k, v in row.items() if k.startswith("step"))
         out.append(
@@ -1006,11 +1037,23 @@ def plot(tables: dict[str, Any], cfg: dict[str, Any]):
         bars(ax[1, 1], ns, [r["pass@1"] for r in sweep], "pass@1")
         bars(ax[1, 1], ns, [r[f"pass@{kmax}"] for r in sweep], f"pass@{kmax}")
         ax[1, 1].set_xscale("log", base=2)
+    else:  # no N sweep: the endpoint instead, pass@k_max − pass@1 over training per arm
+        by = {(r["arm"], r["metric"]): r for r in tables["curves"]}
+        for (arm, metric), row in by.items():
+            top = by.get((arm, f"pass@{kmax}"))
+            if metric != "pass@1" or top is None:
+                continue
+            steps = [int(s) for s in row if s.isdigit()]
+            gap = [top[str(s)]["mean"] - row[str(s)]["mean"] for s in steps]
+            ax[1, 1].plot(steps, gap, "o-", ms=3, color=colour[arm], label=arm)
+        ax[1, 1].axhline(PLATEAU, color="grey", ls="--", lw=0.8)
     titles = {
         (0, 0): ("k", "arm − arm at the end (paired mean ± SE)"),
         (0, 1): ("RL step", f"pass@1 (solid), pass@{kmax} (dashed); mean over seeds"),
         (1, 0): ("RL step", f"share of mixed groups with μ̂ ≥ 0.5 ({BIN}-step bins)"),
-        (1, 1): ("group size N", "f_grpo − grpo by N (paired mean ± SE)"),
+        (1, 1): ("group size N", "f_grpo − grpo by N (paired mean ± SE)")
+        if sweep
+        else ("RL step", f"pass@{kmax} − pass@1 (the endpoint: ≤ {PLATEAU:g}); mean over seeds"),
     }
     for (i, j), (xl, title) in titles.items():
         a = ax[i, j]

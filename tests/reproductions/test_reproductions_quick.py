@@ -293,6 +293,37 @@ def test_maze_table4_rows_and_verdicts_by_hand():
     assert row["γ=1 verdict"] == "opposite sign, within 2 SE"
 
 
+def test_maze_endpoint_checks_by_hand():
+    """The endpoint rule: pass@1's rise over the second half (last − half-way evaluation,
+    paired by seed) or the pass@k_max − pass@1 gap at the end below 0.03."""
+    mod = _load("maze")
+
+    def curve(arm, metric, by_step):
+        row = {"arm": arm, "metric": metric}
+        for step, vals in by_step.items():
+            row[str(step)] = {"mean": sum(vals) / len(vals), "n": len(vals), "values": vals}
+        return row
+
+    p1 = {0: [0.4], 500: [0.5, 0.5], 1000: [0.52, 0.50], 1500: [0.54, 0.56]}
+    late = {0: [0.4], 500: [0.5, 0.5], 1000: [0.50, 0.50], 1500: [0.55, 0.57]}
+    tables = {
+        "curves": [
+            curve("a", "pass@1", p1),  # rise 1500 − 1000: (0.02, 0.06), mean 0.04; gap 0.30
+            curve("a", "pass@8", {s: [v + 0.3 for v in vs] for s, vs in p1.items()}),
+            curve("b", "pass@1", late),  # rise 0.06, but the gap is 0.01: it met pass@8
+            curve("b", "pass@8", {s: [v + 0.01 for v in vs] for s, vs in late.items()}),
+            curve("c", "pass@1", {0: [0.4], 500: [0.5, 0.5], 1000: [0.51, 0.5], 1500: [0.52, 0.5]}),
+            curve("c", "pass@8", {0: [0.9], 500: [0.8, 0.8], 1000: [0.8, 0.8], 1500: [0.8, 0.8]}),
+        ]
+    }
+    got = {c["name"]: c for c in mod._endpoint_checks(tables, "pass@8")}
+    assert set(got) == {"a_converged", "b_converged", "c_converged"}
+    assert not got["a_converged"]["holds"] and "+0.0400" in got["a_converged"]["detail"]
+    assert got["b_converged"]["holds"]  # the gap rule
+    assert got["c_converged"]["holds"]  # rise (0.01, 0.0): mean 0.005 < 0.03
+    assert "step 1500 − step 1000" in got["c_converged"]["detail"]
+
+
 def test_maze_appk_plan_every_n_and_gamma_seed_major_with_the_closed_form_control():
     """--setting appk: N ∈ {4, 8, 16} × γ ∈ {0, 0.5, 1} for every seed, seed by seed, and the
     §5.6 control at lr × m_0.5 = 1e-4 × 32/(15π) (F-GRPO App. N) without calibration."""
