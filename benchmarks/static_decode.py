@@ -3,7 +3,7 @@
     python benchmarks/static_decode.py                 # SmolLM2 fp32, batch 64, one thread
     python benchmarks/static_decode.py --repeats 2 --steps 4 20
 
-Issue 26, item 2: does a static cache with a ``torch.compile``-d decode step pay on this
+The question: does a static cache with a ``torch.compile``-d decode step pay on this
 machine? Three decoders of the same 64 rows (8 basic_arithmetic prompts × 8, the vs_trl
 setting; EOS switched off so every row decodes every step), timed in this process's CPU
 seconds (``time.process_time``: the machine is shared), interleaved (A B C A B C ...) so that a

@@ -1017,7 +1017,7 @@ def _ratios(g: dict[str, Any], t: dict[str, Any]) -> dict[str, Any]:
 
 
 def targets(model: str, precision: str) -> dict[str, tuple[str, float]]:
-    """Issue 26's targets, side by side at equal settings: samples/s >= 3x TRL's in fp32 (SmolLM2
+    """The project's targets, side by side at equal settings: samples/s >= 3x TRL's in fp32 (SmolLM2
     and the tiny maze model), ahead of TRL (> 1x) in bf16; on SmolLM2 peak memory <= 0.5x
     TRL's (the tiny model's ~0.6 GB peak is the Python process itself, alike on both sides)."""
     speed = (">=", 3.0) if precision == "fp32" else (">", 1.0)

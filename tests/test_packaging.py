@@ -1,7 +1,7 @@
 """The version bounds pyproject.toml declares match what each extra really needs.
 
 Installs nothing: reads pyproject.toml, scripts/install-peers.sh and the installed peers'
-own metadata. Issue 25: ``grouprl[models]`` copied verl 0.9.1's transformers cap (<5.11), so
+own metadata. The rule it keeps: ``grouprl[models]`` once copied verl 0.9.1's transformers cap (<5.11), so
 installing it into an existing environment pushed a current transformers down although only
 the verl integration needs the cap. A bound that only a peer needs lives with that peer.
 """

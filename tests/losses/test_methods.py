@@ -1,4 +1,4 @@
-"""Issue 22's loss-side methods: hand-derived values, exact gradient accumulation for every
+"""The loss-side methods: hand-derived values, exact gradient accumulation for every
 surrogate × aggregation, the step-level batch statistics (covariance selection, entropy
 threshold), the KL names and corrections, and clear errors."""
 

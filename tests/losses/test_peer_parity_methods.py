@@ -1,4 +1,4 @@
-"""Issue 22's loss-side methods against the peers' own functions, on the same tensors.
+"""The loss-side methods (SAPO, GMPO, GPG, Clip-Cov, KL-Cov, DPPO-TV, ...) against the peers' own functions, on the same tensors.
 
 verl 0.9.1: ``sapo``, ``geo_mean`` (GMPO), ``gpg``, ``clip_cov``, ``kl_cov``, ``dppo_tv``,
 ``dppo_kl``, ``dro`` policy losses, ``agg_loss`` ``token-sum`` / ``seq-mean-token-sum``, and

@@ -255,7 +255,7 @@ class OptimConfig:
     lr: float = 5e-5
     """AdamW learning rate. [OURS] measured on the former maze default (5×5, 300 GRPO steps,
     32 x 8): 5e-5 raised pass@1 0.118 -> 0.191 with pass@8/16 held (0.326/0.380 ->
-    0.334/0.385); 2e-4 (the pre-round prototype's rate, docs/models.md) made pass@1 oscillate
+    0.334/0.385); 2e-4 (the rate of the standalone scripts, docs/models.md [prototype]) made pass@1 oscillate
     (0.10-0.16) and pass@16 fall to 0.28; 1e-4 was in between. Kept for the 4×4 miniature
     (docs/training.md, "The default run")."""
     weight_decay: float = 0.0
