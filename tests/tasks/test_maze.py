@@ -285,3 +285,35 @@ def test_coords_rendering_of_the_hand_maze_by_hand():
     assert plain.config == {"size": 3} and task.config == {"size": 3, "coords": True}
     with pytest.raises(ValueError, match="coords must be true or false"):
         MazeTask(3, coords="yes")
+
+
+@pytest.mark.parametrize(
+    ("task", "prompts", "answers"),
+    [
+        (
+            MazeTask(4, 1, 5),
+            [
+                "o2 oa oc s6 o3 o9 o6 o3 ob o6 o1 g3 o1 o9 oc o5",
+                "oa oe oc o6 o1 g3 oa s5 oa o5 o9 o4 o9 oc oc o4",
+                "oa oc oc o6 o3 o8 o6 o3 o3 oa o5 s3 o9 o5 g8 o5",
+            ],
+            ["D D", "U L L D", "D L"],
+        ),
+        (
+            MazeTask(5),
+            [
+                "oa oc o6 o8 o6 o9 o6 o9 sc g5 o2 o9 oc o6 o2 o3 oa o6 o3 o3 o9 o5 o9 od o5",
+                "oa oc oc o6 o2 o3 o8 oc sd o7 o3 ga o6 o8 o5 ob o5 o3 o8 o6 o9 o4 o9 oc o5",
+                "oa o4 oa oc o6 o3 o8 od o6 o1 o9 oc o6 s9 o6 oa o6 o9 oc o7 g1 o9 oc oc o5",
+            ],
+            ["R", "U L L L D D D R U", "R D D L L L U L D"],
+        ),
+    ],
+)
+def test_the_maze_stream_is_pinned(task, prompts, answers):
+    """The first training mazes of the default task (4 × 4, 1–5 moves) and of the unbounded
+    5 × 5 one, written down from the generator as the cached warm starts, the golden runs and
+    every reproduction drew them: a faster carve or BFS must draw the same mazes."""
+    ex = task.examples("train", 3, 0)
+    assert [e.prompt for e in ex] == prompts
+    assert [task.demonstration(e) for e in ex] == answers

@@ -31,6 +31,7 @@ sequence per maze, as the paper requires.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -122,32 +123,48 @@ class Maze:
         return cell == self.goal
 
 
+@functools.cache
+def _grid(size: int) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    """Per cell of a ``size × size`` grid, its in-grid neighbours in :data:`MOVES` order as
+    ``(neighbour, open-side bit towards it, the neighbour's bit back)``."""
+    out = []
+    for cell in range(size * size):
+        r, c = divmod(cell, size)
+        out.append(
+            tuple(
+                ((r + dr) * size + c + dc, bit, MOVES[_OPPOSITE[move]][2])
+                for move, (dr, dc, bit) in MOVES.items()
+                if 0 <= r + dr < size and 0 <= c + dc < size
+            )
+        )
+    return tuple(out)
+
+
 def _carve(size: int, rng: Any) -> list[int]:
     """Open-sides masks of a perfect ``size × size`` maze by randomised DFS (recursive backtracker).
 
     From a random cell, repeatedly knock down the wall to a random unvisited neighbour and
     move there, backtracking when none is left; the passages form a spanning tree of the
-    grid (``size² − 1`` passages).
+    grid (``size² − 1`` passages). The unvisited neighbours are offered in :data:`MOVES`
+    order, so a seeded ``rng`` always carves the same maze.
     """
     n = size * size
+    grid = _grid(size)
     masks = [0] * n
     first = rng.randrange(n)
-    seen, stack = {first}, [first]
+    seen = [False] * n
+    seen[first] = True
+    stack = [first]
     while stack:
         cell = stack[-1]
-        r, c = divmod(cell, size)
-        options = []
-        for move, (dr, dc, _) in MOVES.items():
-            rr, cc = r + dr, c + dc
-            if 0 <= rr < size and 0 <= cc < size and rr * size + cc not in seen:
-                options.append((move, rr * size + cc))
+        options = [o for o in grid[cell] if not seen[o[0]]]
         if not options:
             stack.pop()
             continue
-        move, nxt = options[rng.randrange(len(options))]
-        masks[cell] |= MOVES[move][2]
-        masks[nxt] |= MOVES[_OPPOSITE[move]][2]
-        seen.add(nxt)
+        nxt, bit, back = options[rng.randrange(len(options))]
+        masks[cell] |= bit
+        masks[nxt] |= back
+        seen[nxt] = True
         stack.append(nxt)
     return masks
 
@@ -159,17 +176,20 @@ def path_lengths(maze: Maze) -> list[list[int]]:
     simple path. ``size⁴`` work: 625 entries on 5 × 5.
     """
     n = maze.size * maze.size
-    nbrs = [[c for m in MOVES if (c := maze.step(a, m)) is not None] for a in range(n)]
+    nbrs = [
+        [b for b, bit, _ in row if maze.open[a] & bit] for a, row in enumerate(_grid(maze.size))
+    ]
     out = []
     for a in range(n):
         dist = [-1] * n
-        dist[a], frontier = 0, [a]
+        dist[a], frontier, d = 0, [a], 0
         while frontier:
+            d += 1
             nxt_frontier = []
             for cell in frontier:
                 for nxt in nbrs[cell]:
                     if dist[nxt] < 0:
-                        dist[nxt] = dist[cell] + 1
+                        dist[nxt] = d
                         nxt_frontier.append(nxt)
             frontier = nxt_frontier
         out.append(dist)
@@ -201,7 +221,9 @@ def generate_maze(size: int, rng: Any, min_path: int = 1, max_path: int | None =
     for _ in range(MAX_REDRAWS):
         maze = Maze(size, tuple(_carve(size, rng)), 0, 0)
         dist = path_lengths(maze)
-        pairs = [(a, b) for a in range(n) for b in range(n) if min_path <= dist[a][b] <= hi]
+        pairs = [
+            (a, b) for a, row in enumerate(dist) for b, d in enumerate(row) if min_path <= d <= hi
+        ]
         if pairs:
             start, goal = pairs[rng.randrange(len(pairs))]
             return Maze(size, maze.open, start, goal)
