@@ -275,3 +275,151 @@ def test_validation_with_nan_still_finds_inf_and_allows_huge_values():
     huge[huge == huge] = 3e38  # finite; its nansum overflows to inf
     out = advantages.compute("dr_grpo", huge)
     assert out.stats["nan_frac"] > 0 and torch.isfinite(out.values).all()
+
+
+# ---- collapse flags from ranges, top two, blocked network, plain resolution rows -------------
+
+
+def planted(g: int, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`batch` with rows that decide the shortcuts: constants of values whose multiples
+    are exact (0, 1, 0.5, -0.0) and of one whose are not (1000.1: its computed σ is 6.5e-5,
+    so the moments call it live), near-ties around tau, huge and tiny values."""
+    r = batch(64, g, seed=90 + g).to(dtype)
+    rows = [
+        [0.0] * g,
+        [1.0] * g,
+        [0.5] * g,
+        [-0.0, 0.0] * g,
+        [1000.1] * g,
+        [0.1] * g,
+        [3.0] * g,
+        [2.0**126] * g,  # nice bits, but 8 of them overflow
+        [1e-40] * g,  # subnormal in float32
+        [1.0 + 3e-7 * (i % 2) for i in range(g)],  # spread near the bound
+        [1.0 + 1e-6 * i for i in range(g)],
+        [5.0 + 4e-7 * i for i in range(g)],
+    ]
+    for i, row in enumerate(rows):
+        r[4 + i] = torch.tensor(row[:g], dtype=torch.float64).to(dtype)
+    return r
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 5, 8, 16, 33])
+@pytest.mark.parametrize("ddof", [0, 1])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_spread_collapsed_is_the_moments_flag(g, ddof, dtype):
+    r = planted(g, dtype)
+    want = _groups.group_moments(r, None, ddof).collapsed
+    lo, hi = _groups.column_range(_groups.transposed(r).unbind(0))
+    assert torch.equal(_groups.spread_collapsed(r, lo, hi, ddof, _groups.DEFAULT_TAU), want)
+    for tau in (0.0, 1e-3, 10.0):  # no shortcut at tau = 0, many unsure groups at 10
+        want = _groups.group_moments(r, None, ddof, tau).collapsed
+        assert torch.equal(_groups.spread_collapsed(r, lo, hi, ddof, tau), want)
+
+
+def test_spread_collapsed_catches_a_wrong_exact_multiple(monkeypatch):
+    # planted bug: calling every constant group's multiples exact makes 1000.1's group
+    # collapsed, which its moments say it is not (σ = 6.5e-5 from the mean's rounding)
+    r = planted(8, torch.float32)
+    want = _groups.group_moments(r, None, 1).collapsed
+    assert not want[8]  # the 1000.1 row: live by the moments
+    monkeypatch.setattr(
+        _groups, "_exact_multiples", lambda v, g: torch.ones_like(v, dtype=torch.bool)
+    )
+    lo, hi = _groups.column_range(_groups.transposed(r).unbind(0))
+    assert not torch.equal(_groups.spread_collapsed(r, lo, hi, 1, _groups.DEFAULT_TAU), want)
+
+
+def test_exact_multiples_by_hand():
+    v = torch.tensor([0.0, -0.0, 1.0, 0.5, 3.0, 0.75, 0.1, 1000.1, 2.0**120, 1e-40, -2.0])
+    want = [True, True, True, True, True, True, False, False, False, False, True]
+    assert _groups._exact_multiples(v, 8).tolist() == want
+    assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-20]), 8).tolist() == [True]
+    assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-21]), 8).tolist() == [False]
+    assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-21]), 4).tolist() == [True]
+
+
+@pytest.mark.parametrize("g", [2, 3, 5, 8, 16])
+def test_top_two_and_column_range_equal_the_sort(g):
+    x = batch(300, g, seed=40 + g).abs()  # ties: binary and 5-level rows
+    ordered = x.sort(dim=1).values
+    second, first = scale._top_two(x.t().contiguous().unbind(0))
+    assert torch.equal(first, ordered[:, -1]) and torch.equal(second, ordered[:, -2])
+    lo, hi = _groups.column_range(x.t().contiguous().unbind(0))
+    assert torch.equal(lo, ordered[:, 0]) and torch.equal(hi, ordered[:, -1])
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_network_blocks_are_the_network_and_sort_every_0_1_input(n):
+    cols = torch.tensor(list(itertools.product([0.0, 1.0], repeat=n))).t().contiguous()  # [n, 2^n]
+    w = cols.clone()
+    pairs = []
+    for a, b in transforms.network_blocks(n):
+        ia, ib = range(n)[a], range(n)[b]
+        assert len(ia) == len(ib) and len(set(ia) | set(ib)) == 2 * len(ia)  # disjoint pairs
+        pairs += zip(ia, ib)
+        lo = torch.minimum(w[a], w[b])
+        w[b] = torch.maximum(w[a], w[b])
+        w[a] = lo
+    assert torch.equal(w, cols.sort(dim=0).values)
+    assert sorted(pairs) == sorted(_groups.merge_network(n))
+
+
+@pytest.mark.parametrize("g", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_resolution_plain_rows_and_exact_rows_equal_the_sort(g, dtype):
+    r = planted(g, dtype)
+    r[20] = torch.tensor(([0.25] * 3 + [0.75] * 5) * g, dtype=dtype)[:g]  # nice repeats
+    r[21] = torch.tensor(([0.1] * 3 + [0.9] * 5) * g, dtype=dtype)[:g]  # 0.1 x 3: not nice
+    binned, keep = transforms.resolution(r, None, 1e-2)
+    ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, None), 1e-2)
+    assert same(binned, ref_binned) and torch.equal(keep, ref_keep)
+    plain = torch.empty(r.shape[0], dtype=torch.bool)
+    work = _groups.transposed(r)
+    transforms._plain_slice(
+        work, plain, torch.empty_like(plain), 1e-2, torch.empty(3 * g, 64, dtype=dtype)
+    )
+    assert plain[[4, 5, 6, 20]].all()  # 0, 1, 0.5 constants and nice repeats: no bin means
+    assert not plain[11]  # 2^126 repeated: the exact path
+    if g >= 3:  # 1000.1 and 0.1 three times or more: their sums round, so not plain
+        assert not plain[8] and not plain[21]
+
+
+def test_resolution_plain_path_catches_overflowing_repeats(monkeypatch):
+    # planted bug: without the huge-value guard, 8 x 2^126 (nice bits) would be plain and
+    # keep 2^126, where its bin sum overflows to inf in the sort's ascending sum
+    r = planted(8, torch.float32)
+    ref_binned, _ = old_resolution(r, _groups.dense_valid(r, None), 1e-2)
+    assert torch.isinf(ref_binned[11]).all()
+    monkeypatch.setattr(transforms, "_HUGE", math.inf)
+    binned, _ = transforms.resolution(r, None, 1e-2)
+    assert not same(binned, ref_binned)
+
+
+def test_zero_rows_is_masked_fill_bit_for_bit():
+    v = torch.randn(500, 8)
+    v[::7] = -0.0
+    rows = torch.rand(500, generator=torch.Generator().manual_seed(3)) < 0.3
+    want = v.masked_fill(rows[:, None], 0.0)
+    assert torch.equal(
+        _groups.zero_rows_(v.clone(), rows).view(torch.int32), want.view(torch.int32)
+    )
+
+
+@pytest.mark.parametrize("g", [1, 2, 5, 8, 16])
+def test_gopo_and_gdpo_flags_equal_the_moments(g):
+    # gopo and gdpo take their collapse flag from ranges: the same flag as the moments,
+    # seen in ``updated`` and the stats (the 1000.1 row: values 0, yet updated)
+    r = planted(g, torch.float32)
+    m = _groups.group_moments(r, None, 1)
+    out = ranking.gopo(r, None)
+    assert torch.equal(out.updated, ~m.collapsed)
+    factor = (1.0 / torch.tensor(float(max(g - 1, 1)))).expand(r.shape[0]).clone()
+    want = old_sign_sums(r, None).mul_(factor.masked_fill(m.collapsed, 0.0)[:, None])
+    assert same(out.values, want)
+    x = advantages.combine.normalize_then_sum(r.unsqueeze(-1))
+    flag = _groups.group_moments(x, None, 1).collapsed
+    got = advantages.global_norm.gdpo(x, None)
+    assert torch.equal(got.updated, ~flag) and got.stats["collapsed_frac"] == float(
+        flag.float().mean()
+    )

@@ -19,9 +19,21 @@ NaN rewards are left out of every statistic and get advantage 0 (ALGORITHMS.md �
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments, zero_where
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    SORT_NETWORK_MAX,
+    column_range,
+    group_count,
+    group_moments,
+    spread_collapsed,
+    transposed,
+    zero_rows_,
+    zero_where,
+)
 from grouprl.advantages.baseline import DEFAULT_DDOF, GRPO_EPS
 from grouprl.types import Advantages
 
@@ -105,7 +117,9 @@ def whiten(
         s = (var + eps).sqrt()
     else:
         s = var.clamp_min(eps).sqrt()
-    out = dev / torch.where(s > 0, s, torch.ones_like(s))  # s = 0 (eps 0, constant batch): dev = 0
+    out = dev.div_(
+        torch.where(s > 0, s, torch.ones_like(s))
+    )  # s = 0 (eps 0, constant batch): dev = 0
     if valid is not None:
         out = zero_where(out, ~valid)
     return out, mu, s
@@ -116,11 +130,11 @@ def _result(values, valid, rewards, scale, collapsed, zeroed_groups, **stats) ->
     ``updated`` = groups with a valid reward that are not zeroed (they all carry a gradient)."""
     p = rewards.shape[0]
     live = group_count(valid, rewards) > 0  # [P]
-    if zeroed_groups is not None:
-        values = values.masked_fill(zeroed_groups[:, None], 0.0)
+    if zeroed_groups is not None:  # values is the estimator's own fresh tensor: zeroed in place
+        values = zero_rows_(values, zeroed_groups)
         live = live & ~zeroed_groups
     if valid is not None:
-        values = values.masked_fill(~valid, 0.0)
+        values = values.masked_fill_(~valid, 0.0)
     ones = torch.ones(p, dtype=rewards.dtype, device=rewards.device)
     return Advantages(
         values=values,
@@ -258,7 +272,17 @@ def gdpo(
     ``zero_collapsed`` [OURS]: a group whose combined rewards are all equal (every function
     collapsed in it) gets 0, not the residual (0 − μ_B)/s both peers leave. scale = s.
     """
-    m = group_moments(rewards, valid, ddof, tau)
+    if valid is None and rewards.shape[1] <= SORT_NETWORK_MAX:  # the collapse flag alone
+        lo, hi = column_range(transposed(rewards).unbind(0))  # [P] each
+        m = _Flag(spread_collapsed(rewards, lo, hi, ddof, tau))
+    else:
+        m = group_moments(rewards, valid, ddof, tau)
     return _whitened(
         rewards, rewards, valid, m, lengths, weighting, eps_mode, eps, ddof, zero_collapsed
     )
+
+
+class _Flag(NamedTuple):
+    """The one field of :class:`~grouprl.advantages._groups.Moments` ``_whitened`` reads."""
+
+    collapsed: torch.Tensor  # [P] bool

@@ -13,9 +13,12 @@ import torch
 
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
+    SORT_NETWORK_MAX,
+    column_range,
     group_moments,
     scale_dev,
     sorted_rows,
+    transposed,
     wrap_advantages,
 )
 from grouprl.advantages.baseline import DEFAULT_DDOF, rloo_factor
@@ -37,7 +40,10 @@ def _numerator(
 
 def _maxnorm(kind, rewards, valid, tau_res, ddof, tau):
     m, dev, factor = _numerator(kind, rewards, valid, ddof, tau)
-    lo, hi = torch.aminmax(dev, dim=1)  # [P] each: max|u| without a [P, G] temporary
+    if dev.shape[1] <= SORT_NETWORK_MAX:  # on the columns: ~3x faster than aminmax(dim=1)
+        lo, hi = column_range(transposed(dev).unbind(0))  # [P] each
+    else:
+        lo, hi = torch.aminmax(dev, dim=1)  # [P] each: max|u| without a [P, G] temporary
     card = torch.maximum(hi, -lo) * factor  # [P] max_j |u_j|
     return _divide_by_card(m, valid, factor, card, tau_res)
 
@@ -48,16 +54,23 @@ def _row_quantile(
     """``[P]`` q-quantile of each row's valid entries, linear interpolation (numpy's default).
 
     Sort-based (:func:`sorted_rows`: a sorting network over the G columns): ``torch.nanquantile``
-    is ~10x slower on many short rows, ``torch.sort`` ~10x slower than the network. 0 for an
-    empty row.
+    is ~10x slower on many short rows, ``torch.sort`` ~10x slower than the network. Without
+    NaN, when the two order statistics are the two largest (q·(G − 1) >= G − 2), one
+    :func:`_top_two` scan instead of the network. 0 for an empty row.
     """
-    keyed = x if valid is None else x.masked_fill(~valid, float("inf"))
-    ordered = sorted_rows(keyed)  # [G, P], invalid entries last
+    g = x.shape[1]
     if valid is None:  # every row has G entries: the same two order statistics for all
-        pos = q * torch.tensor(x.shape[1] - 1, dtype=x.dtype)  # [] in x's precision, as below
+        pos = q * torch.tensor(g - 1, dtype=x.dtype)  # [] in x's precision, as below
         lo = int(pos.floor())
-        a, b = ordered[lo], ordered[min(lo + 1, x.shape[1] - 1)]  # [P] each
+        if 2 <= g <= SORT_NETWORK_MAX and lo >= g - 2:  # the two largest suffice (P90, G <= 11)
+            a, b = _top_two(transposed(x).unbind(0))  # [P] each: 2nd largest, largest
+            if lo == g - 1:
+                a = b
+        else:
+            ordered = sorted_rows(x)  # [G, P]
+            a, b = ordered[lo], ordered[min(lo + 1, g - 1)]  # [P] each
         return a + (pos - lo) * (b - a)
+    ordered = sorted_rows(x.masked_fill(~valid, float("inf")))  # [G, P], invalid entries last
     pos = q * (count - 1).clamp_min(0).to(x.dtype)  # [P]
     lo = pos.floor().long()
     hi = torch.minimum(lo + 1, (count - 1).clamp_min(0))
@@ -65,6 +78,21 @@ def _row_quantile(
     b = ordered.gather(0, hi[None]).squeeze(0)
     out = a + (pos - lo.to(x.dtype)) * (b - a)
     return out.masked_fill(count == 0, 0.0)
+
+
+def _top_two(cols: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(second, first)``, ``[P]`` each: the second largest and the largest of G >= 2 columns.
+
+    [OURS] One scan, 3 column passes per column (second = max(second, min(first, c)), then
+    first = max(first, c)): the same two values as sorting (order statistics are values, not
+    positions), in 3(G − 2) + 2 passes where the full network takes 2·19 at G = 8.
+    """
+    second, first = torch.minimum(cols[0], cols[1]), torch.maximum(cols[0], cols[1])
+    step = torch.empty_like(first)  # [P]
+    for c in cols[2:]:
+        torch.maximum(second, torch.minimum(first, c, out=step), out=second)
+        torch.maximum(first, c, out=first)
+    return second, first
 
 
 def _divide_by_card(m, valid, factor, card, tau_res) -> Advantages:

@@ -6,21 +6,21 @@ resolution → virtual samples → estimator → focal weight.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from grouprl.advantages._groups import (
+    _INT_OF,
     DEFAULT_TAU,
     SORT_NETWORK_MAX,
     dense_valid,
     group_mean,
     group_moments,
-    select,
-    sort_columns,
+    merge_network,
     transposed,
-    zero_where,
 )
 
 DEFAULT_DELTA_RES = 1e-2
@@ -73,40 +73,195 @@ def resolution(
 def _resolution_columns(
     rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`resolution` on the G columns ``[P]``: a sorting network that carries each
-    reward's position, bins by one scan over the sorted columns, and puts the means back.
+    """:func:`resolution` on the G columns ``[P]``: a sorting network that records where it
+    exchanged, one scan over the sorted columns, and the network replayed backwards.
 
     [OURS] the same numbers as sorting each row (``torch.sort``, the branch above): a bin's
     running sum restarts at each bin's first member, ``0 + s_a + s_{a+1} + ...``, in
-    ascending order, and its count is exact.
+    ascending order, and its count is exact. Every select is a bit mask (``-1`` = take the
+    other operand): the sign bit of a difference, shifted across the word. Putting the means
+    back is the network's exchanges undone in reverse order, each an xor swap under its
+    recorded mask (~4x cheaper than carrying positions and scattering them); where two
+    equal rewards were (or were not) exchanged, both get the same bin mean either way. The
+    exchanges run a block of disjoint pairs at a time (:func:`network_blocks`), and the
+    batch in slices of :data:`_SLICE` groups, whose working set stays in cache.
     """
-    g = rewards.shape[1]
-    cols = transposed(rewards)  # [G, P]
+    if valid is None and rewards.shape[1] > 1:
+        return _resolution_plain_first(rewards, delta_res)
+    return _resolution_exact(rewards, valid, delta_res)
+
+
+def _resolution_plain_first(
+    rewards: torch.Tensor, delta_res: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_resolution_columns` without NaN: most groups need no bin means at all.
+
+    [OURS] A group whose distinct rewards are all ``>= delta_res`` apart has bins of equal
+    rewards only; a bin of k copies of v has the mean (0 + v + ... + v)/k = v exactly when
+    every multiple j·v, j <= k, is exact (k <= 2 always; up to G when v's ⌈log2 G⌉ lowest
+    significand bits are 0: 0, 1, 0.5...). Such a group's binned rewards are its rewards
+    + 0.0 (the sort's sums start from 0, so −0 becomes +0), found from the sorted columns
+    alone (:func:`_plain_slice`); only the other groups run :func:`_resolution_exact`, on
+    those rows (a group's bins do not depend on the rows beside it).
+    """
+    p, g = rewards.shape
+    work = transposed(rewards)  # [G, P], sorted in place below
+    plain = torch.empty(p, dtype=torch.bool, device=rewards.device)  # [P]
+    keep = torch.empty(p, dtype=torch.bool, device=rewards.device)  # [P]
+    buf = torch.empty((3 * (g - 1), min(p, _SLICE)), dtype=rewards.dtype, device=rewards.device)
+    for start in range(0, p, _SLICE):
+        part = slice(start, start + _SLICE)
+        _plain_slice(work[:, part], plain[part], keep[part], delta_res, buf)
+    binned = rewards + 0.0  # [P, G]
+    rows = plain.logical_not_().nonzero().squeeze(1)  # [U] the groups that need bin means
+    if rows.numel():
+        sub_binned, sub_keep = _resolution_exact(rewards.index_select(0, rows), None, delta_res)
+        binned.index_copy_(0, rows, sub_binned)
+        keep.index_copy_(0, rows, sub_keep)
+    return binned, keep
+
+
+def _plain_slice(
+    w: torch.Tensor, plain: torch.Tensor, keep: torch.Tensor, delta_res: float, buf: torch.Tensor
+) -> None:
+    """For a slice ``w [G, n]`` of the columns (sorted in place here): ``plain [n]``, the
+    groups whose binned rewards are their rewards + 0.0 (:func:`_resolution_plain_first`),
+    and ``keep [n]``, two bins or more (right for the plain groups only). ``buf``: scratch
+    of at least ``[3(G − 1), n]`` in w's dtype, reused across slices (fresh memory for each
+    step costs a page fault per 4 KiB here, more than the step)."""
+    g, n = w.shape
+    bits = _INT_OF[w.dtype]
+    sign = torch.finfo(w.dtype).bits - 1  # shift that spreads the sign bit over the word
+    gaps, small, odd = (buf[i * (g - 1) : (i + 1) * (g - 1), :n] for i in range(3))  # [G-1, n]
+    for ia, ib in network_blocks(g):  # the values alone, no exchanges recorded
+        x, y = w[ia], w[ib]  # [k, n] each
+        lo = torch.minimum(x, y, out=gaps[: x.shape[0]])
+        torch.maximum(x, y, out=y)
+        x.copy_(lo)
+    torch.sub(w[1:], w[:-1], out=gaps)  # [G-1, n] >= 0 (−0 after +0: not plain below)
+    si, oi = small.view(bits), odd.view(bits)
+    torch.sub(gaps, delta_res, out=small)
+    si.bitwise_right_shift_(sign)  # -1: gap < delta_res
+    low = (1 << (g - 1).bit_length()) - 1  # significand bits a multiple of up to G may need
+    torch.bitwise_and(w[1:].view(bits), low, out=oi).bitwise_or_(gaps.view(bits))  # 0: nice repeat
+    torch.neg(oi, out=gaps.view(bits))
+    oi.bitwise_or_(gaps.view(bits)).bitwise_right_shift_(sign).bitwise_and_(si)  # -1: not plain
+    bad, same = oi[0], si[0]  # [n], accumulated in place (rows 0 are not read again)
+    for k in range(1, g - 1):
+        bad.bitwise_or_(oi[k])
+        same.bitwise_and_(si[k])
+    torch.eq(same, 0, out=keep)  # a gap >= delta_res somewhere: two bins or more
+    # huge rewards: their multiples may overflow, so those groups take the exact path
+    torch.eq(bad, 0, out=plain).logical_and_(w[0] > -_HUGE).logical_and_(w[g - 1] < _HUGE)
+
+
+_HUGE = 2.0**100
+"""Rewards beyond ±this take :func:`_resolution_exact`: up to G times them stays finite."""
+
+
+def _resolution_exact(
+    rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_resolution_columns`' bin means for every group (any NaN)."""
+    p = rewards.shape[0]
+    work = transposed(rewards)  # [G, P]: sorted, then the bin means, in place
     if valid is not None:
-        cols = cols.nan_to_num_(nan=math.inf)  # NaN (the invalid entries) sort last
-    index = torch.arange(g, dtype=torch.uint8, device=rewards.device)[:, None]
-    s, order = sort_columns(list(cols.unbind(0)), list(index.expand_as(cols).unbind(0)))
-    ok = None if valid is None else [x != math.inf for x in s]  # G x [P] valid, sorted
-    acc, cnt = [s[0] + 0.0], [torch.ones_like(s[0])]  # running sum and count of each bin
-    starts = []  # G-1 x [P]: position k starts a new bin
+        work = work.nan_to_num_(nan=math.inf)  # NaN (the invalid entries) sort last
+    keep = torch.zeros(p, dtype=torch.bool, device=rewards.device)  # [P] two bins or more
+    for start in range(0, p, _SLICE):
+        part = slice(start, start + _SLICE)
+        _resolve_slice(work[:, part], keep[part], valid is not None, delta_res)
+    return transposed(work), keep
+
+
+_SLICE = 16384
+"""Groups :func:`_resolve_slice` takes at a time: its ~12 ``[G, n]``-sized buffers fit a
+core's L2 at G = 8 (the whole batch at once runs ~4x slower, out of cache)."""
+
+
+def _resolve_slice(w: torch.Tensor, keep: torch.Tensor, has_nan: bool, delta_res: float) -> None:
+    """Bin one slice ``w [G, n]`` of the columns in place (each entry becomes its bin mean,
+    NaN where it was invalid, +inf on entry) and write its ``keep [n]``."""
+    g, n = w.shape
+    bits = _INT_OF[w.dtype]
+    sign = torch.finfo(w.dtype).bits - 1  # shift that spreads the sign bit over the word
+    blocks = network_blocks(g)
+    swaps = []  # per block: [k, n] int, -1 where the pair exchanged
+    for ia, ib in blocks:
+        x, y = w[ia], w[ib]  # [k, n] views (strided rows)
+        swaps.append(torch.sub(y, x).view(bits).bitwise_right_shift_(sign))  # -1: x > y
+        lo = torch.minimum(x, y)
+        torch.maximum(x, y, out=y)
+        x.copy_(lo)
+    s = w.unbind(0)  # G x [n] sorted
+    ok = None if not has_nan else [c != math.inf for c in s]  # G x [n] valid, sorted
+    same = torch.empty((g, n), dtype=bits, device=w.device)  # [G, n]: -1 = continues a bin
+    acc, cnt = s[0] + 0.0, torch.ones_like(s[0])  # running sum and count of the bin
+    acc2, cnt2, step = torch.empty_like(acc), torch.empty_like(acc), torch.empty_like(acc)
     for k in range(1, g):
-        start = (s[k] - s[k - 1]) >= delta_res  # [P]
-        if ok is not None:
-            start &= ok[k]
-        starts.append(start)
-        acc.append(select(start, s[k] + 0.0, acc[k - 1] + s[k]))
-        cnt.append(zero_where(cnt[k - 1].clone(), start).add_(1.0))
-    mean = [a / c for a, c in zip(acc, cnt)]  # the bin mean at each bin's last position
-    for k in range(g - 2, -1, -1):  # carry it back to the bin's other members
-        last = starts[k] if ok is None else starts[k] | ~ok[k + 1]
-        mean[k] = select(last, mean[k], mean[k + 1])
+        torch.sub(s[k], s[k - 1], out=step).sub_(delta_res)  # < 0 where the gap < delta_res
+        m = torch.bitwise_right_shift(step.view(bits), sign, out=same[k])  # [n]
+        if ok is not None:  # an invalid entry never starts a bin (and becomes NaN)
+            m.bitwise_or_(ok[k].logical_not().to(bits).neg_())
+        # acc_k = s_k + (acc_{k-1} or +0.0): s_k + 0.0 at a bin's start, as the sort's sums
+        torch.bitwise_and(acc.view(bits), m, out=step.view(bits))
+        torch.add(s[k], step, out=acc2)
+        torch.bitwise_and(cnt.view(bits), m, out=step.view(bits))
+        torch.add(step, 1.0, out=cnt2)
+        torch.div(acc, cnt, out=s[k - 1])  # the running mean at k - 1 (s_{k-1} is spent)
+        acc, acc2, cnt, cnt2 = acc2, acc, cnt2, cnt
+    torch.div(acc, cnt, out=s[g - 1])
+    mb = w.view(bits)  # [G, n] the means' bits
+    for k in range(g - 2, -1, -1):  # carry each bin's mean (at its last entry) back
+        carry = same[k + 1] if ok is None else same[k + 1] & ok[k + 1].to(bits).neg_()
+        mb[k].bitwise_xor_(
+            torch.bitwise_xor(mb[k], mb[k + 1], out=step.view(bits)).bitwise_and_(carry)
+        )
     if ok is not None:
-        mean = [select(v, m, math.nan) for v, m in zip(ok, mean)]
-    binned = torch.empty_like(cols).scatter_(0, torch.stack(order).long(), torch.stack(mean))
-    keep = torch.zeros_like(s[0], dtype=torch.bool)  # [P] two bins or more
-    for start in starts:
-        keep |= start
-    return transposed(binned), keep
+        for k in range(g):
+            s[k].masked_fill_(~ok[k], math.nan)
+    for (ia, ib), swap in zip(reversed(blocks), reversed(swaps)):  # undo the exchanges
+        t = torch.bitwise_xor(mb[ia], mb[ib]).bitwise_and_(swap)  # [k, n]
+        mb[ia].bitwise_xor_(t)
+        mb[ib].bitwise_xor_(t)
+    if g > 1:  # some entry after the first starts a bin (one entry is one bin: keep False)
+        starts = same[1].clone()
+        for k in range(2, g):
+            starts.bitwise_and_(same[k])
+        torch.eq(starts, 0, out=keep)
+
+
+@functools.cache
+def network_blocks(g: int) -> tuple[tuple[slice, slice], ...]:
+    """:func:`~grouprl.advantages._groups.merge_network` ``(g)`` as blocks of disjoint
+    compare-exchanges, each a pair of row slices ``(a, b)`` of a ``[G, ...]`` tensor: row
+    ``a.start + i·a.step`` against row ``b.start + i·b.step``. [OURS] Pairs go to the first
+    layer after every earlier pair that shares an index (so the order of exchanges on each
+    index is kept); a layer's pairs of one distance split into arithmetic runs of rows.
+    7 blocks for the 19 pairs of G = 8."""
+    layers: list[list[tuple[int, int]]] = []
+    last = [-1] * g  # the last layer touching each index
+    for a, b in merge_network(g):
+        k = max(last[a], last[b]) + 1
+        if k == len(layers):
+            layers.append([])
+        layers[k].append((a, b))
+        last[a] = last[b] = k
+    blocks = []
+    for layer in layers:
+        for d in sorted({b - a for a, b in layer}):
+            rest = sorted(a for a, b in layer if b - a == d)
+            while rest:
+                run = [rest.pop(0)]
+                if rest:
+                    stride = rest[0] - run[0]
+                    while rest and rest[0] == run[-1] + stride:
+                        run.append(rest.pop(0))
+                stride = run[1] - run[0] if len(run) > 1 else 1
+                blocks.append(
+                    (slice(run[0], run[-1] + 1, stride), slice(run[0] + d, run[-1] + d + 1, stride))
+                )
+    return tuple(blocks)
 
 
 # --------------------------------------------------------------------------- virtual samples
