@@ -40,6 +40,7 @@ from grouprl.advantages._groups import (
     keyword_defaults,
     shared_moments,
     validate_rewards,
+    zero_rows_,
 )
 from grouprl.advantages.combine import REWARD_COMBINATIONS, weighted_sum
 from grouprl.advantages.tokens import TOKEN_ESTIMATORS, TOKEN_REWARDS_AS, kl_reward
@@ -617,7 +618,7 @@ def compute(
     if keep is None:
         keep = out.keep
     else:
-        values = values.masked_fill(~keep[:, None], 0.0)
+        values = zero_rows_(values.clone(), ~keep)  # a copy: values may be the estimator's own
         updated = updated & keep
     stats["updated_frac"] = float(updated.float().mean())
     return Advantages(values, keep, out.kl_weight, out.scale, stats, updated)

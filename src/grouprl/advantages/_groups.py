@@ -197,8 +197,8 @@ def spread_collapsed(
     else:  # a constant group of a value whose multiples k·v, k <= G, are exact (0, 1, 0.5...)
         # sums to G·v in any order, so its mean is v, its dev 0 and σ_q = 0 < tau: collapsed
         exact = unsure & ~((lo == hi) & _exact_multiples(lo, g))
-    rows = exact.nonzero().squeeze(1)  # [U]
-    if rows.numel():
+    if bool(exact.any()):  # (nonzero alone costs more than the reduction)
+        rows = exact.nonzero().squeeze(1)  # [U]
         unsure[rows] = _moments(rewards.index_select(0, rows), None, ddof, tau).collapsed
     return unsure
 

@@ -92,7 +92,7 @@ def whiten(
         x0, n = x, torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)
         mu = x.sum() / n.clamp_min(tiny)  # []
         dev = x - mu
-        var = dev.square().sum() / (n - ddof).clamp_min(tiny)
+        var = torch.mul(dev, dev).sum() / (n - ddof).clamp_min(tiny)  # x·x: pow(x, 2) is slower
     elif weights is None:  # a mask, unit weights: the same terms as below, by bit masks
         # [OURS] zero_where instead of torch.where and the float mask's products (each slow on
         # CPU); the masked terms are exact zeros either way, so the sums see the same values
@@ -100,7 +100,7 @@ def whiten(
         n = valid.sum().to(x.dtype)  # [] exact count
         mu = x0.sum() / n.clamp_min(tiny)  # []
         dev = x0 - mu
-        var = zero_where(dev.square(), ~valid).sum() / (n - ddof).clamp_min(tiny)
+        var = zero_where(torch.mul(dev, dev), ~valid).sum() / (n - ddof).clamp_min(tiny)
     else:
         w = valid.to(x.dtype) if weights is None else weights.to(x.dtype)
         if valid is not None and weights is not None:
@@ -129,7 +129,10 @@ def _result(values, valid, rewards, scale, collapsed, zeroed_groups, **stats) ->
     """Advantages of a batch-normalised estimator. ``zeroed_groups [P]`` (or None) get 0;
     ``updated`` = groups with a valid reward that are not zeroed (they all carry a gradient)."""
     p = rewards.shape[0]
-    live = group_count(valid, rewards) > 0  # [P]
+    if valid is None:  # every group has G >= 1 valid rewards
+        live = torch.ones(p, dtype=torch.bool, device=rewards.device)  # [P]
+    else:
+        live = group_count(valid, rewards) > 0  # [P]
     if zeroed_groups is not None:  # values is the estimator's own fresh tensor: zeroed in place
         values = zero_rows_(values, zeroed_groups)
         live = live & ~zeroed_groups
