@@ -58,7 +58,8 @@ def part_floors(rewards: torch.Tensor, repeat: int) -> dict[str, float]:
     costs at least the sum of its parts. ``floor_moments``: the group moments every estimator
     starts from (count, mean, centred rewards, std, collapse flag); ``floor_gopo_pairs``:
     gopo's Σ_j sign(r_i − r_j) over the G(G−1)/2 pairs, its definition; ``floor_resolution``:
-    the resolution protocol's binning (sorting network, scan, scatter back);
+    the resolution protocol's binning (the plain-group check on the sorted values, then the
+    exact bins of the other groups: network with recorded exchanges, scan, exchanges undone);
     ``floor_normalize_then_sum``: gdpo's first stage (a normalisation per reward function);
     ``floor_sort_network``: the G columns sorted by the sorting network alone, values only (no
     positions carried), the least any binning of each group costs here (``torch.sort`` of the

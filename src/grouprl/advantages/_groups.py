@@ -111,9 +111,9 @@ def shared_moments() -> Iterator[None]:
 
     [OURS] :func:`grouprl.advantages.compute` runs its transforms and estimator in one block:
     the virtual-sample trigger and the estimator both need the group moments of the same
-    batch when no virtual sample is added. Each later call gets its own ``dev``,
-    rebuilt from the kept mean (estimators change theirs in place); the block keeps the tensors it saw alive, so their ids
-    cannot be reused by new tensors inside it.
+    batch when no virtual sample is added. Each later call gets its own ``dev``, rebuilt
+    from the kept mean (estimators change theirs in place); the block keeps the tensors it
+    saw alive, so their ids cannot be reused by new tensors inside it.
     """
     token = _MEMO.set({})
     try:
@@ -384,7 +384,7 @@ def zero_rows_(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     in place: ``values.masked_fill_(rows[:, None], 0.0)``, the same bits.
 
     [OURS] ``index_fill_`` on the selected rows: a ``[P, 1]`` mask broadcast over a short
-    last dimension is ~3x slower on CPU, and the zeroed rows (collapsed groups) are few.
+    last dimension is ~2x slower on CPU, and the zeroed rows (collapsed groups) are few.
     """
     return values.index_fill_(0, rows.nonzero().squeeze(1), 0.0)
 

@@ -73,18 +73,13 @@ def resolution(
 def _resolution_columns(
     rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`resolution` on the G columns ``[P]``: a sorting network that records where it
-    exchanged, one scan over the sorted columns, and the network replayed backwards.
+    """:func:`resolution` on the G columns ``[P]``: without NaN, the groups that need no bin
+    means are found first (:func:`_resolution_plain_first`); the others, or every group of a
+    batch with NaN, get :func:`_resolution_exact`.
 
     [OURS] the same numbers as sorting each row (``torch.sort``, the branch above): a bin's
     running sum restarts at each bin's first member, ``0 + s_a + s_{a+1} + ...``, in
-    ascending order, and its count is exact. Every select is a bit mask (``-1`` = take the
-    other operand): the sign bit of a difference, shifted across the word. Putting the means
-    back is the network's exchanges undone in reverse order, each an xor swap under its
-    recorded mask (~4x cheaper than carrying positions and scattering them); where two
-    equal rewards were (or were not) exchanged, both get the same bin mean either way. The
-    exchanges run a block of disjoint pairs at a time (:func:`network_blocks`), and the
-    batch in slices of :data:`_SLICE` groups, whose working set stays in cache.
+    ascending order, and its count is exact.
     """
     if valid is None and rewards.shape[1] > 1:
         return _resolution_plain_first(rewards, delta_res)
@@ -162,7 +157,18 @@ _HUGE = 2.0**100
 def _resolution_exact(
     rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`_resolution_columns`' bin means for every group (any NaN)."""
+    """:func:`_resolution_columns`' bin means for every group (any NaN): a sorting network
+    that records where it exchanged, one scan over the sorted columns, and the network
+    replayed backwards.
+
+    [OURS] Every select is a bit mask (``-1`` = take the other operand): the sign bit of a
+    difference, shifted across the word. Putting the means back is the network's exchanges
+    undone in reverse order, each an xor swap under its recorded mask, instead of carrying
+    each reward's position through the network and scattering by it; where two equal
+    rewards were (or were not) exchanged, both get the same bin mean either way. The
+    exchanges run a block of disjoint pairs at a time (:func:`network_blocks`), and the
+    batch in slices of :data:`_SLICE` groups, whose working set stays in cache.
+    """
     p = rewards.shape[0]
     work = transposed(rewards)  # [G, P]: sorted, then the bin means, in place
     if valid is not None:
@@ -175,8 +181,8 @@ def _resolution_exact(
 
 
 _SLICE = 16384
-"""Groups :func:`_resolve_slice` takes at a time: its ~12 ``[G, n]``-sized buffers fit a
-core's L2 at G = 8 (the whole batch at once runs ~4x slower, out of cache)."""
+"""Groups :func:`_resolve_slice` and :func:`_plain_slice` take at a time: their ``[G, n]``
+buffers stay near a core's L2 at G = 8 (the whole batch at once ran ~1.3x slower)."""
 
 
 def _resolve_slice(w: torch.Tensor, keep: torch.Tensor, has_nan: bool, delta_res: float) -> None:
