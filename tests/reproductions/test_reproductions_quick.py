@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "reproductions"
-SIMULATIONS = ("categorical", "tail_miss", "low_variance", "acr", "normalization")
+SIMULATIONS = ("categorical", "tail_miss", "low_variance", "acr", "normalization", "maxnorm")
 
 
 def _load(name):

@@ -79,6 +79,7 @@ OBJECTIVE_CALLS = {
     ("train/update.py", "micro_batch_loss"): "the trainer's one call of LossSpec.objective",
     ("integrations/trl.py", "GroupRLGRPOTrainer._compute_loss"): "TRL's loop, not ours",
     ("simulate/low_variance.py", "train"): "the Table 3 simulation's linear policy",
+    ("simulate/maxnorm.py", "train"): "the MaxNorm accuracy simulation's two-layer policy",
 }
 """(module, enclosing function) -> the call of an ``objective`` there: one per engine."""
 

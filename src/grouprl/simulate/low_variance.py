@@ -345,13 +345,16 @@ def subset_gradients(
 ) -> dict[str, float]:
     """R/KL, the reward/KL cosine and the cardinal cosine on a subset of groups.
 
-    ``lp, ref_lp, adv, cardinal``: ``[S, G]`` log-probs of the sampled answers under the
-    policy (with the graph to ``w``) and the reference, the method's advantages and the
-    cardinal (Dr.GRPO) ones. Reward branch −mean(A·log π); KL branch mean k3 (unweighted,
-    no β, no ``kl_weight``); cardinal branch −mean(A_card·log π); token mean over the
-    subset's samples (one token per answer). Returns ``r_over_kl`` (NaN when β‖g_KL‖ = 0),
-    ``cos_kl``, ``cos_cardinal`` (NaN when either gradient is 0).
+    ``lp, ref_lp``: ``[S, G]`` (one token per answer) or ``[S, G, T]`` (T tokens each)
+    log-probs of the sampled tokens under the policy (with the graph to ``w``) and the
+    reference; ``adv, cardinal``: ``[S, G]`` the method's advantages and the cardinal
+    (Dr.GRPO) ones, one per answer. Reward branch −mean(A·log π); KL branch mean k3
+    (unweighted, no β, no ``kl_weight``); cardinal branch −mean(A_card·log π); token mean over
+    the subset's tokens. Returns ``r_over_kl`` (NaN when β‖g_KL‖ = 0), ``cos_kl``,
+    ``cos_cardinal`` (NaN when either gradient is 0).
     """
+    if lp.dim() == adv.dim() + 1:  # an answer's advantage applies to each of its tokens
+        adv, cardinal = adv[..., None], cardinal[..., None]
     reward_loss = -(adv * lp).mean()
     kl_loss = k3(lp, ref_lp).mean()
     card_loss = -(cardinal * lp).mean()
