@@ -15,9 +15,9 @@ The protocol, every piece on seeds the main comparison never sees:
 3. **paired seeds 0..n−1**: every method at its lr on the same world, network start and prompt
    stream per seed; MaxNorm-RLOO against each baseline by paired differences
    (:func:`grouprl.diagnostics.compare.paired_stats`: mean, SE, sign count, bootstrap CI);
-4. **matched KL** [OURS]: GRPO + Protocol, p90 + Protocol and MaxNorm-RLOO also at β/2 and
-   2β, so that each baseline can be read at MaxNorm-RLOO's KL (per seed, accuracy
-   interpolated in log KL).
+4. **matched KL** [OURS]: GRPO + Protocol, p90 + Protocol and MaxNorm-RLOO also at β/2, 1.5β
+   and 2β, so that each baseline can be read at MaxNorm-RLOO's KL (per seed, accuracy
+   interpolated in log KL); the two baselines' β range again at their runner-up lr.
 
     python reproductions/maxnorm/run.py                 # 5 paired seeds
     python reproductions/maxnorm/run.py --quick         # seconds: schema check only
@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 CALIB_SEED = 1000
 TUNE_SEEDS = (1001, 1002)
 LR_GRID = (0.003, 0.01, 0.03, 0.1)
-BETA_FACTORS = (0.5, 2.0)
+BETA_FACTORS = (0.5, 1.5, 2.0)
 """The matched-KL arms: :data:`FRONTIER` at these multiples of β."""
 FRONTIER = ("grpo+protocol", "p90+protocol", "maxnorm_rloo")
 """The methods also run at β/2 and 2β: MaxNorm-RLOO and the two baselines above it at β."""
@@ -62,8 +62,10 @@ PAPER_DELTA = {
 COLUMNS = ("mean KL", "KL P95", "inv P95", "inv P99", "R/KL")
 
 
-def _arm(method: str, factor: float) -> str:
-    return method if factor == 1.0 else f"{method} @ {factor:g}β"
+def _arm(method: str, factor: float, lr: float | None = None) -> str:
+    """The arm's label: ``method``, ``method (lr x)`` at a second lr, `` @ fβ`` off β."""
+    name = method if lr is None else f"{method} (lr {lr:g})"
+    return name if factor == 1.0 else f"{name} @ {factor:g}β"
 
 
 def tune_lrs(cfg, beta: float, grid, seeds) -> dict[str, dict]:
@@ -77,24 +79,41 @@ def tune_lrs(cfg, beta: float, grid, seeds) -> dict[str, dict]:
             lr: [mn.train(m, worlds[s], cfg, seed=s, lr=lr, beta=beta)["accuracy"] for s in seeds]
             for lr in grid
         }
-        best = max(grid, key=lambda lr: sum(acc[lr]))
-        out[m] = {"lr": best, "accuracy by lr": {f"{lr:g}": v for lr, v in acc.items()}}
+        ranked = sorted(grid, key=lambda lr: sum(acc[lr]), reverse=True)
+        out[m] = {
+            "lr": ranked[0],
+            "runner-up lr": ranked[1] if len(ranked) > 1 else ranked[0],
+            "accuracy by lr": {f"{lr:g}": v for lr, v in acc.items()},
+        }
     return out
 
 
-def run_seeds(cfg, beta: float, lrs: dict[str, float], n: int) -> dict[str, list[dict]]:
+def run_seeds(cfg, beta: float, tuning: dict[str, dict], n: int) -> dict[str, list[dict]]:
     """``{arm: [result of seed 0, 1, ...]}``: every method at its lr and β, the frontier arms
-    at the other multiples of β; one world per seed shared by every arm."""
+    at the other multiples of β, and the frontier baselines' whole β range again at their
+    runner-up lr (is the matched-KL reading robust to the lr choice?); one world per seed
+    shared by every arm."""
     from grouprl.simulate import maxnorm as mn
 
     runs: dict[str, list[dict]] = {}
     for s in range(n):
         world = mn.make_world(cfg, torch.Generator().manual_seed(s))
-        arms = [(m, 1.0) for m in mn.METHODS] + [(m, f) for m in FRONTIER for f in BETA_FACTORS]
-        for m, f in arms:
-            res = mn.train(m, world, cfg, seed=s, lr=lrs[m], beta=beta * f)
-            runs.setdefault(_arm(m, f), []).append({**res, "beta": beta * f, "lr": lrs[m]})
+        arms = [(m, f, None) for m in mn.METHODS for f in (1.0,)]
+        arms += [(m, f, None) for m in FRONTIER for f in BETA_FACTORS]
+        arms += [(m, f, tuning[m]["runner-up lr"]) for m in _baselines() for f in _factors()]
+        for m, f, lr2 in arms:
+            lr = tuning[m]["lr"] if lr2 is None else lr2
+            res = mn.train(m, world, cfg, seed=s, lr=lr, beta=beta * f)
+            runs.setdefault(_arm(m, f, lr2), []).append({**res, "beta": beta * f, "lr": lr})
     return runs
+
+
+def _baselines() -> tuple[str, ...]:
+    return tuple(m for m in FRONTIER if m != TARGET)
+
+
+def _factors() -> tuple[float, ...]:
+    return (1.0, *BETA_FACTORS)
 
 
 def summarise(runs: dict[str, list[dict]]) -> list[dict]:
@@ -194,32 +213,38 @@ def _interp(kl_x: float, kls: list[float], accs: list[float]) -> tuple[float, bo
     return float(np.interp(lx, x, y)), bool(x[0] <= lx <= x[-1])
 
 
-def matched_kl(runs: dict[str, list[dict]], key: str = "mean KL, all updated") -> list[dict]:
-    """MaxNorm-RLOO at β minus each other frontier method read at MaxNorm-RLOO's ``key`` (its
-    accuracy interpolated in log KL over its β/2, β, 2β runs), per seed, paired (points)."""
-    factors = (1.0, *BETA_FACTORS)
+def matched_kl(
+    runs: dict[str, list[dict]], tuning: dict[str, dict], key: str = "mean KL, all updated"
+) -> list[dict]:
+    """MaxNorm-RLOO at β minus each frontier baseline read at MaxNorm-RLOO's ``key`` (its
+    accuracy interpolated in log KL over its β/2 … 2β runs), per seed, paired (points); at the
+    baseline's tuned lr and at its runner-up lr."""
     out = []
-    for other in FRONTIER:
-        if other == TARGET:
-            continue
-        d, inside = [], 0
-        for s in range(len(runs[TARGET])):
-            at = runs[TARGET][s][key]
-            kls = [runs[_arm(other, f)][s][key] for f in factors]
-            accs = [runs[_arm(other, f)][s]["accuracy"] for f in factors]
-            acc_other, ok = _interp(at, kls, accs)
-            inside += ok
-            d.append(100 * (runs[TARGET][s]["accuracy"] - acc_other))
-        st = _stats(d)
-        out.append(
-            {
-                "comparison": f"MaxNorm-RLOO over {other} at MaxNorm-RLOO's {key}",
-                "ours (points, paired)": _line(st),
-                "verdict": verdict_of(st),
-                "inside the β range": f"{inside}/{len(d)} seeds",
-                "stats": st,
-            }
-        )
+    for other in _baselines():
+        for lr2 in (None, tuning[other]["runner-up lr"]):
+            d, inside = [], 0
+            for s in range(len(runs[TARGET])):
+                at = runs[TARGET][s][key]
+                pts = [runs[_arm(other, f, lr2)][s] for f in _factors()]
+                acc_other, ok = _interp(at, [r[key] for r in pts], [r["accuracy"] for r in pts])
+                inside += ok
+                d.append(100 * (runs[TARGET][s]["accuracy"] - acc_other))
+            st = _stats(d)
+            lr = tuning[other]["lr"] if lr2 is None else lr2
+            which = "tuned" if lr2 is None else "runner-up"
+            out.append(
+                {
+                    "comparison": f"MaxNorm-RLOO over {other} (lr {lr:g}, {which}) at "
+                    f"MaxNorm-RLOO's {key}",
+                    "ours (points, paired)": _line(st),
+                    "verdict": verdict_of(st)
+                    if inside == len(d)
+                    else f"not readable: outside the baseline's β range in {len(d) - inside} "
+                    "seeds (clamped to its end)",
+                    "inside the β range": f"{inside}/{len(d)} seeds",
+                    "stats": st,
+                }
+            )
     return out
 
 
@@ -304,10 +329,9 @@ def plot(rows: list[dict], runs: dict[str, list[dict]]):
     key = "mean KL, all updated"
     for m, color in zip(FRONTIER, ("tab:orange", "tab:purple", "tab:green")):
         pts = sorted(
-            (by[_arm(m, f)][key]["mean"], by[_arm(m, f)]["accuracy"]["mean"])
-            for f in (1.0, *BETA_FACTORS)
+            (by[_arm(m, f)][key]["mean"], by[_arm(m, f)]["accuracy"]["mean"]) for f in _factors()
         )
-        b.plot(*zip(*pts), "o-", color=color, label=f"{m} (β/2, β, 2β)")
+        b.plot(*zip(*pts), "o-", color=color, label=f"{m} (β/2 … 2β)")
     for m in methods:
         if m not in FRONTIER:
             b.scatter(by[m][key]["mean"], by[m]["accuracy"]["mean"], s=12, color="gray")
@@ -352,7 +376,8 @@ def readme_block(payload: dict) -> str:
             f"over {n} seeds: mean ± SE, sign count, 95 % bootstrap CI):",
             C.markdown_table(comps),
             "**Matched KL** (each baseline read at MaxNorm-RLOO's mean KL over all updated "
-            "groups, per seed, by interpolation in log KL over its β/2, β, 2β runs):",
+            "groups, per seed, by linear interpolation in log KL over its runs at β/2, β, "
+            "1.5β, 2β):",
             C.markdown_table(matched),
             f"**Accuracy and KL** (mean ± SE over {n} seeds; accuracy, credit in points):",
             C.markdown_table(rendered, acc_cols),
@@ -385,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     beta, pilot = mn.calibrate_beta(cfg, CALIB_SEED)
     cfg = replace(cfg, beta=beta)
     tuning = tune_lrs(cfg, beta, grid, tune_seeds)
-    runs = run_seeds(cfg, beta, {m: t["lr"] for m, t in tuning.items()}, args.seeds)
+    runs = run_seeds(cfg, beta, tuning, args.seeds)
     rows = summarise(runs)
     comps = comparisons(runs)
     payload = {
@@ -402,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "tuning": tuning,
         "table": rows,
         "comparisons": comps,
-        "matched_kl": matched_kl(runs),
+        "matched_kl": matched_kl(runs, tuning),
         "departures": departures(rows),
         "checks": checks(runs, comps, {"beta": beta}),
         "runs": runs,

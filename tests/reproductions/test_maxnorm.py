@@ -2,6 +2,7 @@
 paired comparison, the interpolation that reads an arm at another arm's KL."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -46,3 +47,24 @@ def test_interpolation_in_log_kl_by_hand():
     # KL 0.01 → 40, 0.1 → 60: at KL 10^-1.5 (halfway in log) the accuracy is 50
     assert interp(10**-1.5, [0.1, 0.01], [60.0, 40.0]) == (pytest.approx(50.0), True)
     assert interp(1.0, [0.1, 0.01], [60.0, 40.0]) == (pytest.approx(60.0), False)  # clamped
+
+
+def test_matched_kl_reads_the_baseline_at_maxnorms_kl_by_hand():
+    mod = _load()
+    # every baseline arm: KL 0.1/f at β·f and accuracy 0.8 + 0.1·log10(KL), linear in log KL,
+    # so the interpolation is exact: at MaxNorm-RLOO's KL 0.07 the baseline reads
+    # 0.8 + 0.1·log10(0.07) = 0.684510, and MaxNorm-RLOO's 0.75 is 6.549 points above it.
+    key = "mean KL, all updated"
+    tuning = {m: {"lr": 0.01, "runner-up lr": 0.03} for m in mod.FRONTIER}
+    runs = {mod.TARGET: [{key: 0.07, "accuracy": 0.75}] * 2}
+    for m in mod._baselines():
+        for lr2 in (None, 0.03):
+            for f in mod._factors():
+                kl = 0.1 / f
+                runs[mod._arm(m, f, lr2)] = [{key: kl, "accuracy": 0.8 + 0.1 * math.log10(kl)}] * 2
+    out = mod.matched_kl(runs, tuning)
+    assert len(out) == 2 * len(mod._baselines())
+    want = 100 * (0.75 - (0.8 + 0.1 * math.log10(0.07)))
+    for row in out:
+        assert row["stats"]["diffs"] == pytest.approx([want, want])
+        assert row["inside the β range"] == "2/2 seeds"
