@@ -45,16 +45,17 @@ numbers), so differences between methods are paired by seed.
 **Measured**: the held-out accuracy (and the expected partial credit) at the end; and over the
 second half of training, on updated groups with σ_q < 1e-2 (Table 3's subset,
 :func:`grouprl.diagnostics.low_sigma_groups`): 1/scale P95/P99, mean and P95 of the token k3 at
-the sampled tokens, and every ``measure_every`` steps R/KL = ‖g_R‖/(β‖g_KL‖) and the two
-readings of "Dir." (reward/KL cosine; cosine with the cardinal r − r̄ gradient) of
-:func:`grouprl.simulate.low_variance.subset_gradients`.
+the sampled tokens, and — at every step that has such a group, the subset being rare after
+the Protocol — R/KL = ‖g_R‖/(β‖g_KL‖) and the two readings of "Dir." (reward/KL cosine; cosine
+with the cardinal r − r̄ gradient) of :func:`grouprl.simulate.low_variance.subset_gradients`.
+For context, over *all* updated groups: the KL at the sampled tokens (mean, P95) and, every
+``measure_every`` steps, R/KL.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -62,7 +63,6 @@ from grouprl.diagnostics.balance import low_sigma_groups
 from grouprl.diagnostics.inverse_scale import updated_groups
 from grouprl.losses.kl import k3
 from grouprl.losses.objective import objective
-from grouprl.simulate._common import Claim, SimResult
 from grouprl.simulate.low_variance import PAPER_TABLE3, bisect_log, subset_gradients
 
 __all__ = [
@@ -75,7 +75,6 @@ __all__ = [
     "calibrate_beta",
     "make_world",
     "rewards_of",
-    "simulate",
     "train",
 ]
 
@@ -386,37 +385,3 @@ def _table3(inv, kls, grads) -> dict[str, float]:
         "Dir: cos(g_R, g_KL)": _finite_mean(cos_kl),
         "Dir: cos(g_R, g_cardinal)": _finite_mean(cos_c),
     }
-
-
-def simulate(quick: bool = False, seed: int = 0, **overrides) -> SimResult:
-    """Every method of :data:`METHODS` on one seed's world at ``cfg.lr`` (no lr tuning: the
-    reproduction, ``reproductions/maxnorm/run.py``, tunes lr per method and pairs seeds)."""
-    cfg = replace(QUICK if quick else MaxNormConfig(), **{**overrides, "seed": seed})
-    t0 = time.perf_counter()
-    world = make_world(cfg, torch.Generator().manual_seed(cfg.seed))
-    rows = [{"method": m, **train(m, world, cfg, seed=cfg.seed)} for m in METHODS]
-    by = {r["method"]: r for r in rows}
-    claims = [
-        Claim(
-            "maxnorm_rloo_above_p90",
-            by["maxnorm_rloo"]["accuracy"] > by["p90+protocol"]["accuracy"],
-            f"held-out accuracy: maxnorm_rloo {by['maxnorm_rloo']['accuracy']:.4f} vs "
-            f"p90+protocol {by['p90+protocol']['accuracy']:.4f} (paper Table 2: 78.3 vs 73.5)",
-        ),
-        Claim(
-            "bounded_scales",
-            all(by[m]["inv P99"] <= 100 + 1e-9 for m in ("maxnorm_rloo", "p90+protocol")),
-            "P99 of 1/scale: "
-            + ", ".join(f"{m} {by[m]['inv P99']:.3g}" for m in ("maxnorm_rloo", "p90+protocol")),
-        ),
-    ]
-    result = SimResult(
-        name="maxnorm",
-        title="MaxNorm-AC where it applies: learnable partial credit beside jitter",
-        config=asdict(cfg),
-        rows=rows,
-        claims=claims,
-        data={"paper_table2": PAPER_TABLE2, "paper_table3": PAPER_TABLE3},
-    )
-    result.seconds = time.perf_counter() - t0
-    return result
