@@ -10,7 +10,10 @@ Both trainers start from the same weights, train on the same task with the ``grp
 P prompts × G completions per step, one AdamW step per generation batch, in fp32 on the CPU
 with no autocast (TRL's ``GRPOConfig`` defaults ``bf16=True``, which on a CPU means
 ``torch.autocast("cpu", bfloat16)``, and ``gradient_checkpointing=True``; both are turned off
-here), the same micro-batch, sampling, completion length, threads and steps. Each trainer runs
+here), the same micro-batch, sampling, completion length, threads and steps.
+``--gradient-checkpointing`` turns checkpointing on in both (TRL's default,
+``gradient_checkpointing=True``; grouprl's ``optim.activation_checkpointing=true``), so that
+the comparison with checkpointing is like with like too. Each trainer runs
 in its own child process (its peak RSS is its own), one after the other.
 
 Equal settings, shown: each child builds its trainer and reads the settings back from the
@@ -372,6 +375,14 @@ def _optimizer(opt) -> dict[str, Any]:
     return {"class": type(inner).__name__, "groups": [json.loads(g) for g in sorted(groups)]}
 
 
+def _grouprl_checkpointing(model) -> bool:
+    """True when grouprl's activation checkpointing wrapped the model's decoder layers
+    (``grouprl.train.checkpointing.checkpoint_layers`` marks each layer it wraps)."""
+    return any(getattr(m, "_grouprl_checkpointed", False) for m in model.modules()) or bool(
+        getattr(model, "is_gradient_checkpointing", False)
+    )
+
+
 def _trainable(model) -> int:
     return int(sum(p.numel() for p in model.parameters() if p.requires_grad))
 
@@ -414,7 +425,7 @@ def grouprl_settings(run) -> dict[str, Any]:
         "grad clip (global norm)": o.grad_clip if o.grad_clip > 0 else "off",
         "epochs per generation batch": o.ppo_epochs,
         "optimizer steps per epoch": o.minibatches,
-        "gradient checkpointing": bool(getattr(model, "is_gradient_checkpointing", False)),
+        "gradient checkpointing": _grouprl_checkpointing(model),
         "dropout probability (modules, attention)": _dropout_p(model),
         "loss": trl_loss_settings(run.preset),
         "advantage (TRL scale_rewards)": _SCALE_REWARDS.get(run.preset.estimator, "other"),
@@ -515,7 +526,10 @@ class Probe:
         self._note(f"autocast in {'gradient' if grad else 'no-gradient'} passes", _autocast_state())
         self._note("parameter dtype in forward", _param_dtypes(module))
         self._note("torch threads in forward", torch.get_num_threads())
-        checkpointing = bool(getattr(module, "gradient_checkpointing", False) and module.training)
+        # active = recomputing in the backward: transformers' only in train mode, grouprl's
+        # wrapping (train/checkpointing.py) in any mode; neither where grad is off
+        hf_on = bool(getattr(module, "gradient_checkpointing", False) and module.training)
+        checkpointing = grad and (hf_on or _grouprl_checkpointing(module))
         self._note("gradient checkpointing active", checkpointing)
         if grad:
             self.grad_tokens += rows * length
@@ -590,6 +604,7 @@ def grouprl_config(args: argparse.Namespace, out: Path):
             "run.report=false",
             "run.save_final=false",  # TRL writes nothing at the end either
             f"run.threads={args.threads}",
+            f"optim.activation_checkpointing={str(args.gradient_checkpointing).lower()}",
             *args.grouprl_set,
         ],
     )
@@ -741,7 +756,8 @@ def trl_config(args: argparse.Namespace, out: Path):
         # fp32 mode: off (GRPOConfig's default bf16=True means bf16 autocast on the CPU)
         "bf16": PRECISION_MODES[args.precision]["autocast"] == "bfloat16",
         "fp16": False,
-        "gradient_checkpointing": False,  # GRPOConfig's default is True; grouprl has none
+        # GRPOConfig's default is True; off unless --gradient-checkpointing (then both on)
+        "gradient_checkpointing": args.gradient_checkpointing,
         "disable_dropout": True,  # grouprl trains in eval mode (dropout off)
         "shuffle_dataset": False,  # the prompts in grouprl's order
         "scale_rewards": _SCALE_REWARDS[preset.estimator],
@@ -963,6 +979,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-samples", type=int)
     ap.add_argument("--only", choices=("grouprl", "trl"), help="run one trainer only")
     ap.add_argument("--settings-only", action="store_true", help="compare settings; no training")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="checkpointing on in both trainers (TRL's default; grouprl "
+                         "optim.activation_checkpointing=true)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="smoke sizes (QUICK)")
     ap.add_argument(
         "--trl-set",
@@ -994,6 +1013,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         f"--preset={args.preset}",
         f"--seed={args.seed}",
         f"--threads={args.threads}",
+        *(["--gradient-checkpointing"] if args.gradient_checkpointing else []),
         f"--sft-steps={args.sft_steps}",
         f"--eval-prompts={args.eval_prompts}",
         f"--eval-samples={args.eval_samples}",
@@ -1067,6 +1087,7 @@ def _setting(args: argparse.Namespace) -> dict[str, Any]:
         "steps": args.steps,
         "lr": args.lr,
         "threads": args.threads,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "precision": args.precision,
         "dtype": PRECISION_MODES[args.precision]["says"],
         "eval": f"{args.eval_prompts} held-out x {args.eval_samples} samples, T=1"

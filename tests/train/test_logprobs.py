@@ -297,3 +297,56 @@ def test_sum_pi_squared_matches_the_full_softmax(fused, recompute, monkeypatch):
     plain = completion_logprobs(model, prompt, pmask, comp, cmask, temperature=0.7, chunk=4)
     assert plain.sum_pi_squared is None
     torch.testing.assert_close(out.logp, plain.logp)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [3, 10_000])
+def test_recomputed_head_gives_the_kept_heads_gradients_bit_for_bit(temperature, chunk):
+    """The fused head without its kept [M, V] probabilities rebuilds them in the backward
+    from the row maxima and sums by the forward's own operations: log-probs, entropies and
+    every gradient equal the kept path's exactly (chunk 3 splits the 20 tokens unevenly)."""
+    vocab = 700
+    model = _model(vocab)
+    batch = _batch(vocab)
+    weight = torch.linspace(0.5, 2, batch[2].shape[1])  # [T] distinct per-position gradients
+    outs, grads = [], []
+    for recompute in (False, True):
+        model.zero_grad()
+        out = completion_logprobs(
+            model, *batch, temperature=temperature, chunk=chunk, entropy=True,
+            recompute=recompute,
+        )  # fmt: skip
+        (out.logp * weight).sum().backward()
+        outs.append(out)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert torch.equal(outs[0].logp, outs[1].logp)
+    assert torch.equal(outs[0].entropy, outs[1].entropy)
+    for kept, rebuilt in zip(*grads):
+        assert torch.equal(kept, rebuilt)
+
+
+def test_recomputed_head_keeps_no_vocabulary_block(monkeypatch):
+    """With recompute the fused head saves the row maxima and sums ([M, 1] each, fp32) in
+    place of the [M, V] probabilities: the tensors kept for the backward differ by exactly
+    that."""
+    vocab = 2000
+    model = _model(vocab)
+    batch = _batch(vocab)
+    m = int(batch[3].sum())  # completion tokens
+
+    def saved_bytes(recompute: bool) -> int:
+        seen: dict[int, int] = {}
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in params:
+                seen[ptr] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            completion_logprobs(model, *batch, chunk=10_000, recompute=recompute)
+        return sum(seen.values())
+
+    kept, rebuilt = saved_bytes(False), saved_bytes(True)
+    assert kept - rebuilt == m * vocab * 4 - 2 * m * 4

@@ -31,6 +31,8 @@ for b in blocks:
 before = rss()
 for b in blocks:
     libc.free(b)
+if sys.argv[1] == "trim":
+    assert malloc.release_free_memory()
 print(before - rss())
 """
 
@@ -46,6 +48,12 @@ def test_freed_blocks_go_back_to_the_os_only_with_the_fixed_threshold():
     # later 4 MiB blocks live in the heap and their memory stays with the process when freed
     assert _returned_mib("default") < 64
     assert _returned_mib("set") > 240  # ~256 MiB handed back
+
+
+def test_release_free_memory_hands_back_free_heap_blocks_below_a_live_one():
+    # the default threshold keeps the 4 MiB blocks in the heap, under the live fence, where
+    # trimming the heap's top cannot reach them: malloc_trim(0) releases their pages
+    assert _returned_mib("trim") > 240
 
 
 def test_bad_values_do_nothing_and_the_config_checks_the_range():

@@ -10,6 +10,11 @@ RMSNorm, the input, ``rsqrt(mean(x²) + eps)`` and the normalised input. On Smol
 - :class:`_GatedMLP` keeps the MLP's input and the gate and up outputs and recomputes
   ``silu(gate)`` and the product in the backward (two elementwise passes, no matmul).
 - :class:`_RMSNorm` keeps the input and ``rsqrt(...)`` and recomputes the normalised input.
+- A norm's output, which the layers after it save as their input (the attention's q/k/v
+  projections, the MLP), is kept as a reference to the norm's node and rebuilt in the
+  backward from the norm's own ``x`` and ``r`` (``weight * (x * r)``, the forward's
+  operations: the same floats). [OURS] measured on SmolLM2 (one micro-batch of 16 × 64
+  completion tokens): 143 MiB fewer live bytes at the forward's and the backward's peak.
 
 [OURS] The trade of fused SwiGLU / RMSNorm kernels (e.g. Liger-Kernel's), not gradient
 checkpointing: no matmul is redone. The backwards call the ATen operations autograd calls, on
@@ -159,11 +164,52 @@ def _forward(module: torch.nn.Module, kind: str) -> Callable[[torch.Tensor], tor
     return mlp if kind == "mlp" else norm
 
 
+class _Rebuilt:
+    """A saved norm output, kept as the norm's node: the backward rebuilds the tensor (or
+    the view of it that was saved) from the norm's own saved ``x`` and ``r``."""
+
+    __slots__ = ("node", "offset", "size", "stride")
+
+    def __init__(self, node: Any, t: torch.Tensor) -> None:
+        self.node, self.size, self.stride, self.offset = node, t.size(), t.stride(), t.storage_offset()
+
+    def tensor(self) -> torch.Tensor:
+        x, r, weight = self.node.saved_tensors
+        out = weight * (x * r)  # the forward's operations on the same operands: the same floats
+        return out.as_strided(self.size, self.stride, self.offset)
+
+
+def _pack(t: torch.Tensor) -> Any:
+    """What autograd keeps of ``t``: a :class:`_Rebuilt` for an output of :class:`_RMSNorm`
+    (the linears after a norm save its output, or a flattened view of it), else ``t``."""
+    base = t if t._base is None else t._base
+    node = base.grad_fn
+    if type(node) is not _RMSNorm._backward_cls or not base.is_contiguous():
+        return t
+    if t.dtype != base.dtype or (t._base is not None and not _within(t, base)):
+        return t
+    return _Rebuilt(node, t)
+
+
+def _within(view: torch.Tensor, base: torch.Tensor) -> bool:
+    """True when ``view`` addresses only elements of the contiguous ``base``."""
+    last = view.storage_offset() + sum((n - 1) * s for n, s in zip(view.size(), view.stride()))
+    return view.storage_offset() >= 0 and last < base.numel()
+
+
+def _unpack(saved: Any) -> torch.Tensor:
+    return saved.tensor() if isinstance(saved, _Rebuilt) else saved
+
+
 @contextlib.contextmanager
 def lean_activations(model: Any) -> Iterator[int]:
     """Within the block, the model's Llama-form MLPs and RMSNorms keep less for the backward
     (module docstring); yields how many modules were switched. The switch is an instance
-    attribute, removed on exit, also on an exception; a nested block leaves the outer one."""
+    attribute, removed on exit, also on an exception; a nested block leaves the outer one.
+
+    A norm's output saved by the layers after it (the attention's q/k/v projections, the MLP)
+    is kept as the norm's node and rebuilt in the backward (:func:`_pack`): one
+    ``[tokens, hidden]`` tensor per norm fewer, for two elementwise products at each use."""
     switched = []
     for module in model.modules() if isinstance(model, torch.nn.Module) else []:
         kind = _kind(module)
@@ -172,7 +218,8 @@ def lean_activations(model: Any) -> Iterator[int]:
         module.forward = _forward(module, kind)
         switched.append(module)
     try:
-        yield len(switched)
+        with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):
+            yield len(switched)
     finally:
         for module in switched:
             del module.forward

@@ -241,8 +241,10 @@ class _HeadLogProb(torch.autograd.Function):
 
     Forward ``[c, H]`` hidden states to ``[c]`` log-probs (and entropies, no gradient) through
     one ``[c, V]`` block. Backward: d logp / d logits = (onehot(y) - p) / T, so the gradient
-    needs only the probabilities: kept from the forward (``keep``), else recomputed from the
-    saved log-normaliser (one more head matmul). fp32, no autocast (checked by the caller).
+    needs only the probabilities: kept from the forward (``keep``, ``[c, V]``), else rebuilt
+    from the saved row maxima and sums (``[c, 1]`` each) by the forward's own operations on
+    the same operands: one more head matmul, and the same gradients bit for bit [OURS].
+    fp32, no autocast (checked by the caller).
     """
 
     @staticmethod
@@ -255,30 +257,33 @@ class _HeadLogProb(torch.autograd.Function):
         p = z.exp()  # [c, V]
         total = p.sum(-1, keepdim=True)  # [c, 1]
         p.div_(total)
-        log_total = total.log_().squeeze(-1)  # [c]
+        log_total = total.log().squeeze(-1)  # [c]
         logp = z.gather(-1, y[:, None]).squeeze(-1) - log_total  # [c]
         if with_entropy:  # H = -Σ p (z - log Σ) = log Σ - Σ p z
             ent = log_total - torch.linalg.vecdot(p, z)
         else:
             ent = torch.zeros_like(logp)
         spi = torch.linalg.vecdot(p, p) if with_spi else torch.zeros_like(logp)  # Σ_v π_v²
-        saved = p if keep else top.squeeze(-1) + log_total  # [c, V] or the log-normaliser [c]
-        ctx.save_for_backward(h, weight, bias, y, saved)
+        if keep:
+            ctx.save_for_backward(h, weight, bias, y, p)  # p [c, V]
+        else:  # the max and the sum [c, 1] rebuild p with the forward's own operations
+            ctx.save_for_backward(h, weight, bias, y, top, total)
         ctx.keep, ctx.temperature = keep, temperature
         ctx.mark_non_differentiable(ent, spi)
         return logp, ent, spi
 
     @staticmethod
     def backward(ctx, grad_logp, grad_ent, grad_spi):
-        h, weight, bias, y, saved = ctx.saved_tensors
+        h, weight, bias, y, *saved = ctx.saved_tensors
         t = ctx.temperature
         if ctx.keep:
-            grad_z = saved * (-grad_logp)[:, None]  # [c, V] (a new tensor: saved stays intact)
-        else:
-            grad_z = torch.nn.functional.linear(h, weight, bias)
+            grad_z = saved[0] * (-grad_logp)[:, None]  # [c, V] (a new tensor: saved stays intact)
+        else:  # p again, bit for bit: the same matmul on the same operands, then the same ops
+            top, total = saved
+            grad_z = torch.nn.functional.linear(h, weight, bias)  # [c, V]
             if t != 1.0:
                 grad_z.div_(t)
-            grad_z.sub_(saved[:, None]).exp_().mul_((-grad_logp)[:, None])
+            grad_z.sub_(top).exp_().div_(total).mul_((-grad_logp)[:, None])
         grad_z.scatter_add_(-1, y[:, None], grad_logp[:, None])  # onehot(y) · g
         if t != 1.0:
             grad_z.div_(t)

@@ -24,11 +24,27 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import sys
+from typing import Any
 
-__all__ = ["M_MMAP_THRESHOLD", "map_large_blocks"]
+__all__ = ["M_MMAP_THRESHOLD", "map_large_blocks", "release_free_memory"]
 
 M_MMAP_THRESHOLD = -3
 """``mallopt`` parameter number of the mmap threshold (glibc ``malloc.h``)."""
+
+
+def _libc(name: str, argtypes: list, restype: Any) -> Any:
+    """glibc's function ``name`` with its C signature, or None (not Linux, no such libc or
+    function: musl, a sandbox without libc)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    fn = getattr(libc, name, None)
+    if fn is not None:
+        fn.argtypes, fn.restype = argtypes, restype
+    return fn
 
 
 def map_large_blocks(threshold_bytes: int) -> bool:
@@ -37,14 +53,22 @@ def map_large_blocks(threshold_bytes: int) -> bool:
     False where there is no glibc ``mallopt`` (not Linux, musl, a sandbox without libc) or
     it refuses the value (glibc accepts at most 32 MiB on 64-bit): nothing changes then.
     """
-    if not sys.platform.startswith("linux") or threshold_bytes <= 0:
+    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    if mallopt is None or threshold_bytes <= 0:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return False
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+
+
+def release_free_memory() -> bool:
+    """Give the pages of every free heap block back to the OS (glibc ``malloc_trim(0)``,
+    which since glibc 2.8 also releases whole free pages inside the heap, not only its top);
+    True when called. A block used again later faults its pages in once more.
+
+    Called before each training forward (``grouprl.train.policy.Policy.logprobs``): what the
+    heap kept from the rollouts and the previous micro-batch is then not resident while the
+    new micro-batch's activations and gradients are."""
+    trim = _libc("malloc_trim", [ctypes.c_size_t], ctypes.c_int)
+    if trim is None:
+        return False
+    trim(0)
+    return True
