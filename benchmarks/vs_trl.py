@@ -89,7 +89,7 @@ MODELS: dict[str, dict[str, Any]] = {
         "steps": 5,
         "lr": 2e-6,
         "micro": 16,
-        "chunk": 1024,
+        "chunk": 256,
         "eval_prompts": 0,
         "eval_samples": 8,
         "verify_timeout": 0.0,

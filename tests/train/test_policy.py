@@ -153,3 +153,26 @@ def test_batch_logprobs_in_micro_batches_equal_one_forward(tmp_path):
     torch.testing.assert_close(split.logp, whole.logp, atol=1e-6, rtol=0)
     torch.testing.assert_close(split.entropy, whole.entropy, atol=1e-6, rtol=0)
     assert whole.logp.shape == batch.mask.shape and not whole.logp.requires_grad
+
+
+def test_the_training_forward_releases_free_heap_memory_first(monkeypatch):
+    """Policy.logprobs hands free heap pages back (malloc.release_free_memory) before a
+    forward with gradient, the training forward, and not before one without."""
+    from grouprl.train import malloc
+    from grouprl.train import policy as policy_mod
+
+    calls = []
+    monkeypatch.setattr(malloc, "release_free_memory", lambda: calls.append(1) or True)
+    seen = []
+    monkeypatch.setattr(policy_mod, "completion_logprobs",
+                        lambda *a, **k: seen.append(torch.is_grad_enabled()))  # fmt: skip
+    seqs = type("S", (), {})()
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "mask"):
+        setattr(seqs, name, torch.ones(2, 3, dtype=torch.long))
+    seqs.temperature, seqs.group_size = 1.0, 1
+    pol = policy_mod.Policy(model=torch.nn.Linear(2, 2), tokenizer=None)
+    with torch.no_grad():
+        pol.logprobs(seqs)
+    assert calls == [] and seen == [False]
+    pol.logprobs(seqs)
+    assert calls == [1] and seen == [False, True]

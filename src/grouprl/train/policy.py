@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from grouprl.rollout import hf
+from grouprl.train import malloc
 from grouprl.train.logprobs import TokenLogProbs, completion_logprobs
 from grouprl.types import Rollouts
 
@@ -163,6 +164,8 @@ class Policy:
         """
         m = slice(None) if rows is None else rows
         kept = getattr(seqs, "kept_ids", None)
+        if torch.is_grad_enabled():  # the training forward: free heap pages not resident
+            malloc.release_free_memory()
         with self.autocast(precision):
             return completion_logprobs(
                 model or self.model, seqs.prompt_ids[m], seqs.prompt_mask[m],
