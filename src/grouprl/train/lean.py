@@ -13,8 +13,8 @@ RMSNorm, the input, ``rsqrt(mean(x²) + eps)`` and the normalised input. On Smol
 - A norm's output, which the layers after it save as their input (the attention's q/k/v
   projections, the MLP), is kept as a reference to the norm's node and rebuilt in the
   backward from the norm's own ``x`` and ``r`` (``weight * (x * r)``, the forward's
-  operations: the same floats). [OURS] measured on SmolLM2 (one micro-batch of 16 × 64
-  completion tokens): 143 MiB fewer live bytes at the forward's and the backward's peak.
+  operations: the same floats) [OURS]; what it saves on SmolLM2 is in docs/results.md
+  ("Peak memory, where it goes").
 
 [OURS] The trade of fused SwiGLU / RMSNorm kernels (e.g. Liger-Kernel's), not gradient
 checkpointing: no matmul is redone. The backwards call the ATen operations autograd calls, on
