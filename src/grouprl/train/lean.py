@@ -171,7 +171,12 @@ class _Rebuilt:
     __slots__ = ("node", "offset", "size", "stride")
 
     def __init__(self, node: Any, t: torch.Tensor) -> None:
-        self.node, self.size, self.stride, self.offset = node, t.size(), t.stride(), t.storage_offset()
+        self.node, self.size, self.stride, self.offset = (
+            node,
+            t.size(),
+            t.stride(),
+            t.storage_offset(),
+        )
 
     def tensor(self) -> torch.Tensor:
         x, r, weight = self.node.saved_tensors
