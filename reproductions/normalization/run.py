@@ -32,30 +32,63 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common as C
 
 HERE = Path(__file__).resolve().parent
+# log_every = 2 steps (256 rollouts): fine enough to see how fast the pools' σ spread apart
 FULL = {
-    "shared": {},
-    "tabular": {"features": "tabular", "lrs": tuple(16.0 * 4.0**k for k in range(8))},
-    "identical": {"pools": ("identical",)},
+    "shared": {"log_every": 2},
+    "tabular": {
+        "features": "tabular",
+        "lrs": tuple(16.0 * 4.0**k for k in range(8)),
+        "log_every": 2,
+    },
+    "identical": {"pools": ("identical",), "log_every": 2},
+    "blocks": {
+        "features": "blocks",
+        "lrs": tuple(64.0 * 2.0**k for k in range(8)),
+        "max_steps": 1000,
+        "log_every": 2,
+    },
 }
 QUICK = {
     "shared": {},
     "tabular": {"features": "tabular", "lrs": (64.0, 1024.0)},
     "identical": {"pools": ("identical",)},
+    "blocks": {"features": "blocks", "lrs": (256.0, 1024.0)},
 }
+CV_AT = (0, 512, 1024, 2048, 4096, 8192)
+"""Rollouts at which the table reports the spread (CV) of σ_x over the pool."""
+
+
+def _config(res):
+    from grouprl.simulate import normalization as nz
+
+    return nz.NormalizationConfig(
+        **{k: v for k, v in res.config.items() if k != "homogeneous_success"}
+    )
+
+
+def _runs(res) -> dict:
+    """``{(pool, method): {"rollouts": [L·S]}}``, the shape the simulation's paired helpers read."""
+    return {
+        tuple(key.split("/")): {"rollouts": d["rollouts"].reshape(-1)}
+        for key, d in res.data.items()
+    }
+
+
+def cv_at(cfg, sigma_cv: torch.Tensor, rollouts: int) -> float:
+    """The pool's CV of σ_x (mean over seeds) at the last log at or before ``rollouts``; NaN
+    when the runs had stopped (all reached the target) before then."""
+    i = rollouts // (cfg.log_every * cfg.batch * cfg.group_size)
+    return float(sigma_cv[i]) if i < sigma_cv.numel() else math.nan
 
 
 def summarise(part: str, res) -> list[dict]:
     """One row per (pool, method) of one call."""
+    from grouprl.diagnostics.compare import paired_stats
     from grouprl.simulate import normalization as nz
 
-    cfg = nz.NormalizationConfig(
-        **{k: v for k, v in res.config.items() if k != "homogeneous_success"}
-    )
+    cfg = _config(res)
     budget = cfg.max_steps * cfg.batch * cfg.group_size
-    runs = {
-        tuple(key.split("/")): {"rollouts": d["rollouts"].reshape(-1)}
-        for key, d in res.data.items()
-    }
+    runs = _runs(res)
     half = cfg.seeds // 2
     rows = []
     for (pool, method), run in runs.items():
@@ -63,6 +96,7 @@ def summarise(part: str, res) -> list[dict]:
         ro = run["rollouts"].view(len(cfg.lrs), cfg.seeds)
         coll = res.data[f"{pool}/{method}"]["collapsed"][li]
         gain = nz.paired_gain(cfg, runs, pool, method)
+        stats = paired_stats(gain["per_seed"].tolist())
         held = (
             nz.paired_gain(
                 cfg, runs, pool, method, select=slice(0, half), evaluate=slice(half, None)
@@ -70,6 +104,7 @@ def summarise(part: str, res) -> list[dict]:
             if half >= 1
             else {"log_gain": math.nan, "se": math.nan}
         )
+        cv = torch.as_tensor(res.data[f"{pool}/{method}"]["sigma_cv"])[li]  # [T'']
         rows.append(
             {
                 "part": part,
@@ -83,12 +118,75 @@ def summarise(part: str, res) -> list[dict]:
                 "gain vs reinforce": gain["gain"],
                 "log gain": gain["log_gain"],
                 "paired SE": gain["se"],
+                "paired": {
+                    k: stats[k]
+                    for k in ("positive", "negative", "zero", "ci_low", "ci_high", "diffs")
+                },
                 "held-out log gain": held["log_gain"],
                 "held-out SE": held["se"],
+                "sigma cv at": {str(r): cv_at(cfg, cv, r) for r in CV_AT},
+                "sigma cv max": float(cv.max()),
                 "grid": [float(v) for v in nz.censored(ro, budget).mean(1)],
                 "grid lrs": list(nz.pool_lrs(cfg, pool)),
             }
         )
+    return rows
+
+
+def _per_seed(res, pool: str, method: str, base: str) -> list[float]:
+    from grouprl.simulate import normalization as nz
+
+    d = nz.paired_gain(_config(res), _runs(res), pool, method, base=base)["per_seed"]
+    return [float(v) for v in d]
+
+
+COMPARISONS = (
+    ("heterogeneous", "grpo", "reinforce"),
+    ("homogeneous", "grpo", "reinforce"),
+    ("identical", "grpo", "reinforce"),
+    ("heterogeneous", "is_grpo_exact", "reinforce"),
+    ("heterogeneous", "is_grpo_exact", "grpo"),
+    ("heterogeneous", "is_grpo_exact", "is_grpo"),
+    ("homogeneous", "is_grpo_exact", "grpo"),
+    ("homogeneous", "is_grpo_exact", "is_grpo"),
+    ("heterogeneous", "batch_std", "reinforce"),
+)
+"""(pool, method, baseline) pairs the verdicts read; those absent from a part are skipped."""
+
+
+def paired_verdicts(results: dict) -> list[dict]:
+    """Paired statistics (``grouprl.diagnostics.compare.paired_stats``) of the per-seed log
+    rollout ratios log(baseline / method), each at its own best lr: mean, SE (ddof 1), sign
+    count, 95 % bootstrap interval, and the power statement: 2·SE is the smallest log gain
+    whose estimate would clear 2 SE, 2.84·SE the one detected with 80 % probability (a normal
+    paired mean: 2 + z_0.8 = 2 + 0.84)."""
+    from grouprl.diagnostics.compare import paired_stats
+
+    items = []
+    for part, res in results.items():
+        have = {tuple(k.split("/")) for k in res.data}
+        for pool, method, base in COMPARISONS:
+            if {(pool, method), (pool, base)} <= have:
+                items.append((f"{part}: {pool}", f"{method} vs {base}",
+                              _per_seed(res, pool, method, base)))  # fmt: skip
+        if {("heterogeneous", "grpo"), ("homogeneous", "grpo")} <= have:
+            het = _per_seed(res, "heterogeneous", "grpo", "reinforce")
+            hom = _per_seed(res, "homogeneous", "grpo", "reinforce")
+            items.append((f"{part}: heterogeneous − homogeneous", "grpo gain",
+                          [a - b for a, b in zip(het, hom)]))  # fmt: skip
+    if "shared" in results and "identical" in results:
+        # the identical part draws every prompt's features from the same seed streams as the
+        # shared part's pools, so its seeds pair with theirs
+        het = _per_seed(results["shared"], "heterogeneous", "grpo", "reinforce")
+        ide = _per_seed(results["identical"], "identical", "grpo", "reinforce")
+        items.append(("shared: heterogeneous − identical", "grpo gain",
+                      [a - b for a, b in zip(het, ide)]))  # fmt: skip
+    rows = []
+    for where, what, d in items:
+        st = paired_stats(d)
+        rows.append({"where": where, "comparison": what, **st,
+                     "detectable at 2 SE": 2 * st["se"],
+                     "detectable, 80 % power": 2.84 * st["se"]})  # fmt: skip
     return rows
 
 
@@ -109,19 +207,69 @@ def interior(rows: list[dict], part: str) -> dict:
     }
 
 
+HOMOGENEOUS_CV = 0.1
+"""[OURS] a pool counts as still homogeneous while the CV of σ_x over its prompts is below 0.1
+(σ_x within about ±10 % of the pool mean); the heterogeneous pool starts at 0.57."""
+
+
+def homogeneity_checks(rows: list[dict]) -> list[dict]:
+    """Per part, whether each pool meant to be homogeneous stays so: the largest CV of σ_x over
+    the logged steps (mean over seeds, at REINFORCE's and GRPO's best lr; the logs run until
+    every run of the method reached 80 % or the budget)."""
+    out = []
+    for part in dict.fromkeys(r["part"] for r in rows):
+        for pool in ("homogeneous", "identical"):
+            sel = [r for r in rows if (r["part"], r["pool"]) == (part, pool)
+                   and r["method"] in ("reinforce", "grpo")]  # fmt: skip
+            if not sel:
+                continue
+            cv = {r["method"]: r["sigma cv max"] for r in sel}
+            worst = max(cv.values())
+            out.append({
+                "name": f"pool_stays_homogeneous [{part}: {pool}]",
+                "holds": bool(worst < HOMOGENEOUS_CV),
+                "detail": "largest CV of σ_x over the pool along training, at the best lr: "
+                + ", ".join(f"{m} {v:.3f}" for m, v in cv.items())
+                + f" (needs < {HOMOGENEOUS_CV} throughout)",
+            })  # fmt: skip
+    return out
+
+
+def exact_checks(verdicts: list[dict]) -> list[dict]:
+    """IS-GRPO's small lead (the paper's 7B result), read with ``is_grpo_exact`` (one σ draws
+    and divides) against GRPO and against ``is_grpo`` on the heterogeneous pool."""
+    out = []
+    for v in verdicts:
+        if v["where"].endswith(": heterogeneous") and v["comparison"] in (
+            "is_grpo_exact vs grpo", "is_grpo_exact vs is_grpo"):  # fmt: skip
+            part = v["where"].split(":")[0]
+            base = v["comparison"].split(" vs ")[1]
+            out.append({
+                "name": f"is_grpo_exact_beats_{base}_under_heterogeneity [{part}]",
+                "holds": bool(v["mean"] > 2 * v["se"]),
+                "detail": f"log({base}/is_grpo_exact rollouts) = {v['mean']:+.3f} ± "
+                f"{v['se']:.3f} ({v['positive']}+/{v['negative']}− of {v['n']} seeds; 95 % "
+                f"bootstrap [{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]; needs > 2 SE)",
+            })  # fmt: skip
+    return out
+
+
 POOLS = ("homogeneous", "heterogeneous", "identical")
 
 
 def plot(payload: dict, data: dict):
     from grouprl.report.html import figure
 
-    fig, ax = figure(4, 2, width=4.0)
+    fig, ax = figure(5, 2, width=4.0)
     cfg = payload["config"]["shared"]
     step = cfg["batch"] * cfg["group_size"]
     shared = [r for r in payload["table"] if r["part"] in ("shared", "identical")]
     for j, pool in enumerate(POOLS):
         for r in (r for r in payload["table"] if r["pool"] == pool):
-            if r["part"] != "tabular":
+            if r["part"] == "blocks":
+                ax[1, 4].plot(r["grid lrs"], r["grid"], "o-" if j else "s--", ms=3,
+                              label=f"{pool[:3]} {r['method']}")  # fmt: skip
+            elif r["part"] != "tabular":
                 acc = torch.as_tensor(data[r["part"]][f"{pool}/{r['method']}"]["accuracy_best"])
                 ax[0, j].plot(
                     torch.arange(acc.numel()) * step,
@@ -158,6 +306,21 @@ def plot(payload: dict, data: dict):
     ax[1, 3].set_xscale("log", base=2), ax[1, 3].set_yscale("log")
     ax[1, 3].set_title("tabular: rollouts to 80 % vs lr", fontsize=9)
     ax[1, 3].set_xlabel("lr"), ax[1, 3].legend(fontsize=6)
+    blocks = [r for r in payload["table"] if r["part"] == "blocks"]
+    bcfg = payload["config"].get("blocks")
+    for r in (r for r in blocks if r["method"] in ("reinforce", "grpo")):
+        li = r["grid lrs"].index(r["best lr"])
+        cv = torch.as_tensor(data["blocks"][f"{r['pool']}/{r['method']}"]["sigma_cv"])[li]
+        x = torch.arange(cv.numel()) * bcfg["log_every"] * step
+        ax[0, 4].plot(x, cv, ls="--" if r["pool"] == "homogeneous" else "-",
+                      label=f"{r['pool'][:3]} {r['method']}")  # fmt: skip
+    if blocks:
+        ax[0, 4].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in blocks))
+    ax[0, 4].set_title("blocks: CV over prompts of σ_x, best lr", fontsize=9)
+    ax[0, 4].set_xlabel("rollouts"), ax[0, 4].legend(fontsize=7)
+    ax[1, 4].set_xscale("log", base=2), ax[1, 4].set_yscale("log")
+    ax[1, 4].set_title("blocks: rollouts to 80 % vs lr", fontsize=9)
+    ax[1, 4].set_xlabel("lr"), ax[1, 4].legend(fontsize=6)
     return fig
 
 
@@ -176,7 +339,7 @@ def _held(r: dict) -> str:
 def readme_block(payload: dict) -> str:
     """The README's generated block: per-part tables, the lr grids and the checks."""
     out = []
-    for part in ("shared", "tabular", "identical"):
+    for part in (p for p in ("shared", "tabular", "identical", "blocks") if p in payload["config"]):
         cfg = payload["config"][part]
         rows = [
             {
@@ -201,11 +364,54 @@ def readme_block(payload: dict) -> str:
         out.append(
             f"**{part}** (features {cfg['features']!r}"
             + (f", d = {cfg['dim']}" if cfg["features"] == "shared" else "")
+            + (f", block m = {cfg['block_dim']}" if cfg["features"] == "blocks" else "")
             + f"; budget {cfg['max_steps'] * cfg['batch'] * cfg['group_size']:,} rollouts):\n\n"
             + C.markdown_table(rows)
             + "\n\nMean rollouts to 80 % at each lr (the grid; budget where not reached):\n\n"
             + C.markdown_table(grid)
         )
+    out.append(
+        "**Spread of σ_x = √(J_x(1 − J_x)) over the pool** (coefficient of variation over the "
+        "prompts, mean over seeds, at the method's best lr; – = every run had reached 80 % and "
+        "stopped):\n\n"
+        + C.markdown_table(
+            [
+                {
+                    "part": r["part"],
+                    "pool": r["pool"],
+                    "method": r["method"],
+                    **{f"{int(k):,} rollouts": v for k, v in r["sigma cv at"].items()},
+                }
+                for r in payload["table"]
+                if r["method"] in ("reinforce", "grpo")
+            ]
+        )
+    )
+    out.append(
+        "**Paired verdicts** (`grouprl.diagnostics.compare.paired_stats` on the per-seed "
+        "log(baseline rollouts / method rollouts), each at its own best lr; positive = the method "
+        "needs fewer; SE ddof 1; sign count +/−/0; 95 % percentile bootstrap; the last two "
+        "columns are the study's power: the smallest log gain whose estimate clears 2 SE, and "
+        "the one found with 80 % probability):\n\n"
+        + C.markdown_table(
+            [
+                {
+                    "where": v["where"],
+                    "comparison": v["comparison"],
+                    "log gain": f"{v['mean']:+.3f} ± {v['se']:.3f}",
+                    "gain": f"{math.exp(v['mean']):.3f}×",
+                    "signs": f"{v['positive']}/{v['negative']}/{v['zero']}",
+                    "95 % bootstrap": f"[{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]",
+                    "> 2 SE": "yes" if abs(v["mean"]) > 2 * v["se"] else "no",
+                    "detectable at 2 SE": f"{v['detectable at 2 SE']:.3f} "
+                    f"({math.exp(v['detectable at 2 SE']):.2f}×)",
+                    "80 % power": f"{v['detectable, 80 % power']:.3f} "
+                    f"({math.exp(v['detectable, 80 % power']):.2f}×)",
+                }
+                for v in payload.get("verdicts", [])
+            ]
+        )
+    )
     out.append(C.checks_block(payload["checks"]))
     out.append(
         f"({len(payload['seeds'])} seeds, paired; mean ± std over seeds unless marked; gains are "
@@ -226,7 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     results = C.simulate_parts(simulate, QUICK if args.quick else FULL, args)
     rows = [r for part, res in results.items() for r in summarise(part, res)]
+    verdicts = paired_verdicts(results)
     checks = [c for part, res in results.items() for c in _claims(part, res)]
+    checks += exact_checks(verdicts) + homogeneity_checks(rows)
     payload = C.make_payload(
         "normalization",
         "Why GRPO needs normalization (arXiv 2601.23135): per-prompt std normalisation speeds "
@@ -235,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         args,
         results,
         table=rows,
+        verdicts=verdicts,
         checks=[*checks, *(interior(rows, part) for part in results)],
         seconds=time.perf_counter() - t0,
     )

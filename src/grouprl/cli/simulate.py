@@ -60,9 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--features",
-        choices=("shared", "tabular"),
+        choices=("shared", "tabular", "blocks"),
         default=None,
-        help="normalization: shared random features (default) or one table per prompt",
+        help="normalization: shared random features (default), one table per prompt, or one "
+        "parameter block per prompt over a shared low-dimensional answer table",
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a claim does not hold")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

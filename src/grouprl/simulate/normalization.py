@@ -98,11 +98,17 @@ METHODS: dict[str, tuple[str, str]] = {
     "batch_std": ("batch_std", "uniform"),
     "grpo": ("grpo", "uniform"),
     "is_grpo": ("grpo", "sigma"),
+    "is_grpo_exact": ("dr_grpo", "sigma"),
 }
 """Method -> (advantage estimator in grouprl.advantages, prompt sampler in grouprl.sampling)."""
 
+WEIGHTED = frozenset({"is_grpo_exact"})
+"""Methods whose advantages are multiplied by the draw's importance weight 1/(|X|·p_x)
+(``sampling.PromptSampler.importance_weights`` passed as ``advantages.compute``'s
+``group_weight``): the σ that draws is the σ that divides (ALGORITHMS.md §1, "One σ, exact")."""
+
 POOLS = ("homogeneous", "heterogeneous", "identical")
-FEATURES = ("shared", "tabular")
+FEATURES = ("shared", "tabular", "blocks")
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,10 @@ class NormalizationConfig:
     max_steps: int = 2000
     """The budget: max_steps · P · G rollouts per run."""
     log_every: int = 10
+    block_dim: int = 4
+    """m, each prompt's parameter block (``features="blocks"`` only) [OURS]: below K − 1 = 7 the
+    answers share directions, so a step that pushes a sampled wrong answer down moves the
+    unsampled ones and too large a step can lock a prompt onto a wrong answer."""
     seed: int = 0
 
 
@@ -173,8 +183,22 @@ def make_features(cfg: NormalizationConfig, generator: torch.Generator) -> torch
     """``[X, K, d]`` shared Gaussian features N(0, I/d), or None for ``tabular``."""
     if cfg.features == "tabular":
         return None
+    if cfg.features == "blocks":
+        return block_features(cfg, generator)
     shape = (cfg.prompts, cfg.answers, cfg.dim)
     return torch.randn(shape, generator=generator, dtype=torch.float64) / math.sqrt(cfg.dim)
+
+
+def block_features(cfg: NormalizationConfig, generator: torch.Generator) -> torch.Tensor:
+    """``[X, K, X·m]`` features φ_{x,a} = e_x ⊗ ψ_a, m = ``block_dim``: every prompt its own
+    parameter block θ_x ∈ R^m, all prompts one answer table ψ ∈ R^{K×m} of unit rows drawn
+    N(0, I) then normalised (unit rows are all extreme points, so every answer, the correct
+    one included, can be made the argmax)."""
+    x_n, k_n, m = cfg.prompts, cfg.answers, cfg.block_dim
+    psi = torch.randn(k_n, m, generator=generator, dtype=torch.float64)  # [K, m]
+    psi = psi / psi.norm(dim=-1, keepdim=True)
+    eye = torch.eye(x_n, dtype=torch.float64)  # [X, X]
+    return torch.einsum("xy,km->xkym", eye, psi).reshape(x_n, k_n, x_n * m)
 
 
 def identical_features(
@@ -242,18 +266,24 @@ def first_crossing(acc: torch.Tensor, target: float) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- one batch of runs
-def _advantages(estimator: str, rewards: torch.Tensor) -> torch.Tensor:
+def _advantages(
+    estimator: str, rewards: torch.Tensor, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """``[R, P, G]`` advantages of each run's batch from grouprl.advantages.compute.
 
     ``batch_std`` is called per run (its σ is over one run's batch); the per-group estimators
-    once on all runs' groups stacked (the same numbers, one call).
+    once on all runs' groups stacked (the same numbers, one call). ``weight [R, P]``: each
+    group's ``group_weight`` (the draw's importance weight; None: 1).
     """
     from grouprl import advantages
 
     r, p, g = rewards.shape
     if estimator == "batch_std":
         return torch.stack([advantages.compute(estimator, x).values for x in rewards])
-    return advantages.compute(estimator, rewards.reshape(r * p, g)).values.view(r, p, g)
+    w = None if weight is None else weight.reshape(r * p)
+    return advantages.compute(estimator, rewards.reshape(r * p, g), group_weight=w).values.view(
+        r, p, g
+    )
 
 
 def _generators(cfg: NormalizationConfig, tag: int, count: int) -> list[torch.Generator]:
@@ -281,7 +311,7 @@ def run_pool_method(
     n_lr, n_seed, x_n, k_n = len(cfg.lrs), cfg.seeds, cfg.prompts, cfg.answers
     p_n, g_n = cfg.batch, cfg.group_size
     b = initial_offsets(pool_success(cfg, pool), k_n)  # [X, K]
-    if phi is None and cfg.features == "shared":
+    if phi is None and cfg.features != "tabular":
         phi = torch.stack([make_features(cfg, g) for g in _generators(cfg, 0, n_seed)])
     if pool == "identical":
         phi = identical_features(phi, n_seed, x_n, k_n)
@@ -323,7 +353,10 @@ def run_pool_method(
         u = u.expand(n_lr, -1, -1, -1).reshape(-1, p_n, g_n)  # [R, P, G] common per seed
         a = sample_answers(pi, u)  # [R, P, G]
         rewards = (a == 0).double()  # [R, P, G]
-        adv = _advantages(estimator, rewards)
+        weight = None
+        if method in WEIGHTED:  # the probabilities this draw was made with, before observe
+            weight = torch.stack([sm.importance_weights(i) for sm, i in zip(samplers, idx)])
+        adv = _advantages(estimator, rewards, weight)
         std = advantages.group_std(rewards.reshape(-1, g_n)).view(-1, p_n)  # [R, P]
         collapsed[:, t] = (std == 0).double().mean(1)  # [R] share of zero-std groups
         if sampler_name == "sigma":
@@ -523,7 +556,7 @@ def simulate(quick: bool = False, seed: int = 0, **overrides) -> SimResult:
     _check(cfg)
     t0 = time.perf_counter()
     phi = None
-    if cfg.features == "shared":
+    if cfg.features != "tabular":
         phi = torch.stack([make_features(cfg, g) for g in _generators(cfg, 0, cfg.seeds)])
     runs = {
         (pool, m): run_pool_method(cfg, pool, m, phi) for pool in cfg.pools for m in cfg.methods
