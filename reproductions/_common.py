@@ -63,6 +63,48 @@ def ms(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "std": std, "n": len(finite), "values": vals}
 
 
+def paired(xs: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
+    """Paired differences x − y per seed, through ``grouprl compare``'s statistics
+    (:func:`grouprl.diagnostics.compare.paired_stats`): mean, SE = sd (ddof 1)/√n (NaN for one
+    seed), the sign counts, the 95 % percentile bootstrap interval of the mean, and the
+    differences themselves as ``values`` (the key results.json files have always held)."""
+    from grouprl.diagnostics.compare import paired_stats
+
+    d = [float(x) - float(y) for x, y in zip(xs, ys, strict=True)]
+    if not d:
+        nan = float("nan")
+        return {"mean": nan, "se": nan, "n": 0, "positive": 0, "negative": 0, "zero": 0,
+                "ci_low": nan, "ci_high": nan, "values": []}  # fmt: skip
+    st = paired_stats(d)
+    keys = ("mean", "se", "n", "positive", "negative", "zero", "ci_low", "ci_high")
+    return {**{k: st[k] for k in keys}, "values": st["diffs"]}
+
+
+def paired_interval(p: dict[str, Any]) -> tuple[float, float] | None:
+    """The 95 % bootstrap interval of a :func:`paired` dict; for a dict saved before the
+    interval was stored, recomputed from its per-seed ``values`` with the same function and
+    seed (None when fewer than two seeds)."""
+    if p.get("n", 0) < 2:
+        return None
+    if "ci_low" in p:
+        return float(p["ci_low"]), float(p["ci_high"])
+    from grouprl.diagnostics.compare import bootstrap_ci
+
+    return bootstrap_ci([float(v) for v in p["values"]])
+
+
+def fmt_paired(p: dict[str, Any], digits: int = 4) -> str:
+    """``+0.0120 ± 0.0040 (5/5 +; 95 % [+0.0051, +0.0190])``: the paired mean ± SE, how many
+    seeds share the mean's sign, and the bootstrap interval (:func:`paired_interval`)."""
+    if not p["n"]:
+        return "–"
+    sign, count = ("+", p["positive"]) if p["mean"] >= 0 else ("−", p["negative"])
+    se = "–" if not math.isfinite(p["se"]) else f"{p['se']:.{digits}f}"
+    ci = paired_interval(p)
+    band = "" if ci is None else f"; 95 % [{ci[0]:+.{digits}f}, {ci[1]:+.{digits}f}]"
+    return f"{p['mean']:+.{digits}f} ± {se} ({count}/{p['n']} {sign}{band})"
+
+
 def fmt(v: Any, digits: int = 5) -> str:
     """``mean ± std`` for a :func:`ms` dict, ``%.5g`` for floats, ``str`` otherwise."""
     if isinstance(v, dict) and "mean" in v:

@@ -408,13 +408,22 @@ def test_maze_pass_at_1_by_answer_length_hand_case():
 
 
 def test_maze_paired_statistics_hand_case():
-    """Paired differences per seed: mean, SE = sd/√n (ddof 1), sign counts; the legacy row."""
+    """Paired differences per seed: mean, SE = sd/√n (ddof 1), sign counts, the bootstrap
+    interval; the legacy row."""
     mod = _load("maze")
     # d = (0.1, 0.3, -0.1): mean 0.1, sd = sqrt((0 + 0.04 + 0.04) / 2) = 0.2, SE = 0.2/√3
     p = mod.paired([0.6, 0.8, 0.4], [0.5, 0.5, 0.5])
     assert p["mean"] == pytest.approx(0.1) and p["se"] == pytest.approx(0.2 / math.sqrt(3))
     assert (p["positive"], p["negative"], p["n"]) == (2, 1, 3)
-    assert mod.fmt_paired(p) == "+0.1000 ± 0.1155 (2/3 +)"
+    # n = 3: each extreme resample (all three draws the same seed) has probability 1/27 > 2.5 %,
+    # so the 95 % percentile interval is [min d, max d]
+    assert (p["ci_low"], p["ci_high"]) == pytest.approx((-0.1, 0.3))
+    assert mod.fmt_paired(p) == "+0.1000 ± 0.1155 (2/3 +; 95 % [-0.1000, +0.3000])"
+    # a dict saved before the interval was stored: recomputed from its per-seed values
+    old_style = {k: p[k] for k in ("mean", "se", "n", "positive", "negative", "values")}
+    assert mod.fmt_paired(old_style) == mod.fmt_paired(p)
+    one = mod.paired([0.7], [0.5])  # one seed: no SE, no interval
+    assert mod.fmt_paired(one) == "+0.2000 ± – (1/1 +)"
     # the earlier sweep, paired by seed (-0.034, SE 0.0075, 5 of 5 negative)
     old = mod.legacy()
     assert old["pass@64"]["mean"] == pytest.approx(-0.034, abs=5e-4)
@@ -433,14 +442,17 @@ def test_maze_predicted_regime_hand_case():
 def test_committed_results_match_their_readmes():
     """Every committed README block is exactly what its results.json renders to."""
     c = _load_common()
-    for name in (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction", "agpo"):
-        folder = ROOT / name
+    names = (*SIMULATIONS, "maze", "smollm2_arithmetic", "rollout_correction", "agpo")
+    # the maze's other settings render with the maze script's block (--setting ... --out)
+    folders = [(n, n) for n in names] + [("maze", f"maze/{s}") for s in ("appk", "converge")]
+    for name, where in folders:
+        folder = ROOT / where
         if not (folder / "results.json").exists():
             continue
         block = _load(name).readme_block(json.loads((folder / "results.json").read_text()))
         text = (folder / "README.md").read_text()
         inside = text.split(c.START, 1)[1].split(c.END, 1)[0].strip()
-        assert inside == block.strip(), f"{name}: README out of date; run --readme-only"
+        assert inside == block.strip(), f"{where}: README out of date; run --readme-only"
 
 
 def test_maze_group_regime_hand_case():
