@@ -297,7 +297,13 @@ def readme_block(payload: dict[str, Any]) -> str:
     mm = [
         {k: C.fmt(v, 3) if isinstance(v, dict) else v for k, v in r.items()} for r in t["mismatch"]
     ]
-    paired = [{k: v for k, v in r.items() if not k.startswith("_")} for r in t["paired"]]
+    # each cell from the per-seed differences kept beside it ("_" + column), so the rendering
+    # follows the shared paired statistics (the bootstrap interval included)
+    paired = [
+        {k: maze.fmt_paired(r[f"_{k}"]) if f"_{k}" in r else v
+         for k, v in r.items() if not k.startswith("_")}
+        for r in t["paired"]
+    ]  # fmt: skip
     cost = [{k: "–" if v is None else C.fmt(v, 3) for k, v in r.items()} for r in t["cost"]]
     c = payload["config"]
     return "\n\n".join([
@@ -308,7 +314,8 @@ def readme_block(payload: dict[str, Any]) -> str:
         "**Final** (pass@k on the held-out mazes at fp32 sampling; reward_last: training reward "
         f"of the last {c['last']} steps):",
         C.markdown_table(final, ["arm", *cols]),
-        "**Paired differences** (mean ± paired SE over seeds, sign count):",
+        "**Paired differences** (mean ± paired SE over seeds, sign count, 95 % percentile "
+        "bootstrap interval of the mean; `grouprl.diagnostics.compare.paired_stats`):",
         C.markdown_table(paired),
         "**Cost** (seconds per step, under the machine's load at the time):",
         C.markdown_table(cost),
