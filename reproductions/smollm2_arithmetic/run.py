@@ -160,10 +160,32 @@ def plot(runs: list[dict]):
     return fig
 
 
+def paired_rows(runs: list[dict]) -> list[dict]:
+    """Per preset after the first, its held-out metrics minus the first preset's, paired by seed
+    (:func:`_common.paired`: ``grouprl compare``'s statistics), from the saved runs."""
+    presets = list(dict.fromkeys(r["preset"] for r in runs))
+    by = {(r["preset"], r["seed"]): r["after"] for r in runs}
+    seeds = sorted({s for p, s in by if all((q, s) in by for q in presets)})
+    rows = []
+    for p in presets[1:]:
+        row: dict[str, Any] = {"difference": f"{p} − {presets[0]}"}
+        for k in by[(presets[0], seeds[0])] if seeds else ():
+            row[k.split("/")[-1]] = C.fmt_paired(
+                C.paired([by[(p, s)][k] for s in seeds], [by[(presets[0], s)][k] for s in seeds])
+            )
+        rows.append(row)
+    return rows
+
+
 def readme_block(payload: dict) -> str:
     c = payload["config"]
     return (
         C.markdown_table(payload["table"])
+        + "\n\n**Paired by seed** (mean ± paired SE, sign count, 95 % percentile bootstrap "
+        "interval; `grouprl.diagnostics.compare.paired_stats`; with two seeds the SE rests on one "
+        "degree of freedom and the bootstrap has three distinct resample means, so neither is a "
+        "test):\n\n"
+        + C.markdown_table(paired_rows(payload["runs"]))
         + f"\n\n({len(payload['seeds'])} seed(s); {c['steps']} steps × {c['prompts']} prompts × "
         f"{c['group']} completions ≤ {c['max_new']} tokens; lr {c['lr']:g}; eval "
         f"{c['eval_prompts']} held-out problems × {c['eval_samples']} samples; "
