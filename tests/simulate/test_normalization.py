@@ -151,6 +151,43 @@ def test_identical_pool_keeps_one_policy_for_every_prompt(features):
     assert hom["sigma_cv"][:, -1].max() > 1e-3  # separate prompts drift apart
 
 
+def test_block_features_by_hand_and_prompts_that_share_nothing():
+    # φ_{x,a} = e_x ⊗ ψ_a: prompt x's features live in block x only, the same unit rows ψ for
+    # every prompt, so a step on prompt 0 leaves every other prompt's logits where they were
+    cfg = nz.NormalizationConfig(prompts=3, answers=4, features="blocks", block_dim=2)
+    phi = nz.make_features(cfg, torch.Generator().manual_seed(5))  # [X, K, X·m]
+    assert phi.shape == (3, 4, 6)
+    blocks = phi.view(3, 4, 3, 2)  # [x, a, block, m]
+    for x in range(3):
+        for y in range(3):
+            assert (blocks[x, :, y] == 0).all() == (x != y)
+    assert torch.equal(blocks[0, :, 0], blocks[2, :, 2])  # one answer table for all prompts
+    assert torch.allclose(blocks[1, :, 1].norm(dim=-1), torch.ones(4, dtype=F64))
+    g_logit = torch.zeros(1, 1, 3, 4, dtype=F64)
+    g_logit[0, 0, 0] = torch.tensor([1.0, -0.5, -0.25, -0.25], dtype=F64)
+    theta = nz.param_gradient(g_logit, phi[None])  # [1, 1, 6]
+    z = nz._logits(torch.zeros(3, 4, dtype=F64), phi[None], theta)  # [1, 1, X, K]
+    assert z[0, 0, 1:].abs().max() == 0 and z[0, 0, 0].abs().max() > 0
+    with pytest.raises(ValueError, match="unknown features"):
+        get("normalization")(quick=True, features="block")
+
+
+def test_exact_importance_weighting_reaches_the_advantages():
+    # is_grpo_exact = Dr.GRPO advantages × 1/(X·p_x): after the first step the sampler's p is
+    # no longer uniform, so the weighted run departs from an unweighted sigma-sampled dr_grpo run
+    cfg = nz.NormalizationConfig(prompts=6, answers=3, dim=18, batch=3, group_size=4,
+                                 lrs=(30.0,), seeds=2, max_steps=5, target=0.99)  # fmt: skip
+    exact = nz.run_pool_method(cfg, "heterogeneous", "is_grpo_exact")
+    nz.METHODS["_plain"] = ("dr_grpo", "sigma")  # the same draws, no importance weight
+    try:
+        plain = nz.run_pool_method(cfg, "heterogeneous", "_plain")
+    finally:
+        del nz.METHODS["_plain"]
+    # the first step: all σ̂ unseen, p uniform, weight 1, so the first update is the same
+    assert torch.allclose(exact["accuracy"][:, 1], plain["accuracy"][:, 1], atol=1e-14)
+    assert not torch.allclose(exact["accuracy"][:, -1], plain["accuracy"][:, -1], atol=1e-9)
+
+
 def test_first_crossing_and_censoring_by_hand():
     acc = torch.tensor([[0.1, 0.5, 0.85, 0.7], [0.1, 0.2, 0.3, 0.4], [0.9, 0.9, 0.9, 0.9]])
     got = nz.first_crossing(acc, 0.8)
@@ -190,7 +227,7 @@ def _reference_run(cfg, pool, method, phi, lr_index, seed_index, steps):
         nz._generators(cfg, 2, cfg.seeds)[seed_index].initial_seed()
     )
     sampler = sampling.make(sampler_name, cfg.prompts)
-    theta = torch.zeros(cfg.dim if phi is not None else cfg.prompts * cfg.answers, dtype=F64)
+    theta = torch.zeros(phi.shape[-1] if phi is not None else cfg.prompts * cfg.answers, dtype=F64)
     accs = []
     for _ in range(steps):
         z = b + (phi[seed_index] @ theta if phi is not None else theta.view_as(b))  # [X, K]
@@ -200,7 +237,9 @@ def _reference_run(cfg, pool, method, phi, lr_index, seed_index, steps):
         u = torch.rand(cfg.batch, cfg.group_size, generator=gen_a, dtype=F64)
         a = nz.sample_answers(pi_all[idx], u)
         r = (a == 0).double()
-        adv = advantages.compute(estimator, r).values
+        # is_grpo_exact: the importance weight of this draw, read before observe moves p
+        w = sampler.importance_weights(idx) if method in nz.WEIGHTED else None
+        adv = advantages.compute(estimator, r, group_weight=w).values
         if sampler_name == "sigma":
             sampler.observe(idx, advantages.group_std(r))
         g = torch.zeros_like(z).index_add_(0, idx, nz.logit_gradient(pi_all[idx], a, adv))
@@ -209,7 +248,7 @@ def _reference_run(cfg, pool, method, phi, lr_index, seed_index, steps):
     return accs
 
 
-@pytest.mark.parametrize("features", ["shared", "tabular"])
+@pytest.mark.parametrize("features", ["shared", "tabular", "blocks"])
 @pytest.mark.parametrize("method", list(nz.METHODS))
 def test_batched_runs_equal_an_unbatched_reference_loop(features, method):
     cfg = nz.NormalizationConfig(
@@ -217,7 +256,7 @@ def test_batched_runs_equal_an_unbatched_reference_loop(features, method):
         lrs=(30.0, 300.0), seeds=2, max_steps=6, target=0.99,
     )  # fmt: skip
     phi = None
-    if features == "shared":
+    if features != "tabular":
         phi = torch.stack([nz.make_features(cfg, g) for g in nz._generators(cfg, 0, cfg.seeds)])
     out = nz.run_pool_method(cfg, "heterogeneous", method)
     acc = out["accuracy"]  # [R, T + 1], r = l·S + s
@@ -226,7 +265,7 @@ def test_batched_runs_equal_an_unbatched_reference_loop(features, method):
             ref = _reference_run(cfg, "heterogeneous", method, phi, li, si, acc.shape[1])
             assert acc[li * 2 + si].tolist() == pytest.approx(ref, abs=1e-12)
     assert acc[:, -1].ne(acc[:, 0]).any()  # something moved
-    if method != "is_grpo":  # uniform draws shared by every lr of a seed: same first step input
+    if nz.METHODS[method][1] == "uniform":  # uniform draws shared by every lr of a seed
         assert acc[0, 0] == acc[2, 0]
 
 
