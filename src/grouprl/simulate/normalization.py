@@ -24,6 +24,13 @@ others 0) and θ = 0 at the start. ``features``:
   logits by ~1/√d of it, so too large a step undoes progress elsewhere: the step size has an
   optimum, which is what the paper's smoothness argument is about. Per-prompt gradients are
   near-orthogonal (|cos| ~ 1/√d), the regime where the abstract says adaptive scaling helps.
+- ``"blocks"`` [OURS]: φ_{x,a} = e_x ⊗ ψ_a (:func:`block_features`), θ ∈ R^{X·m}: every prompt
+  its own parameter block (prompts share nothing, as in ``tabular``) over one answer table
+  ψ ∈ R^{K×m} of unit rows, m = ``block_dim`` = 4 < K − 1. The answers of a prompt share
+  directions, so pushing a sampled wrong answer down moves the unsampled ones and too large a
+  step can lock a prompt onto a wrong answer: the step size has an optimum without any
+  coupling between prompts. The prompts of a pool are exact copies but for J(0), so whatever
+  spreads their σ apart is the sampling, not the features.
 
 **Pools** (the same mean reward std σ̄ = mean_x √(J_x(1 − J_x)) at the start):
 ``heterogeneous`` = half the prompts at J(0) = ``het_success[0]`` (0.5, σ = 0.5), half at
@@ -33,19 +40,25 @@ also match the mean J: σ is concave in J, so mean σ(J) < σ(mean J) for any sp
 features the homogeneous pool is homogeneous only at the start: its prompts drift apart, so σ
 becomes heterogeneous across prompts as training goes on (measured: the coefficient of
 variation of σ_x over the pool goes from 0 to ≈ 0.6 within ~2,000 rollouts, as high as the
-heterogeneous pool's). ``identical`` is the control that stays homogeneous: the homogeneous
-pool with every prompt given prompt 0's features (``tabular``: one table for all prompts), so
-all prompts share one policy and one σ at every step [OURS, not in the brief: added when the
-homogeneous pool turned out not to stay so]. Measured: it is degenerate as well — one effective
-prompt, where (as with tabular features) a larger step is never worse: every method's best lr
-is the top of its grid and 80 % is reached in one or two steps.
+heterogeneous pool's); with ``blocks`` (copies that share nothing) faster still, so the
+sampling alone spreads them: a prompt whose group drew a success jumps, one drawn all-wrong
+stays. ``identical`` is the control that stays homogeneous [OURS]: the homogeneous pool with
+every prompt given prompt 0's features (``tabular``: one table for all prompts), so all prompts
+share one policy and one σ at every step (CV 0 exactly, tested). Any pool whose prompts are
+learned separately from sampled groups drifts apart, so a pool that stays homogeneous must tie
+its prompts, which makes it one effective prompt. Measured: that prompt is degenerate — as
+with tabular features a larger step is never worse, every method's best lr is the top of its
+grid and 80 % is reached in one or two steps.
 
 **Methods** (advantages from :func:`grouprl.advantages.compute`, prompts from
 :mod:`grouprl.sampling`): ``reinforce`` = ``dr_grpo`` (r − r̄_q); ``batch_std`` = global
 normalisation (r − r̄_q)/σ_batch; ``grpo`` = (r − r̄_q)/(σ_q + eps); these three draw P prompts
 uniformly without replacement (the ``uniform`` sampler). ``is_grpo`` = ``grpo`` advantages with
 the ``sigma`` sampler (p_x ∝ max(σ̂_x, σ_floor), σ̂ an EMA of each visit's group std, with
-replacement; ALGORITHMS.md §1). Each step: P prompts × G answers, then plain SGD
+replacement; ALGORITHMS.md §1); ``is_grpo_exact`` = the same sampler with Dr.GRPO's r − r̄_q
+times the draw's importance weight 1/(X·p_x) (:data:`WEIGHTED`; passed to
+``advantages.compute`` as ``group_weight``), so the σ that draws is the one that divides and
+the expected update is ((G − 1)/G)·∇J at every G (ALGORITHMS.md §1, "One σ, exact"). Each step: P prompts × G answers, then plain SGD
 θ ← θ + lr · (1/(P·G)) Σ_{x,i} A_{x,i} ∇_θ log π(a_i | x), with
 ∇_θ log π(a | x) = Σ_k (1[a = k] − π_k) φ_{x,k} (:func:`logit_gradient` gives the logit-space
 sum Σ_i A_i (e_{a_i} − π), :func:`param_gradient` maps it through φ).
@@ -77,7 +90,9 @@ __all__ = [
     "FEATURES",
     "METHODS",
     "POOLS",
+    "WEIGHTED",
     "NormalizationConfig",
+    "block_features",
     "first_crossing",
     "homogeneous_success",
     "identical_features",
