@@ -336,6 +336,55 @@ def _held(r: dict) -> str:
     return f"{r['held-out log gain']:+.3f} ± {r['held-out SE']:.3f}"
 
 
+def spread_block(payload: dict) -> str:
+    """The table of the pools' σ spread (CV at checkpoints); "" for results without it."""
+    rows = [
+        r for r in payload["table"] if "sigma cv at" in r and r["method"] in ("reinforce", "grpo")
+    ]
+    if not rows:
+        return ""
+    return (
+        "**Spread of σ_x = √(J_x(1 − J_x)) over the pool** (coefficient of variation over the "
+        "prompts, mean over seeds, at the method's best lr; – = every run had reached 80 % and "
+        "stopped):\n\n"
+        + C.markdown_table(
+            [
+                {"part": r["part"], "pool": r["pool"], "method": r["method"],
+                 **{f"{int(k):,} rollouts": v for k, v in r["sigma cv at"].items()}}
+                for r in rows
+            ]
+        )
+    )  # fmt: skip
+
+
+def verdict_block(payload: dict) -> str:
+    """The paired verdicts with the study's power; "" for results without them."""
+    if not payload.get("verdicts"):
+        return ""
+    return (
+        "**Paired verdicts** (`grouprl.diagnostics.compare.paired_stats` on the per-seed "
+        "log(baseline rollouts / method rollouts), each at its own best lr; positive = the method "
+        "needs fewer; SE ddof 1; sign count +/−/0; 95 % percentile bootstrap; the last two "
+        "columns are the study's power: the smallest log gain whose estimate clears 2 SE, and "
+        "the one found with 80 % probability):\n\n"
+        + C.markdown_table(
+            [
+                {"where": v["where"], "comparison": v["comparison"],
+                 "log gain": f"{v['mean']:+.3f} ± {v['se']:.3f}",
+                 "gain": f"{math.exp(v['mean']):.3f}×",
+                 "signs": f"{v['positive']}/{v['negative']}/{v['zero']}",
+                 "95 % bootstrap": f"[{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]",
+                 "> 2 SE": "yes" if abs(v["mean"]) > 2 * v["se"] else "no",
+                 "detectable at 2 SE": f"{v['detectable at 2 SE']:.3f} "
+                 f"({math.exp(v['detectable at 2 SE']):.2f}×)",
+                 "80 % power": f"{v['detectable, 80 % power']:.3f} "
+                 f"({math.exp(v['detectable, 80 % power']):.2f}×)"}
+                for v in payload["verdicts"]
+            ]
+        )
+    )  # fmt: skip
+
+
 def readme_block(payload: dict) -> str:
     """The README's generated block: per-part tables, the lr grids and the checks."""
     out = []
@@ -370,48 +419,7 @@ def readme_block(payload: dict) -> str:
             + "\n\nMean rollouts to 80 % at each lr (the grid; budget where not reached):\n\n"
             + C.markdown_table(grid)
         )
-    out.append(
-        "**Spread of σ_x = √(J_x(1 − J_x)) over the pool** (coefficient of variation over the "
-        "prompts, mean over seeds, at the method's best lr; – = every run had reached 80 % and "
-        "stopped):\n\n"
-        + C.markdown_table(
-            [
-                {
-                    "part": r["part"],
-                    "pool": r["pool"],
-                    "method": r["method"],
-                    **{f"{int(k):,} rollouts": v for k, v in r["sigma cv at"].items()},
-                }
-                for r in payload["table"]
-                if r["method"] in ("reinforce", "grpo")
-            ]
-        )
-    )
-    out.append(
-        "**Paired verdicts** (`grouprl.diagnostics.compare.paired_stats` on the per-seed "
-        "log(baseline rollouts / method rollouts), each at its own best lr; positive = the method "
-        "needs fewer; SE ddof 1; sign count +/−/0; 95 % percentile bootstrap; the last two "
-        "columns are the study's power: the smallest log gain whose estimate clears 2 SE, and "
-        "the one found with 80 % probability):\n\n"
-        + C.markdown_table(
-            [
-                {
-                    "where": v["where"],
-                    "comparison": v["comparison"],
-                    "log gain": f"{v['mean']:+.3f} ± {v['se']:.3f}",
-                    "gain": f"{math.exp(v['mean']):.3f}×",
-                    "signs": f"{v['positive']}/{v['negative']}/{v['zero']}",
-                    "95 % bootstrap": f"[{v['ci_low']:+.3f}, {v['ci_high']:+.3f}]",
-                    "> 2 SE": "yes" if abs(v["mean"]) > 2 * v["se"] else "no",
-                    "detectable at 2 SE": f"{v['detectable at 2 SE']:.3f} "
-                    f"({math.exp(v['detectable at 2 SE']):.2f}×)",
-                    "80 % power": f"{v['detectable, 80 % power']:.3f} "
-                    f"({math.exp(v['detectable, 80 % power']):.2f}×)",
-                }
-                for v in payload.get("verdicts", [])
-            ]
-        )
-    )
+    out += [t for t in (spread_block(payload), verdict_block(payload)) if t]
     out.append(C.checks_block(payload["checks"]))
     out.append(
         f"({len(payload['seeds'])} seeds, paired; mean ± std over seeds unless marked; gains are "
