@@ -430,7 +430,7 @@ def readme_block(payload: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = C.parser(__doc__.splitlines()[0], default_seeds=10).parse_args(argv)
+    args = C.parser(__doc__.splitlines()[0], default_seeds=20).parse_args(argv)
     out = C.output_folder(args, HERE, readme_block)
     if out is None:
         return 0
