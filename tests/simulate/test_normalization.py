@@ -290,9 +290,9 @@ def test_simulate_quick_rows_claims_and_bad_input():
         if r["method"] == "reinforce":
             assert r["gain vs reinforce"] == 1.0 and r["log gain"] == 0.0
     assert [c.name for c in res.claims] == [
-        "grpo_beats_reinforce_under_heterogeneity",
-        "no_grpo_gain_without_heterogeneity",
-        "grpo_gain_larger_under_heterogeneity",
+        "grpo_beats_reinforce_from_a_heterogeneous_start",
+        "no_grpo_gain_from_a_homogeneous_start",
+        "grpo_gain_larger_from_a_heterogeneous_start",
     ]
     ide = sim(quick=True, pools=("identical",), methods=("reinforce", "grpo"))
     assert [c.name for c in ide.claims] == ["no_grpo_gain_on_identical_prompts"]

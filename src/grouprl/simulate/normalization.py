@@ -506,18 +506,18 @@ def _heterogeneity_claims(cfg: NormalizationConfig, runs: dict) -> list[Claim]:
     fmt = lambda g: f"{g['gain']:.3f}× (log {g['log_gain']:+.3f} ± {g['se']:.3f})"  # noqa: E731
     return [
         Claim(
-            "grpo_beats_reinforce_under_heterogeneity",
+            "grpo_beats_reinforce_from_a_heterogeneous_start",
             het["log_gain"] > 2 * het["se"],
-            f"heterogeneous pool: REINFORCE/GRPO rollouts to {cfg.target:.0%} = {fmt(het)}, "
+            f"heterogeneous start: REINFORCE/GRPO rollouts to {cfg.target:.0%} = {fmt(het)}, "
             "paired over seeds, each at its best lr (needs log gain > 2 SE)",
         ),
         Claim(
-            "no_grpo_gain_without_heterogeneity",
+            "no_grpo_gain_from_a_homogeneous_start",
             abs(hom["log_gain"]) <= 2 * hom["se"],
-            f"homogeneous pool: {fmt(hom)} (needs |log gain| <= 2 SE)",
+            f"homogeneous start: {fmt(hom)} (needs |log gain| <= 2 SE)",
         ),
         Claim(
-            "grpo_gain_larger_under_heterogeneity",
+            "grpo_gain_larger_from_a_heterogeneous_start",
             eff["diff"] > 2 * eff["se"],
             f"log gain heterogeneous − homogeneous = {eff['diff']:+.3f} ± {eff['se']:.3f} "
             "(paired by seed; needs > 2 SE)",
