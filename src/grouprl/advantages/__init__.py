@@ -526,6 +526,9 @@ def compute(
     """
     fn = _estimator(name)
     rewards, level, how = _combined(name, rewards, combine, reward_weights, combine_params)
+    # advantages are constants of the loss (stop-gradient, ALGORITHMS.md §1): no gradient
+    # reaches the rewards, and the estimators may work in place on what they were given
+    rewards = rewards.detach() if isinstance(rewards, torch.Tensor) else rewards
     r_lo, r_hi = _check_transforms(focal_gamma, delta_res, virtual, reward_range)
     registered = _registered_transforms(transforms)
     if how not in (None, "sum") and (delta_res is not None or virtual is not None):
