@@ -116,6 +116,19 @@ def fmt(v: Any, digits: int = 5) -> str:
     return str(v)
 
 
+def fmt_se(v: Any, whole_above: float | None = None) -> str:
+    """``mean ± SE`` (SE = sample std / √n) for a :func:`ms` dict, else :func:`fmt` (4 digits);
+    an SE of at least ``whole_above`` is printed as a whole number."""
+    if isinstance(v, dict) and "mean" in v:
+        if v["mean"] is None or not math.isfinite(v["mean"]):
+            return "–"
+        se = v["std"] / math.sqrt(max(v["n"], 1))
+        if whole_above is not None and se >= whole_above:
+            return f"{v['mean']:.4g} ± {se:.0f}"
+        return f"{v['mean']:.4g} ± {se:.2g}"
+    return fmt(v, 4)
+
+
 def markdown_table(rows: list[dict[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A GitHub markdown table of rows (columns: the first row's keys unless given)."""
     if not rows:

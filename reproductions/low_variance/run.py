@@ -311,13 +311,8 @@ def plot(rows: list[dict]):
 
 
 def _se(v) -> str:
-    """``mean ± SE`` (SE = sample std / √n) for an ``ms`` dict, else :func:`C.fmt`."""
-    if isinstance(v, dict) and "mean" in v:
-        if v["mean"] is None or not math.isfinite(v["mean"]):
-            return "–"
-        se = v["std"] / math.sqrt(max(v["n"], 1))
-        return f"{v['mean']:.4g} ± {se:.0f}" if se >= 100 else f"{v['mean']:.4g} ± {se:.2g}"
-    return C.fmt(v, 4)
+    """``mean ± SE``; an SE of 100 or more as a whole number (the 1/scale tails)."""
+    return C.fmt_se(v, whole_above=100)
 
 
 def _render(rows: list[dict]) -> list[dict]:

@@ -343,15 +343,6 @@ def plot(rows: list[dict], runs: dict[str, list[dict]]):
     return fig
 
 
-def _se(v) -> str:
-    if isinstance(v, dict) and "mean" in v:
-        if v["mean"] is None or not math.isfinite(v["mean"]):
-            return "–"
-        se = v["std"] / math.sqrt(max(v["n"], 1))
-        return f"{v['mean']:.4g} ± {se:.2g}"
-    return C.fmt(v, 4)
-
-
 def readme_block(payload: dict) -> str:
     n = len(payload["seeds"])
     cal = payload["calibration"]
@@ -364,7 +355,7 @@ def readme_block(payload: dict) -> str:
                 "train accuracy", "mean KL, all updated", "KL P95, all updated",
                 "R/KL, all updated", "low-σ updated share", "skipped share"]  # fmt: skip
     t3_cols = ["method", *COLUMNS, "Dir: cos(g_R, g_KL)", "Dir: cos(g_R, g_cardinal)"]
-    rendered = [{k: _se(v) for k, v in r.items()} for r in payload["table"]]
+    rendered = [{k: C.fmt_se(v) for k, v in r.items()} for r in payload["table"]]
     dep = [{k: C.fmt(v, 3) for k, v in r.items()} for r in payload["departures"]]
     return "\n\n".join(
         [

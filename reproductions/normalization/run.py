@@ -25,6 +25,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -255,6 +256,7 @@ def exact_checks(verdicts: list[dict]) -> list[dict]:
 
 
 POOLS = ("homogeneous", "heterogeneous", "identical")
+POOL_LINES = {"homogeneous": "--", "heterogeneous": "-", "identical": ":"}
 
 
 def plot(payload: dict, data: dict):
@@ -293,13 +295,12 @@ def plot(payload: dict, data: dict):
         ax[1, j].set_xscale("log", base=2), ax[1, j].set_yscale("log")
         ax[1, j].set_title(f"shared, {pool}: rollouts to 80 % vs lr", fontsize=9)
         ax[1, j].set_xlabel("lr"), ax[1, j].legend(fontsize=7)
-    for pool, ls in zip(POOLS, ("--", "-", ":")):
-        for method in ("reinforce", "grpo"):
-            row = next(r for r in shared if (r["pool"], r["method"]) == (pool, method))
-            li = row["grid lrs"].index(row["best lr"])
-            cv = torch.as_tensor(data[row["part"]][f"{pool}/{method}"]["sigma_cv"])[li]
-            x = torch.arange(cv.numel()) * cfg["log_every"] * step
-            ax[0, 3].plot(x, cv, ls=ls, label=f"{pool[:3]} {method}")
+    cv_rows = [
+        next(r for r in shared if (r["pool"], r["method"]) == (pool, method))
+        for pool in POOLS
+        for method in ("reinforce", "grpo")
+    ]
+    _sigma_cv_panel(ax[0, 3], cv_rows, data, cfg["log_every"] * step)
     ax[0, 3].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in shared))
     ax[0, 3].set_title("CV over prompts of σ_x = √(J(1−J)), best lr", fontsize=9)
     ax[0, 3].set_xlabel("rollouts"), ax[0, 3].legend(fontsize=7)
@@ -308,13 +309,9 @@ def plot(payload: dict, data: dict):
     ax[1, 3].set_xlabel("lr"), ax[1, 3].legend(fontsize=6)
     blocks = [r for r in payload["table"] if r["part"] == "blocks"]
     bcfg = payload["config"].get("blocks")
-    for r in (r for r in blocks if r["method"] in ("reinforce", "grpo")):
-        li = r["grid lrs"].index(r["best lr"])
-        cv = torch.as_tensor(data["blocks"][f"{r['pool']}/{r['method']}"]["sigma_cv"])[li]
-        x = torch.arange(cv.numel()) * bcfg["log_every"] * step
-        ax[0, 4].plot(x, cv, ls="--" if r["pool"] == "homogeneous" else "-",
-                      label=f"{r['pool'][:3]} {r['method']}")  # fmt: skip
     if blocks:
+        cv_rows = [r for r in blocks if r["method"] in ("reinforce", "grpo")]
+        _sigma_cv_panel(ax[0, 4], cv_rows, data, bcfg["log_every"] * step)
         ax[0, 4].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in blocks))
     ax[0, 4].set_title("blocks: CV over prompts of σ_x, best lr", fontsize=9)
     ax[0, 4].set_xlabel("rollouts"), ax[0, 4].legend(fontsize=7)
@@ -322,6 +319,16 @@ def plot(payload: dict, data: dict):
     ax[1, 4].set_title("blocks: rollouts to 80 % vs lr", fontsize=9)
     ax[1, 4].set_xlabel("lr"), ax[1, 4].legend(fontsize=6)
     return fig
+
+
+def _sigma_cv_panel(a: Any, rows: list[dict], data: dict, every: int) -> None:
+    """The CV over prompts of σ_x along training for each row at its best lr (logged every
+    ``every`` rollouts), one line style per pool."""
+    for r in rows:
+        li = r["grid lrs"].index(r["best lr"])
+        cv = torch.as_tensor(data[r["part"]][f"{r['pool']}/{r['method']}"]["sigma_cv"])[li]
+        a.plot(torch.arange(cv.numel()) * every, cv, ls=POOL_LINES[r["pool"]],
+               label=f"{r['pool'][:3]} {r['method']}")  # fmt: skip
 
 
 def _gain(r: dict) -> str:
