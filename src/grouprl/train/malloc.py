@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 from typing import Any
 
@@ -32,16 +33,24 @@ M_MMAP_THRESHOLD = -3
 """``mallopt`` parameter number of the mmap threshold (glibc ``malloc.h``)."""
 
 
-def _libc(name: str, argtypes: list, restype: Any) -> Any:
-    """glibc's function ``name`` with its C signature, or None (not Linux, no such libc or
-    function: musl, a sandbox without libc)."""
+@functools.cache
+def _libc_handle() -> Any:
+    """The C library, loaded once (``find_library`` runs ``ldconfig`` in a subprocess: a
+    millisecond or more, too much to repeat before every training forward); None where
+    there is none to load (not Linux, a sandbox without libc)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
         return None
-    fn = getattr(libc, name, None)
+
+
+def _libc(name: str, argtypes: list, restype: Any) -> Any:
+    """glibc's function ``name`` with its C signature, or None (not Linux, no such libc or
+    function: musl, a sandbox without libc)."""
+    libc = _libc_handle()
+    fn = None if libc is None else getattr(libc, name, None)
     if fn is not None:
         fn.argtypes, fn.restype = argtypes, restype
     return fn
