@@ -36,6 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chunk", type=int, default=256, help="optim.logprob_chunk")
     ap.add_argument("--recompute", action="store_true", help="the head's recompute path")
+    ap.add_argument("--recompute-mlp", action="store_true", help="the MLPs' gate/up recompute")
     ap.add_argument("--mmap-kib", type=int, default=0, help="run.mmap_threshold_kib")
     ap.add_argument("--full", action="store_true", help="every completion 64 tokens long")
     ap.add_argument("--iters", type=int, default=2)
@@ -90,6 +91,7 @@ def main() -> None:
         lp = completion_logprobs(
             model, pids, pmask, cids, cmask, chunk=args.chunk,
             entropy=True, group_size=8, recompute=True if args.recompute else None,
+            recompute_mlp=args.recompute_mlp,
         )  # fmt: skip
         loss = (lp.logp * cmask).sum() / cmask.sum()
         time.sleep(0.01)

@@ -642,6 +642,12 @@ def run_grouprl(args: argparse.Namespace, model, tok, task, out: Path) -> dict[s
     phases["forward"] = phases.pop("logprobs")
     return {
         "settings": settings,
+        # how grouprl holds its memory: not a compared setting (no number changes), recorded
+        "memory_settings": {
+            "run.mmap_threshold_kib": cfg.run.mmap_threshold_kib,
+            "optim.recompute": list(cfg.optim.recompute),
+            **{k: os.environ.get(k, "") for k in GROUPRL_PROCESS_ENV},
+        },
         **probe.close(),
         "wall_s": wall,
         "cpu_s": cpu,
@@ -946,13 +952,26 @@ class SettingsDiffer(SystemExit):
         )
 
 
+def _grouprl_process_env() -> dict[str, str]:
+    from grouprl.cli import PROCESS_ENV
+
+    return dict(PROCESS_ENV)
+
+
+GROUPRL_PROCESS_ENV = _grouprl_process_env()
+"""The environment ``grouprl train`` gives its own process (``grouprl.cli.PROCESS_ENV``),
+given to the grouprl worker; the TRL worker runs in the caller's environment."""
+
+
 def _child(args: argparse.Namespace, which: str, settings_only: bool) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--worker", which, *args.passthrough]
     if settings_only:
         cmd.append("--settings-only")
     elif which == "grouprl" and args.eval_prompts > 0:
         cmd.append("--eval-before")
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    # the grouprl worker gets what ``grouprl train`` sets before torch loads (grouprl.cli)
+    env = {**GROUPRL_PROCESS_ENV, **os.environ} if which == "grouprl" else dict(os.environ)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     for line in proc.stdout.splitlines():
         if line.startswith("@@RESULT@@"):
             return json.loads(line[len("@@RESULT@@") :])

@@ -26,8 +26,10 @@ def _llama(kv_heads: int = 2, d: int = 32, ff: int = 64, dtype=torch.float32):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(2, 9), (1, 1), (3, 17)])
-@pytest.mark.parametrize("part", ["mlp", "input_layernorm"])
+@pytest.mark.parametrize("part", ["mlp", "mlp_recomputed", "input_layernorm"])
 def test_each_module_equals_its_own_forward_bit_for_bit(dtype, shape, part):
+    recompute = part == "mlp_recomputed"
+    part = "mlp" if recompute else part
     module = getattr(_llama(dtype=dtype).model.layers[0], part)
     if part != "mlp":
         module.weight.data.normal_(generator=torch.Generator().manual_seed(3))
@@ -35,7 +37,7 @@ def test_each_module_equals_its_own_forward_bit_for_bit(dtype, shape, part):
     x = torch.randn(*shape, 32, generator=gen).to(dtype)
     grad = torch.randn(*shape, 32, generator=gen).to(dtype)
     runs = []
-    for switch in (contextlib.nullcontext(), lean.lean_activations(module)):
+    for switch in (contextlib.nullcontext(), lean.lean_activations(module, recompute)):
         module.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
         with switch:
@@ -46,13 +48,15 @@ def test_each_module_equals_its_own_forward_bit_for_bit(dtype, shape, part):
         assert a.dtype == b.dtype and torch.equal(a, b)
 
 
-def test_whole_model_gradients_bit_for_bit_norm_inside_the_residual_stream():
+@pytest.mark.parametrize("recompute_mlp", [False, True])
+def test_whole_model_gradients_bit_for_bit_norm_inside_the_residual_stream(recompute_mlp):
     # the norm's input also feeds the residual add: its gradient is a sum of three parts,
-    # added in autograd's order only because the norm hands back two edges
+    # added in autograd's order only because the norm hands back two edges; with the MLP
+    # recomputed its input is the rebuilt norm output, projected again in the backward
     model = _llama()
     ids = torch.randint(0, 50, (3, 11), generator=torch.Generator().manual_seed(4))
     grads = []
-    for switch in (contextlib.nullcontext(), lean.lean_activations(model)):
+    for switch in (contextlib.nullcontext(), lean.lean_activations(model, recompute_mlp)):
         model.zero_grad(set_to_none=True)
         with switch:
             model(input_ids=ids).logits.pow(2).sum().backward()
@@ -79,7 +83,8 @@ def _saved_bytes(fn, monkeypatch) -> int:
     return sum(seen.values())
 
 
-def test_completion_logprobs_same_values_and_gradients_less_kept(monkeypatch):
+@pytest.mark.parametrize("recompute_mlp", [False, True])
+def test_completion_logprobs_same_values_and_gradients_less_kept(monkeypatch, recompute_mlp):
     model = _llama(kv_heads=2)
     gen = torch.Generator().manual_seed(2)
     for module in lean.lean_modules(model):  # norm weights off 1, where rounding can show
@@ -94,14 +99,16 @@ def test_completion_logprobs_same_values_and_gradients_less_kept(monkeypatch):
 
     def run():
         model.zero_grad(set_to_none=True)
-        lp = logprobs.completion_logprobs(model, prompt, prompt_mask, comp, comp_mask, entropy=True)
+        lp = logprobs.completion_logprobs(model, prompt, prompt_mask, comp, comp_mask, entropy=True,
+                                          recompute_mlp=recompute_mlp)  # fmt: skip
         lp.logp.sum().backward()
         return lp, [p.grad.clone() for p in model.parameters()]
 
     lean_lp, lean_grads = run()
     lean_kept = _saved_bytes(lambda: logprobs.completion_logprobs(model, prompt, prompt_mask, comp,
-                                                                  comp_mask), monkeypatch)  # fmt: skip
-    monkeypatch.setattr(logprobs, "lean_activations", lambda m: contextlib.nullcontext(0))
+                                                                  comp_mask, recompute_mlp=recompute_mlp),
+                             monkeypatch)  # fmt: skip
+    monkeypatch.setattr(logprobs, "lean_activations", lambda m, r: contextlib.nullcontext(0))
     plain_lp, plain_grads = run()
     plain_kept = _saved_bytes(lambda: logprobs.completion_logprobs(model, prompt, prompt_mask,
                                                                    comp, comp_mask), monkeypatch)  # fmt: skip
@@ -112,9 +119,11 @@ def test_completion_logprobs_same_values_and_gradients_less_kept(monkeypatch):
     # fp32 floats fewer per position (4 rows x 13 prompt and completion positions, padding
     # included): in each of the 2 layers the MLP's 2 x 64 (silu(gate), the product) and, for
     # each of its 2 norms, 32 (x * r) and 32 more (the norm's output, rebuilt in the
-    # backward); the final norm 32 (its output is not saved: the head takes a copy)
+    # backward); the final norm 32 (its output is not saved: the head takes a copy); with the
+    # MLP recomputed also its gate and up outputs, 2 x 64 more per layer
     positions = 4 * (6 + 7)
-    assert plain_kept - lean_kept == 4 * positions * (2 * (2 * 64 + 2 * (32 + 32)) + 32)
+    mlp = 4 * 64 if recompute_mlp else 2 * 64
+    assert plain_kept - lean_kept == 4 * positions * (2 * (mlp + 2 * (32 + 32)) + 32)
 
 
 def test_switch_is_scoped_and_leaves_other_modules_alone():

@@ -176,3 +176,41 @@ def test_the_training_forward_releases_free_heap_memory_first(monkeypatch):
     assert calls == [] and seen == [False]
     pol.logprobs(seqs)
     assert calls == [1] and seen == [False, True]
+
+
+def test_recompute_reaches_the_training_forward_only(monkeypatch, tmp_path):
+    """``optim.recompute`` becomes the policy's ``recompute`` and is passed to the training
+    forward (with gradient) only: a pass without gradient keeps nothing to rebuild."""
+    from grouprl.train import policy as policy_mod
+
+    run = _run(tmp_path, "none", "optim.recompute=[mlp,head]")
+    assert run.policy.recompute == ("mlp", "head")
+    seen = []
+    monkeypatch.setattr(policy_mod, "completion_logprobs",
+                        lambda *a, **k: seen.append((k["recompute"], k["recompute_mlp"])))  # fmt: skip
+    seqs = type("S", (), {})()
+    for name in ("prompt_ids", "prompt_mask", "completion_ids", "mask"):
+        setattr(seqs, name, torch.ones(2, 3, dtype=torch.long))
+    seqs.temperature, seqs.group_size = 1.0, 1
+    for parts in [("head", "mlp"), ("mlp",), ("head",), ()]:
+        pol = policy_mod.Policy(model=torch.nn.Linear(2, 2), tokenizer=None, recompute=parts)
+        with torch.no_grad():
+            pol.logprobs(seqs)
+        pol.logprobs(seqs)
+    assert seen == [
+        (None, False), (True, True),  # head and mlp
+        (None, False), (None, True),  # mlp: the head keeps its automatic rule
+        (None, False), (True, False),  # head
+        (None, False), (None, False),  # nothing
+    ]  # fmt: skip
+
+
+def test_an_unknown_recompute_part_is_a_config_error_naming_the_choices():
+    from grouprl.train.config import RECOMPUTE, ConfigError, load_config
+
+    assert list(RECOMPUTE) == ["head", "mlp"]
+    with pytest.raises(
+        ConfigError, match=r"optim.recompute: unknown part\(s\) 'mlps'; choose from head, mlp"
+    ):
+        load_config(None, ["optim.recompute=[head,mlps]"])
+    assert load_config(None, ["optim.recompute=[]"]).optim.recompute == ()

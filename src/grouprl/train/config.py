@@ -29,6 +29,7 @@ from grouprl.presets import DEFAULT as DEFAULT_PRESET
 from grouprl.presets import Preset, frozen
 
 __all__ = [
+    "RECOMPUTE",
     "AlgorithmConfig",
     "ConfigError",
     "EvalConfig",
@@ -276,6 +277,15 @@ class OptimConfig:
     a smaller peak, a second forward's CPU time: on SmolLM2 at the ``pretrained`` profile's
     settings 13 % less peak RSS for 12 % more CPU a step, which is why it stays off
     (docs/results.md, "Peak memory, where it goes")."""
+    recompute: tuple[str, ...] = ()
+    """What the training forward runs again in the backward instead of keeping it, the same
+    gradients bit for bit (:data:`RECOMPUTE`): ``head``, the log-prob head's ``[tokens, V]``
+    probabilities (one head matmul more; without it they are kept up to 1 GiB); ``mlp``, the
+    gated MLPs' gate and up outputs (two of the MLP's three matmuls more; Llama-form MLPs
+    outside autocast, where ``grouprl.train.lean`` runs the MLP). [OURS, measured] the
+    ``pretrained`` profile recomputes ``[mlp]``: beside its 128 KiB ``run.mmap_threshold_kib``
+    it is what brings the SmolLM2 comparison's peak under half of TRL's, and adding ``head``
+    lowered the peak no further (docs/results.md, "Peak memory, where it goes")."""
     ppo_epochs: int | None = None
     """Passes over each generation batch; None = the preset's (``Preset.ppo_epochs``: AGPO's
     code runs 4, the others 1). See :meth:`RunConfig.schedule`."""
@@ -353,12 +363,12 @@ class RunSectionConfig:
     mmap_threshold_kib: int = 0
     """glibc: blocks of at least this many KiB are mapped on their own and given back to the
     OS when freed (``grouprl.train.malloc``), so the resident memory follows the live tensors
-    instead of the heap's high-water mark; 0 = glibc's growing default (nothing set). [OURS,
-    measured] 128 makes one SmolLM2 step peak at 4.10 GB instead of 4.53 GB, but every freed
-    block of 128 KiB or more is a munmap and its next use page faults: the default maze run
-    took 132 s instead of 75 s from an empty cache (54.8 s instead of 1.1 s of system time; 2
-    idle cores, load 0.7-1.2, torch 2.13), so it is opt-in: ``--set run.mmap_threshold_kib=128``
-    where the peak memory matters more than the time."""
+    instead of the heap's high-water mark; 0 = glibc's growing default (nothing set). Every
+    freed block of that size is then a munmap and its next use page faults, which costs a
+    model of many small tensors far more time than it saves memory, so 0 is the default and
+    the ``pretrained`` profile sets 128 (``grouprl train`` puts such blocks on huge pages,
+    ``grouprl.cli.PROCESS_ENV``, which takes back part of the faulting) [OURS, measured:
+    docs/results.md, "Peak memory, where it goes"]."""
     save_final: bool = True
     """Write the policy and tokenizer with ``save_pretrained`` to ``<out>/final/`` at the end
     of a finished run (``grouprl.train.export``), loadable by transformers, TRL and vLLM."""
@@ -535,6 +545,7 @@ def _check_ranges(cfg: RunConfig) -> None:
         raise ConfigError("sampling.max_unscorable_frac must be in [0, 1]")
     if o.lr <= 0:
         raise ConfigError(f"optim.lr must be > 0, got {o.lr}")
+    _check_recompute(o.recompute)
     if cfg.run.threads < 0:
         raise ConfigError(f"run.threads must be >= 0 (0 = auto), got {cfg.run.threads}")
     if not 0 <= cfg.run.mmap_threshold_kib <= 32 * 1024:
@@ -549,6 +560,22 @@ def _check_ranges(cfg: RunConfig) -> None:
             f"eval.samples ({e.samples}) must be >= max(eval.ks) ({max(e.ks)}): pass@k needs "
             "n >= k samples per prompt; raise eval.samples or drop the large k"
         )
+
+
+def _check_recompute(parts: tuple[str, ...]) -> None:
+    unknown = [r for r in parts if r not in RECOMPUTE]
+    if unknown:
+        raise ConfigError(
+            f"optim.recompute: unknown part(s) {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join(RECOMPUTE)} (e.g. optim.recompute=[head,mlp]), or [] for none"
+        )
+
+
+RECOMPUTE: dict[str, str] = {
+    "head": "the log-prob head's [tokens, V] probabilities (one head matmul more)",
+    "mlp": "the gated MLPs' gate and up outputs (two of the MLP's three matmuls more)",
+}
+"""``optim.recompute`` part -> what the backward runs again instead of keeping."""
 
 
 LOGGERS: dict[str, tuple[str, str]] = {

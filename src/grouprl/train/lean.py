@@ -47,24 +47,29 @@ F = torch.nn.functional
 
 
 class _GatedMLP(torch.autograd.Function):
-    """``down(silu(x @ Wg^T) * (x @ Wu^T))``, keeping x, the gate and the up outputs."""
+    """``down(silu(x @ Wg^T) * (x @ Wu^T))``, keeping x, the gate and the up outputs, or
+    only x with ``recompute`` (the two projections run again in the backward)."""
 
     @staticmethod
-    def forward(ctx, x, w_gate, w_up, w_down):  # x [..., H]; W [I, H], [I, H], [H, I]
+    def forward(ctx, x, w_gate, w_up, w_down, recompute):  # x [..., H]; W [I, H], [I, H], [H, I]
         gate = F.linear(x, w_gate)  # [..., I]
         up = F.linear(x, w_up)  # [..., I]
         out = F.linear(F.silu(gate) * up, w_down)  # [..., H]
-        ctx.save_for_backward(x, gate, up, w_gate, w_up, w_down)
+        ctx.recompute = recompute
+        kept = () if recompute else (gate, up)
+        ctx.save_for_backward(x, w_gate, w_up, w_down, *kept)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, gate, up, w_gate, w_up, w_down = ctx.saved_tensors
+        x, w_gate, w_up, w_down, *kept = ctx.saved_tensors
+        # the forward's own calls on the same operands: the same floats
+        gate, up = (F.linear(x, w_gate), F.linear(x, w_up)) if ctx.recompute else kept
         i, h = gate.shape[-1], x.shape[-1]
         gate2, up2, x2 = gate.reshape(-1, i), up.reshape(-1, i), x.reshape(-1, h)  # [M, .]
         act = F.silu(gate2)  # [M, I] recomputed
         grad2 = grad_out.reshape(-1, h)  # [M, H]
-        need_x, need_g, need_u, need_d = ctx.needs_input_grad
+        need_x, need_g, need_u, need_d, _ = ctx.needs_input_grad
         grad_prod = grad2.mm(w_down)  # [M, I] d out / d (silu(g) * u)
         grad_up = grad_prod * act
         grad_gate = torch.ops.aten.silu_backward(grad_prod * up2, gate2)
@@ -74,6 +79,7 @@ class _GatedMLP(torch.autograd.Function):
             x2.t().mm(grad_gate).t() if need_g else None,
             x2.t().mm(grad_up).t() if need_u else None,
             (act * up2).t().mm(grad2).t() if need_d else None,
+            None,
         )
 
 
@@ -145,15 +151,18 @@ def lean_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if _kind(m) is not None]
 
 
-def _forward(module: torch.nn.Module, kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def _forward(
+    module: torch.nn.Module, kind: str, recompute_mlp: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
     plain = type(module).forward
 
     def mlp(x: torch.Tensor) -> torch.Tensor:
         if not torch.is_grad_enabled() or torch.is_autocast_enabled(x.device.type):
             return plain(module, x)  # no backward, or autocast's own casts
         return _GatedMLP.apply(
-            x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight
-        )
+            x, module.gate_proj.weight, module.up_proj.weight, module.down_proj.weight,
+            recompute_mlp,
+        )  # fmt: skip
 
     def norm(x: torch.Tensor) -> torch.Tensor:
         fp32 = x.dtype == module.weight.dtype == torch.float32
@@ -207,10 +216,14 @@ def _unpack(saved: Any) -> torch.Tensor:
 
 
 @contextlib.contextmanager
-def lean_activations(model: Any) -> Iterator[int]:
+def lean_activations(model: Any, recompute_mlp: bool = False) -> Iterator[int]:
     """Within the block, the model's Llama-form MLPs and RMSNorms keep less for the backward
     (module docstring); yields how many modules were switched. The switch is an instance
     attribute, removed on exit, also on an exception; a nested block leaves the outer one.
+
+    ``recompute_mlp``: each MLP keeps only its input (itself a rebuilt norm output in a
+    Llama layer) and runs its gate and up projections again in the backward: two of its
+    three matmuls once more, for two ``[tokens, intermediate]`` tensors per layer fewer.
 
     A norm's output saved by the layers after it (the attention's q/k/v projections, the MLP)
     is kept as the norm's node and rebuilt in the backward (:func:`_pack`): one
@@ -220,7 +233,7 @@ def lean_activations(model: Any) -> Iterator[int]:
         kind = _kind(module)
         if kind is None or "forward" in vars(module):  # not ours, switched, or user-patched
             continue
-        module.forward = _forward(module, kind)
+        module.forward = _forward(module, kind, recompute_mlp)
         switched.append(module)
     try:
         with torch.autograd.graph.saved_tensors_hooks(_pack, _unpack):

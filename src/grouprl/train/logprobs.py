@@ -359,6 +359,7 @@ def completion_logprobs(
     keep_bytes: int = KEEP_BYTES,
     sum_pi_squared: bool = False,
     kept_ids: torch.Tensor | None = None,
+    recompute_mlp: bool = False,
 ) -> TokenLogProbs:
     """Log-probs ``[N, T]`` of the completion tokens under ``model`` at ``temperature``.
 
@@ -386,6 +387,8 @@ def completion_logprobs(
         kept_ids: ``[N, T, K]`` the sampler's kept token ids per position (-1 padding,
             ``Rollouts.kept_ids``): every output is then of the distribution renormalised
             over them (module docstring); None = the full softmax.
+        recompute_mlp: Llama-form MLPs keep only their input and run the gate and up
+            projections again in the backward (:func:`grouprl.train.lean.lean_activations`).
 
     Padding positions get log-prob 0 and entropy 0. Models that are not Hugging Face causal
     LMs (no separate decoder / output head) fall back to ``model(...).logits``, which holds
@@ -393,7 +396,7 @@ def completion_logprobs(
     run under :func:`grouprl.rollout.hf.gqa_attention`; Llama-form MLPs and RMSNorms keep less
     for the backward (:func:`grouprl.train.lean.lean_activations`, the same gradients).
     """
-    with gqa_attention(model), lean_activations(model):
+    with gqa_attention(model), lean_activations(model, recompute_mlp):
         return _completion_logprobs(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, temperature,
             chunk, entropy, recompute, group_size, trim, bucket_overhead, keep_bytes,

@@ -10,13 +10,12 @@ forward's activations, holds the high-water mark of both. Setting the threshold 
 dynamic adjustment stops): every block of that size or more is mapped and unmapped, so the
 resident memory follows the live tensors.
 
-[OURS] measured on one SmolLM2-135M step (8 x 8 rollouts of 64 tokens, micro-batch 16, fused
-AdamW; benchmarks/vs_trl.py's memory breakdown): peak RSS 4.53 GB with glibc's default,
-4.10 GB with a fixed 128 KiB threshold; ``malloc_trim`` after each phase instead: 4.40 GB.
-The price is page faults: two SmolLM2 steps (``vs_trl_smollm2_mmap{0,128}.json``)
-peak at 4,001 MiB with glibc's default and 3,619 MiB at 128 KiB, but take 131 and 149 CPU
-seconds (14.0 and 36.6 s of system time, 3.5 M and 14.8 M page faults), and the default maze
-run 75 s and 132 s: hence ``run.mmap_threshold_kib`` defaults to 0 (nothing set).
+[OURS, measured: docs/results.md, "Peak memory, where it goes"] on SmolLM2-135M a fixed
+128 KiB threshold takes the heap's retention off the peak, at the price of page faults: every
+freed block of that size or more is unmapped and faults again on its next use. That pays on a
+real LM, where the blocks are large and few, and costs a small model of many small tensors far
+more time than memory, so ``run.mmap_threshold_kib`` is 0 (nothing set) by default and 128 in
+the ``pretrained`` profile.
 """
 
 from __future__ import annotations

@@ -76,6 +76,8 @@ class Policy:
         micro_batch_size: sequences per forward of :meth:`batch_logprobs`; 0 = the whole
             batch at once (``optim.micro_batch_size``).
         logprob_chunk: tokens per vocabulary projection block (``optim.logprob_chunk``).
+        recompute: what the training forward recomputes in the backward instead of keeping
+            it (``optim.recompute``: ``"head"``, ``"mlp"``).
     """
 
     model: torch.nn.Module
@@ -83,6 +85,7 @@ class Policy:
     precision: str = "none"
     micro_batch_size: int = 0
     logprob_chunk: int = 2048
+    recompute: tuple[str, ...] = ()
     rollout_precision: str | None = None
     """The precision of :meth:`generate` (the rollout engine); None = ``precision``."""
 
@@ -164,7 +167,8 @@ class Policy:
         """
         m = slice(None) if rows is None else rows
         kept = getattr(seqs, "kept_ids", None)
-        if torch.is_grad_enabled():  # the training forward: free heap pages not resident
+        grad = torch.is_grad_enabled()
+        if grad:  # the training forward: free heap pages not resident
             malloc.release_free_memory()
         with self.autocast(precision):
             return completion_logprobs(
@@ -172,6 +176,8 @@ class Policy:
                 seqs.completion_ids[m], seqs.mask[m], temperature=seqs.temperature,
                 group_size=seqs.group_size, chunk=self.logprob_chunk, entropy=entropy,
                 sum_pi_squared=sum_pi_squared, kept_ids=None if kept is None else kept[m],
+                recompute=True if grad and "head" in self.recompute else None,
+                recompute_mlp=grad and "mlp" in self.recompute,
             )  # fmt: skip
 
     @torch.no_grad()

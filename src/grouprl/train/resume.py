@@ -108,6 +108,7 @@ BOOKKEEPING_FIELDS: tuple[str, ...] = (
     "optim.logprob_chunk",  # the same projection in other chunks: rounding only
     "optim.fused",  # the same AdamW update in one kernel: rounding only
     "optim.activation_checkpointing",  # the same forward run again in the backward
+    "optim.recompute",  # the same tensors rebuilt in the backward: bit for bit
     "model.attention",  # sdpa or eager: the same attention, rounding only
     "optim.max_nonfinite_steps",  # a guard: it may stop the run, it changes no number
     "optim.entropy",  # logs the policy entropy; no loss term uses it

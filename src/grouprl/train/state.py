@@ -269,6 +269,7 @@ def setup(cfg: RunConfig, *, model: Any = None, tokenizer: Any = None, task: Any
         precision=cfg.model.autocast,
         micro_batch_size=o.micro_batch_size,
         logprob_chunk=o.logprob_chunk,
+        recompute=o.recompute,
         rollout_precision=None
         if cfg.model.rollout_precision == "same"
         else cfg.model.rollout_precision,
