@@ -59,6 +59,10 @@ from typing import Any
 
 import loadguard  # benchmarks/loadguard.py: headline files only from idle runs
 
+# the environment ``grouprl train`` gives its own process, given to the grouprl worker; the TRL
+# worker runs in the caller's (grouprl.cli imports no torch)
+from grouprl.cli import PROCESS_ENV as GROUPRL_PROCESS_ENV
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 warnings.filterwarnings("ignore")
@@ -950,17 +954,6 @@ class SettingsDiffer(SystemExit):
             f"vs_trl: settings differ {when} ({len(rows)} row(s)), the comparison would not be "
             "like with like: " + "; ".join(rows)
         )
-
-
-def _grouprl_process_env() -> dict[str, str]:
-    from grouprl.cli import PROCESS_ENV
-
-    return dict(PROCESS_ENV)
-
-
-GROUPRL_PROCESS_ENV = _grouprl_process_env()
-"""The environment ``grouprl train`` gives its own process (``grouprl.cli.PROCESS_ENV``),
-given to the grouprl worker; the TRL worker runs in the caller's environment."""
 
 
 def _child(args: argparse.Namespace, which: str, settings_only: bool) -> dict[str, Any]:
