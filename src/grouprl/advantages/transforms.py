@@ -19,8 +19,10 @@ from grouprl.advantages._groups import (
     dense_valid,
     group_mean,
     group_moments,
+    hand_columns,
     merge_network,
     transposed,
+    true_rows,
 )
 
 DEFAULT_DELTA_RES = 1e-2
@@ -95,25 +97,82 @@ def _resolution_plain_first(
     rewards only; a bin of k copies of v has the mean (0 + v + ... + v)/k = v exactly when
     every multiple j·v, j <= k, is exact (k <= 2 always; up to G when v's ⌈log2 G⌉ lowest
     significand bits are 0: 0, 1, 0.5...). Such a group's binned rewards are its rewards
-    + 0.0 (the sort's sums start from 0, so −0 becomes +0), found from the sorted columns
-    alone (:func:`_plain_slice`); only the other groups run :func:`_resolution_exact`, on
-    those rows (a group's bins do not depend on the rows beside it).
+    + 0.0 (the sort's sums start from 0, so −0 becomes +0). Two-level groups (every reward
+    its group's min or max, as 0/1 verifier rewards) are found without sorting
+    (:func:`_two_level_slice`); the others are sorted and checked (:func:`_plain_slice`),
+    and only the groups left run :func:`_resolution_exact`, on those groups (a group's
+    bins do not depend on the groups beside it).
     """
-    p, g = rewards.shape
-    work = transposed(rewards)  # [G, P], sorted in place below
-    plain = torch.empty(p, dtype=torch.bool, device=rewards.device)  # [P]
+    p = rewards.shape[0]
+    cols = transposed(rewards)  # [G, P]
     keep = torch.empty(p, dtype=torch.bool, device=rewards.device)  # [P]
-    buf = torch.empty((3 * (g - 1), min(p, _SLICE)), dtype=rewards.dtype, device=rewards.device)
+    rest = _two_level(cols, keep, delta_res)  # [U] the groups that are not plain two-level
+    binned = rewards + 0.0  # [P, G]
+    work = cols.index_select(1, rest)  # [G, U]: binned in place
+    if rest.numel():
+        keep.index_copy_(0, rest, _resolve_columns(work, False, delta_res))
+        binned.index_copy_(0, rest, transposed(work))
+
+    def binned_columns() -> torch.Tensor:  # [G, P] the transpose of binned, on request
+        cols.add_(0.0)  # the plain groups' binned rewards (−0 becomes +0)
+        return cols.index_copy_(1, rest, work) if rest.numel() else cols
+
+    hand_columns(binned, binned_columns)
+    return binned, keep
+
+
+def _two_level(cols: torch.Tensor, keep: torch.Tensor, delta_res: float) -> torch.Tensor:
+    """The groups of ``cols [G, P]`` (no NaN) that are not plain two-level groups, ``[U]``
+    long; ``keep [P]`` is written for the others (two bins: their two levels are
+    ``>= delta_res`` apart).
+
+    [OURS] A plain two-level group: every reward equals the group's min or max (one value
+    for a constant group), the two are ``>= delta_res`` apart or equal, and both are nice
+    in :func:`_resolution_plain_first`'s sense (their ⌈log2 G⌉ lowest significand bits 0,
+    magnitude below :data:`_HUGE`), so each bin's mean is its value. Membership is exact:
+    ``min(r − lo, hi − r)`` is 0 exactly where r is lo or hi (a difference of two floats
+    is 0 only when they are equal), so its max over the group is ±0 exactly for two-level
+    groups. Every test is a bit mask (-1 = fails): the sign bit of a difference shifted
+    across the word, ``-x >> sign`` for "x > 0" (torch's CPU comparisons into bool take
+    ~8x an arithmetic pass).
+    """
+    g, p = cols.shape
+    bits = _INT_OF[cols.dtype]
+    sign = torch.finfo(cols.dtype).bits - 1  # shift that spreads the sign bit over the word
+    lo, hi, spread = (torch.empty(p, dtype=cols.dtype, device=cols.device) for _ in range(3))
+    n = min(p, _SLICE)
+    buf = torch.empty((2, g, n), dtype=cols.dtype, device=cols.device)
     for start in range(0, p, _SLICE):
         part = slice(start, start + _SLICE)
-        _plain_slice(work[:, part], plain[part], keep[part], delta_res, buf)
-    binned = rewards + 0.0  # [P, G]
-    rows = plain.logical_not_().nonzero().squeeze(1)  # [U] the groups that need bin means
-    if rows.numel():
-        sub_binned, sub_keep = _resolution_exact(rewards.index_select(0, rows), None, delta_res)
-        binned.index_copy_(0, rows, sub_binned)
-        keep.index_copy_(0, rows, sub_keep)
-    return binned, keep
+        _two_level_slice(cols[:, part], lo[part], hi[part], spread[part], buf)
+    mag = (1 << sign) - 1  # every bit but the sign
+    gap = torch.sub(hi, lo)  # [P] >= 0
+    small = torch.sub(gap, delta_res).view(bits).bitwise_right_shift_(sign)  # -1: gap < delta
+    keep.copy_(small.bitwise_not())  # two bins: the levels are >= delta_res apart
+    low = (1 << (g - 1).bit_length()) - 1  # significand bits a multiple of up to G may need
+    bad = lo.view(bits) | hi.view(bits)  # [P] int
+    bad.bitwise_and_(low).bitwise_or_(spread.view(bits) & mag)  # > 0: not nice, or 3+ levels
+    # 0 < gap < delta_res: one bin of two values, whose mean is not a reward
+    bad.bitwise_or_(small.bitwise_and_(gap.view(bits).bitwise_and_(mag)))
+    bad.neg_().bitwise_right_shift_(sign)  # -1: x > 0 above (every term is >= 0)
+    top = torch.maximum(hi, lo.neg())  # [P] the larger magnitude
+    torch.sub(_HUGE, top, out=top)  # < 0: huge
+    bad.bitwise_or_(top.view(bits).bitwise_right_shift_(sign))
+    return true_rows(bad.to(torch.bool))
+
+
+def _two_level_slice(
+    w: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, spread: torch.Tensor, buf: torch.Tensor
+) -> None:
+    """For a slice ``w [G, n]`` of the columns: each group's ``lo`` and ``hi`` ``[n]``, and
+    ``spread [n]``, the max over the group of ``min(r − lo, hi − r)`` (±0 exactly for a
+    two-level group); ``buf``: scratch of at least ``[2, G, n]``, reused across slices."""
+    n = w.shape[1]
+    torch.amin(w, 0, out=lo)
+    torch.amax(w, 0, out=hi)
+    above = torch.sub(w, lo, out=buf[0, :, :n])  # [G, n] r − lo >= 0
+    torch.minimum(above, torch.sub(hi, w, out=buf[1, :, :n]), out=above)
+    torch.amax(above, 0, out=spread)
 
 
 def _plain_slice(
@@ -169,15 +228,23 @@ def _resolution_exact(
     exchanges run a block of disjoint pairs at a time (:func:`network_blocks`), and the
     batch in slices of :data:`_SLICE` groups, whose working set stays in cache.
     """
-    p = rewards.shape[0]
     work = transposed(rewards)  # [G, P]: sorted, then the bin means, in place
     if valid is not None:
         work = work.nan_to_num_(nan=math.inf)  # NaN (the invalid entries) sort last
-    keep = torch.zeros(p, dtype=torch.bool, device=rewards.device)  # [P] two bins or more
-    for start in range(0, p, _SLICE):
-        part = slice(start, start + _SLICE)
-        _resolve_slice(work[:, part], keep[part], valid is not None, delta_res)
+    keep = _resolve_columns(work, valid is not None, delta_res)
     return transposed(work), keep
+
+
+def _resolve_columns(work: torch.Tensor, has_nan: bool, delta_res: float) -> torch.Tensor:
+    """:func:`_resolution_exact` on the columns ``work [G, P]`` (NaN entries +inf on entry),
+    binned in place in slices of at most :data:`_SLICE` groups; returns ``keep [P]``."""
+    p = work.shape[1]
+    keep = torch.zeros(p, dtype=torch.bool, device=work.device)  # [P] two bins or more
+    step = -(-p // -(-p // _SLICE))  # equal slices: a short last one costs as many passes
+    for start in range(0, p, step):
+        part = slice(start, start + step)
+        _resolve_slice(work[:, part], keep[part], has_nan, delta_res)
+    return keep
 
 
 _SLICE = 16384
