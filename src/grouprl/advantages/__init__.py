@@ -38,6 +38,7 @@ from grouprl.advantages._groups import (
     check_positive,
     group_moments,
     keyword_defaults,
+    mask_mean,
     shared_moments,
     validate_rewards,
     zero_rows_,
@@ -115,6 +116,11 @@ ESTIMATORS: dict[str, Callable[..., Advantages]] = {
 that read per-sample inputs declare them as keyword parameters: ``lengths [P, G]``
 (completion tokens: ``opo``, and ``weighting="token"``) and ``baseline [P]`` (``remax``).
 """
+
+FRESH_VALUES = frozenset({scale.maxnorm_rloo, scale.maxnorm_dr_grpo})
+"""Estimators whose ``values`` are always memory they allocated for that call and keep no
+reference to: :func:`compute` zeroes the resolution's skipped groups in them in place
+instead of in a copy (any other estimator's values are copied first)."""
 
 ALIASES: dict[str, str] = {"reinforce_pp": "reinforce_pp_baseline"}
 """Old name -> current name: ``reinforce_pp`` is an older name of REINFORCE++-baseline,
@@ -568,7 +574,7 @@ def compute(
     # -- resolution: merge sub-resolution gaps, skip one-bin groups for both branches
     if delta_res is not None:
         rewards, keep = resolution(rewards, valid, delta_res)
-        stats["resolution/skipped_frac"] = float((~keep).float().mean())
+        stats["resolution/skipped_frac"] = mask_mean(~keep)
 
     # -- virtual samples: extra columns that enter the statistics only
     est_rewards, est_valid = rewards, valid
@@ -621,10 +627,24 @@ def compute(
     if keep is None:
         keep = out.keep
     else:
-        values = zero_rows_(values.clone(), ~keep)  # a copy: values may be the estimator's own
+        values = _zero_skipped(fn, out.values, values, keep)
         updated = updated & keep
-    stats["updated_frac"] = float(updated.float().mean())
+    stats["updated_frac"] = mask_mean(updated)
     return Advantages(values, keep, out.kl_weight, out.scale, stats, updated)
+
+
+def _zero_skipped(
+    fn: Callable[..., Advantages], own: torch.Tensor, values: torch.Tensor, keep: torch.Tensor
+) -> torch.Tensor:
+    """``values [P, G]`` with the groups the resolution skips (``keep [P]`` False) zeroed: in
+    place when they are the memory of ``own``, the values of an estimator in
+    :data:`FRESH_VALUES`, else in a copy (the values may be memory someone keeps)."""
+    if not (
+        fn in FRESH_VALUES
+        and values.untyped_storage().data_ptr() == own.untyped_storage().data_ptr()
+    ):
+        values = values.clone()
+    return zero_rows_(values, ~keep)
 
 
 def _check_mask(mask: Any, p: int, g: int) -> torch.Tensor:

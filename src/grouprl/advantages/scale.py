@@ -75,11 +75,10 @@ def _maxnorm_columns(kind, rewards, tau_res, ddof, tau) -> Advantages:
         lo, hi = column_range(transposed(dev).unbind(0))
         return _divide_by_card(m, None, factor, torch.maximum(hi, -lo) * factor, tau_res)
     dev = transposed(rewards).sub_(mean)  # [G, P] rewards − mean, the rows' floats
-    lo, hi = column_range(dev.unbind(0))  # [P] each
+    lo, hi = torch.amin(dev, 0), torch.amax(dev, 0)  # [P] each (exact, any order)
     one = torch.full((1,), g, dtype=torch.long, device=rewards.device)
     factor = rloo_factor(one, rewards.dtype) if kind == "rloo" else torch.ones_like(mean[:1])
-    card = torch.maximum(hi, lo.neg_()).mul_(factor)  # [P] max_j |u_j|
-    lo.neg_()
+    card = torch.maximum(hi, lo.neg()).mul_(factor)  # [P] max_j |u_j|
     if shared is None:
         collapsed = dev_collapsed(rewards, lo, hi, ddof, tau)  # [P]
     else:
@@ -92,7 +91,11 @@ def _maxnorm_columns(kind, rewards, tau_res, ddof, tau) -> Advantages:
 
 def _floor_frac(card: torch.Tensor, tau_res: float, collapsed: torch.Tensor) -> float:
     """:func:`_frac` ``(card.clamp_min(tau_res) <= tau_res, collapsed)``, the same float, for a
-    card that is never NaN: the share of live groups whose card is at most tau_res."""
+    card that is never NaN: the share of live groups whose card is at most tau_res.
+
+    [OURS] Counted from bit masks (the sign of tau_res − card) by integer sums, then divided
+    as :func:`_frac` divides (two int64 tensors): torch's CPU comparisons into bool and bool
+    sums take several arithmetic passes each."""
     bits = _INT_OF.get(card.dtype)
     if bits is None or card.device.type != "cpu":
         return _frac(card.clamp_min(tau_res) <= tau_res, collapsed)
@@ -101,7 +104,8 @@ def _floor_frac(card: torch.Tensor, tau_res: float, collapsed: torch.Tensor) -> 
     live = collapsed.to(bits).sub_(1)  # -1: live
     n_live = -int(live.sum(dtype=bits))
     n_floor = n_live + int(above.bitwise_and_(live).sum(dtype=bits))
-    return float(torch.tensor(n_floor) / torch.tensor(n_live).clamp_min(1))
+    on = card.device
+    return float(torch.tensor(n_floor, device=on) / torch.tensor(n_live, device=on).clamp_min(1))
 
 
 def _row_quantile(

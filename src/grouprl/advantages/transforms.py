@@ -114,7 +114,6 @@ def _resolution_plain_first(
         binned.index_copy_(0, rest, transposed(work))
 
     def binned_columns() -> torch.Tensor:  # [G, P] the transpose of binned, on request
-        cols.add_(0.0)  # the plain groups' binned rewards (−0 becomes +0)
         return cols.index_copy_(1, rest, work) if rest.numel() else cols
 
     hand_columns(binned, binned_columns)
@@ -124,7 +123,7 @@ def _resolution_plain_first(
 def _two_level(cols: torch.Tensor, keep: torch.Tensor, delta_res: float) -> torch.Tensor:
     """The groups of ``cols [G, P]`` (no NaN) that are not plain two-level groups, ``[U]``
     long; ``keep [P]`` is written for the others (two bins: their two levels are
-    ``>= delta_res`` apart).
+    ``>= delta_res`` apart), and ``cols`` becomes ``cols + 0.0`` in place.
 
     [OURS] A plain two-level group: every reward equals the group's min or max (one value
     for a constant group), the two are ``>= delta_res`` apart or equal, and both are nice
@@ -145,19 +144,19 @@ def _two_level(cols: torch.Tensor, keep: torch.Tensor, delta_res: float) -> torc
     for start in range(0, p, _SLICE):
         part = slice(start, start + _SLICE)
         _two_level_slice(cols[:, part], lo[part], hi[part], spread[part], buf)
-    mag = (1 << sign) - 1  # every bit but the sign
     gap = torch.sub(hi, lo)  # [P] >= 0
     small = torch.sub(gap, delta_res).view(bits).bitwise_right_shift_(sign)  # -1: gap < delta
     keep.copy_(small.bitwise_not())  # two bins: the levels are >= delta_res apart
     low = (1 << (g - 1).bit_length()) - 1  # significand bits a multiple of up to G may need
     bad = lo.view(bits) | hi.view(bits)  # [P] int
-    bad.bitwise_and_(low).bitwise_or_(spread.view(bits) & mag)  # > 0: not nice, or 3+ levels
-    # 0 < gap < delta_res: one bin of two values, whose mean is not a reward
-    bad.bitwise_or_(small.bitwise_and_(gap.view(bits).bitwise_and_(mag)))
-    bad.neg_().bitwise_right_shift_(sign)  # -1: x > 0 above (every term is >= 0)
-    top = torch.maximum(hi, lo.neg())  # [P] the larger magnitude
-    torch.sub(_HUGE, top, out=top)  # < 0: huge
-    bad.bitwise_or_(top.view(bits).bitwise_right_shift_(sign))
+    bad.bitwise_and_(low).bitwise_or_(spread.view(bits))  # not nice, or 3+ levels
+    bad.bitwise_or_(small.bitwise_and_(gap.view(bits)))  # 0 < gap < delta_res: one bin
+    bad.bitwise_and_((1 << sign) - 1)  # a sign bit here is a −0 spread or gap: fine
+    bad.neg_().bitwise_right_shift_(sign)  # -1: some term above is nonzero
+    if not (float(hi.amax()) < _HUGE and float(lo.amin()) > -_HUGE):  # rare: per group
+        top = torch.maximum(hi, lo.neg())  # [P] the larger magnitude
+        torch.sub(_HUGE, top, out=top)  # < 0: huge
+        bad.bitwise_or_(top.view(bits).bitwise_right_shift_(sign))
     return true_rows(bad.to(torch.bool))
 
 
@@ -166,13 +165,16 @@ def _two_level_slice(
 ) -> None:
     """For a slice ``w [G, n]`` of the columns: each group's ``lo`` and ``hi`` ``[n]``, and
     ``spread [n]``, the max over the group of ``min(r − lo, hi − r)`` (±0 exactly for a
-    two-level group); ``buf``: scratch of at least ``[2, G, n]``, reused across slices."""
+    two-level group); then ``w`` becomes ``w + 0.0`` in place (the exact bins of w + 0.0
+    are those of w: each bin's sum starts from +0). ``buf``: scratch of at least
+    ``[2, G, n]``, reused across slices."""
     n = w.shape[1]
     torch.amin(w, 0, out=lo)
     torch.amax(w, 0, out=hi)
     above = torch.sub(w, lo, out=buf[0, :, :n])  # [G, n] r − lo >= 0
     torch.minimum(above, torch.sub(hi, w, out=buf[1, :, :n]), out=above)
     torch.amax(above, 0, out=spread)
+    w.add_(0.0)  # the plain groups' binned rewards (−0 becomes +0), while w is in cache
 
 
 def _plain_slice(
@@ -240,7 +242,8 @@ def _resolve_columns(work: torch.Tensor, has_nan: bool, delta_res: float) -> tor
     binned in place in slices of at most :data:`_SLICE` groups; returns ``keep [P]``."""
     p = work.shape[1]
     keep = torch.zeros(p, dtype=torch.bool, device=work.device)  # [P] two bins or more
-    step = -(-p // -(-p // _SLICE))  # equal slices: a short last one costs as many passes
+    count = max(1, round(p / _SLICE))  # equal slices near _SLICE: a short one costs as many passes
+    step = -(-p // count)
     for start in range(0, p, step):
         part = slice(start, start + step)
         _resolve_slice(work[:, part], keep[part], has_nan, delta_res)
