@@ -423,3 +423,49 @@ def test_gopo_and_gdpo_flags_equal_the_moments(g):
     assert torch.equal(got.updated, ~flag) and got.stats["collapsed_frac"] == float(
         flag.float().mean()
     )
+
+
+def old_maxnorm(r, kind="rloo", tau_res=1e-2, ddof=1, tau=_groups.DEFAULT_TAU):
+    """The row form: full moments, aminmax of the centred rewards, the card and the division."""
+    m = _groups._moments(r, None, ddof, tau)
+    n = m.count.to(r.dtype)
+    factor = n / (n - 1).clamp_min(1) if kind == "rloo" else torch.ones_like(m.mean)
+    lo, hi = torch.aminmax(m.dev, dim=1)
+    s = (torch.maximum(hi, -lo) * factor).clamp_min(tau_res)
+    values = m.dev * (factor / s).masked_fill(m.collapsed, 0.0)[:, None]
+    return values, s, m.collapsed
+
+
+def two_level_batch(g, dtype):
+    """Two-level rows (0/1, nice and non-nice levels, gaps exactly delta_res, below it, -0,
+    huge) beside continuous and planted rows."""
+    r = planted(g, dtype)
+    gen = torch.Generator().manual_seed(7 + g)
+    lo = torch.tensor([0.0, 0.25, 0.1, -0.0, 0.5, 2.0**101, 0.3], dtype=dtype)
+    hi = torch.tensor([1.0, 0.26, 0.11, 1.0, 0.5, 2.0**101 + 2.0**80, 0.3], dtype=dtype)
+    hi[2] = lo[2] + torch.tensor(1e-2, dtype=dtype)  # a gap of exactly delta_res (in dtype)
+    for i in range(len(lo)):
+        pick = torch.rand(g, generator=gen) < 0.5
+        r[30 + i] = torch.where(pick, hi[i], lo[i])
+    r[40, 0] = -0.0
+    return r
+
+
+@pytest.mark.parametrize("g", [2, 3, 5, 8, 16])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_level_resolution_and_column_maxnorm_equal_the_row_forms(g, dtype):
+    r = two_level_batch(g, dtype)
+    binned, keep = transforms.resolution(r, None, 1e-2)
+    ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, None), 1e-2)
+    assert same(binned, ref_binned) and torch.equal(keep, ref_keep)
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    for kind, fn in (("rloo", scale.maxnorm_rloo), ("dr_grpo", scale.maxnorm_dr_grpo)):
+        values, s, collapsed = old_maxnorm(ref_binned, kind)
+        out = fn(ref_binned, None)
+        assert torch.equal(out.values.view(bits), values.view(bits))  # signed zeros too
+        assert same(out.scale, s) and torch.equal(out.updated, ~collapsed)
+        assert out.stats["collapsed_frac"] == float(collapsed.float().mean())
+    out = advantages.compute("maxnorm_rloo", r, delta_res=1e-2)
+    values, s, collapsed = old_maxnorm(ref_binned)
+    values = values.masked_fill(~ref_keep[:, None], 0.0)
+    assert torch.equal(out.values.view(bits), values.view(bits)) and torch.equal(out.keep, ref_keep)
