@@ -16,6 +16,7 @@ import torch
 
 from grouprl import advantages
 from grouprl.advantages import _groups, ranking, scale, transforms
+from grouprl.types import Advantages
 
 
 def batch(p: int, g: int, seed: int, nan: float = 0.0) -> torch.Tensor:
@@ -374,15 +375,15 @@ def test_resolution_plain_rows_and_exact_rows_equal_the_sort(g, dtype):
     binned, keep = transforms.resolution(r, None, 1e-2)
     ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, None), 1e-2)
     assert same(binned, ref_binned) and torch.equal(keep, ref_keep)
-    plain = torch.empty(r.shape[0], dtype=torch.bool)
-    work = _groups.transposed(r)
-    transforms._plain_slice(
-        work, plain, torch.empty_like(plain), 1e-2, torch.empty(3 * g, 64, dtype=dtype)
+    rest = transforms._two_level(
+        _groups.transposed(r), torch.empty(r.shape[0], dtype=torch.bool), 1e-2
     )
-    assert plain[[4, 5, 6, 20]].all()  # 0, 1, 0.5 constants and nice repeats: no bin means
-    assert not plain[11]  # 2^126 repeated: the exact path
-    if g >= 3:  # 1000.1 and 0.1 three times or more: their sums round, so not plain
-        assert not plain[8] and not plain[21]
+    exact = torch.zeros(r.shape[0], dtype=torch.bool)
+    exact[rest] = True
+    assert not exact[[4, 5, 6, 20]].any()  # 0, 1, 0.5 constants and nice repeats: no bin means
+    assert exact[11]  # 2^126 repeated: the exact path
+    if g >= 3:  # 1000.1 and 0.1 three times or more: their sums round, so the exact path
+        assert exact[8] and exact[21]
 
 
 def test_resolution_plain_path_catches_overflowing_repeats(monkeypatch):
@@ -469,3 +470,92 @@ def test_two_level_resolution_and_column_maxnorm_equal_the_row_forms(g, dtype):
     values, s, collapsed = old_maxnorm(ref_binned)
     values = values.masked_fill(~ref_keep[:, None], 0.0)
     assert torch.equal(out.values.view(bits), values.view(bits)) and torch.equal(out.keep, ref_keep)
+
+
+def test_resolution_stats_by_hand():
+    # G = 4, delta_res = 0.01, tau_res = 0.5, worked by hand (maxnorm_rloo: u = 4/3 (r - mean),
+    # card = max |u|, the floor share over the groups that are not collapsed after binning)
+    r = torch.tensor(
+        [
+            [0.0, 0.0, 1.0, 1.0],  # two bins; card 4/3 * 0.5 = 0.667 > 0.5
+            [0.5, 0.5, 0.5, 0.5],  # one bin: skipped, collapsed
+            [0.3, 0.302, 0.304, 0.9],  # bins {0.3, 0.302, 0.304} and {0.9}: card ~0.598
+            [0.1, 0.1, 0.1, 0.105],  # a gap of 0.005: one bin, skipped, collapsed
+            [0.2, 0.2, 0.2, 0.2075],  # one bin, skipped, collapsed
+            [0.0, 0.0, 0.0, 0.2],  # two bins; card 4/3 * 0.15 = 0.2 <= 0.5: at the floor
+        ]
+    )
+    out = advantages.compute("maxnorm_rloo", r, delta_res=0.01, tau_res=0.5)
+    assert out.keep.tolist() == [True, False, True, False, False, True]
+    assert out.stats["resolution/skipped_frac"] == 0.5
+    assert out.stats["collapsed_frac"] == 0.5  # the binned rewards' groups, all six counted
+    assert out.stats["tau_res_bound_frac"] == pytest.approx(1 / 3)  # g5 of g0, g2, g5
+    assert out.stats["updated_frac"] == 0.5
+    assert torch.equal(out.values[[1, 3, 4]], torch.zeros(3, 4))
+    bin_mean = (0.3 + 0.302 + 0.304) / 3  # in float32 below
+    binned = torch.tensor([bin_mean] * 3 + [0.9])
+    u = (binned - binned.mean()) * 4 / 3
+    assert torch.allclose(out.values[2], u / u.abs().max(), atol=1e-6)
+    assert torch.allclose(out.values[5], torch.tensor([-0.05, -0.05, -0.05, 0.15]) * 4 / 3 / 0.5)
+
+
+@pytest.mark.parametrize("name", ["maxnorm_rloo", "grpo", "rloo", "p90", "gopo"])
+@pytest.mark.parametrize("g", [3, 5, 8])
+def test_compute_with_resolution_is_the_estimator_on_contiguous_binned_rows(name, g):
+    # the resolution's binned columns go to the column estimators with the binned rows, the
+    # others get the rows alone: either way the same bits as the estimator on the binned rows
+    r = batch(400, g, seed=g)
+    binned, keep = transforms.resolution(r, None, 1e-2)
+    assert binned.is_contiguous()
+    out = advantages.compute(name, r, delta_res=1e-2)
+    kw = {"tau_res": 1e-2} if name.startswith("maxnorm") else {}
+    ref = advantages.ESTIMATORS[name](binned, None, **kw)
+    want = ref.values.masked_fill(~keep[:, None], 0.0)
+    assert torch.equal(out.values.view(torch.int32), want.contiguous().view(torch.int32))
+    assert out.stats["collapsed_frac"] == ref.stats["collapsed_frac"]
+
+
+def test_two_level_binned_negative_zero_is_positive_zero():
+    # the sort's bin sums start from +0: a -0 reward of a two-level group bins to +0 (bits)
+    r = torch.tensor([[-0.0, 1.0, -0.0, 1.0], [1.0, -0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    binned, keep = transforms.resolution(r, None, 1e-2)
+    assert not binned.signbit().any() and keep.all()
+    ref, _ = old_resolution(r, _groups.dense_valid(r, None), 1e-2)
+    assert torch.equal(binned.view(torch.int32), ref.view(torch.int32))
+
+
+def test_floor_share_leaves_out_collapsed_groups_above_the_floor():
+    # tau = 2, tau_res = 3 (G = 4, RLOO factor 4/3), worked by hand:
+    # [0, 0, 4, 4]: sigma 2.31 live, card 4/3 * 2 = 2.67 <= 3: at the floor
+    # [0, 0, 0, 10]: sigma 5 live, card 10 > 3
+    # [0, 0, 0, 3.5]: sigma 1.75 < 2 collapsed, card 3.5 > 3: not a live group, not counted
+    r = torch.tensor([[0.0, 0.0, 4.0, 4.0], [0.0, 0.0, 0.0, 10.0], [0.0, 0.0, 0.0, 3.5]])
+    out = scale.maxnorm_rloo(r, None, tau=2.0, tau_res=3.0)
+    assert out.updated.tolist() == [True, True, False]
+    assert out.stats["tau_res_bound_frac"] == 0.5
+    assert out.stats["collapsed_frac"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.usefixtures("clean_registry")
+def test_resolution_skip_never_writes_into_an_estimators_kept_memory():
+    # an estimator that hands out memory it keeps (a cache): compute() zeroes the skipped
+    # groups in a copy, so the cache is the same after the call
+    cache = torch.tensor([[1.0, -1.0], [2.0, -2.0]])
+
+    def cached(rewards, valid):
+        ones = rewards.new_ones(rewards.shape[0])
+        return Advantages(cache, ones.bool(), ones, ones)
+
+    advantages.register_estimator("cached_for_test", cached)
+    r = torch.tensor([[0.0, 1.0], [0.5, 0.5]])
+    out = advantages.compute("cached_for_test", r, delta_res=1e-2)
+    assert out.values.tolist() == [[1.0, -1.0], [0.0, 0.0]]
+    assert cache.tolist() == [[1.0, -1.0], [2.0, -2.0]]
+
+
+def test_two_level_leaves_the_columns_plus_zero():
+    # the columns handed to the estimator are the transpose of the binned rewards: -0 is +0
+    r = torch.tensor([[-0.0, 1.0, -0.0, 1.0], [0.3, -0.0, 0.7, 0.2]])
+    cols = _groups.transposed(r)
+    transforms._two_level(cols, torch.empty(2, dtype=torch.bool), 1e-2)
+    assert torch.equal(cols.view(torch.int32), (r + 0.0).t().contiguous().view(torch.int32))

@@ -99,9 +99,10 @@ def _resolution_plain_first(
     significand bits are 0: 0, 1, 0.5...). Such a group's binned rewards are its rewards
     + 0.0 (the sort's sums start from 0, so −0 becomes +0). Two-level groups (every reward
     its group's min or max, as 0/1 verifier rewards) are found without sorting
-    (:func:`_two_level_slice`); the others are sorted and checked (:func:`_plain_slice`),
-    and only the groups left run :func:`_resolution_exact`, on those groups (a group's
-    bins do not depend on the groups beside it).
+    (:func:`_two_level_slice`), and only the groups left run :func:`_resolution_exact`, on
+    those groups (a group's bins do not depend on the groups beside it). [OURS] Sorting the
+    others first to find the plain ones among them did not pay: the exact path's own sort
+    is most of its cost.
     """
     p = rewards.shape[0]
     cols = transposed(rewards)  # [G, P]
@@ -177,40 +178,6 @@ def _two_level_slice(
     w.add_(0.0)  # the plain groups' binned rewards (−0 becomes +0), while w is in cache
 
 
-def _plain_slice(
-    w: torch.Tensor, plain: torch.Tensor, keep: torch.Tensor, delta_res: float, buf: torch.Tensor
-) -> None:
-    """For a slice ``w [G, n]`` of the columns (sorted in place here): ``plain [n]``, the
-    groups whose binned rewards are their rewards + 0.0 (:func:`_resolution_plain_first`),
-    and ``keep [n]``, two bins or more (right for the plain groups only). ``buf``: scratch
-    of at least ``[3(G − 1), n]`` in w's dtype, reused across slices (fresh memory for each
-    step costs a page fault per 4 KiB here, more than the step)."""
-    g, n = w.shape
-    bits = _INT_OF[w.dtype]
-    sign = torch.finfo(w.dtype).bits - 1  # shift that spreads the sign bit over the word
-    gaps, small, odd = (buf[i * (g - 1) : (i + 1) * (g - 1), :n] for i in range(3))  # [G-1, n]
-    for ia, ib in network_blocks(g):  # the values alone, no exchanges recorded
-        x, y = w[ia], w[ib]  # [k, n] each
-        lo = torch.minimum(x, y, out=gaps[: x.shape[0]])
-        torch.maximum(x, y, out=y)
-        x.copy_(lo)
-    torch.sub(w[1:], w[:-1], out=gaps)  # [G-1, n] >= 0 (−0 after +0: not plain below)
-    si, oi = small.view(bits), odd.view(bits)
-    torch.sub(gaps, delta_res, out=small)
-    si.bitwise_right_shift_(sign)  # -1: gap < delta_res
-    low = (1 << (g - 1).bit_length()) - 1  # significand bits a multiple of up to G may need
-    torch.bitwise_and(w[1:].view(bits), low, out=oi).bitwise_or_(gaps.view(bits))  # 0: nice repeat
-    torch.neg(oi, out=gaps.view(bits))
-    oi.bitwise_or_(gaps.view(bits)).bitwise_right_shift_(sign).bitwise_and_(si)  # -1: not plain
-    bad, same = oi[0], si[0]  # [n], accumulated in place (rows 0 are not read again)
-    for k in range(1, g - 1):
-        bad.bitwise_or_(oi[k])
-        same.bitwise_and_(si[k])
-    torch.eq(same, 0, out=keep)  # a gap >= delta_res somewhere: two bins or more
-    # huge rewards: their multiples may overflow, so those groups take the exact path
-    torch.eq(bad, 0, out=plain).logical_and_(w[0] > -_HUGE).logical_and_(w[g - 1] < _HUGE)
-
-
 _HUGE = 2.0**100
 """Rewards beyond ±this take :func:`_resolution_exact`: up to G times them stays finite."""
 
@@ -251,7 +218,7 @@ def _resolve_columns(work: torch.Tensor, has_nan: bool, delta_res: float) -> tor
 
 
 _SLICE = 16384
-"""Groups :func:`_resolve_slice` and :func:`_plain_slice` take at a time: their ``[G, n]``
+"""Groups :func:`_resolve_slice` and :func:`_two_level_slice` take at a time: their ``[G, n]``
 buffers stay near a core's L2 at G = 8 (the whole batch at once ran ~1.3x slower)."""
 
 
