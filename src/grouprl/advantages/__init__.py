@@ -747,9 +747,9 @@ def compute_tokens(
             name, rewards, combined, how, mask, dense, token_rewards_as, baseline, how_kw, params
         )
     stats = dict(out.stats)
-    stats.setdefault("nan_frac", 0.0 if valid is None else float((~valid).float().mean()))
+    stats.setdefault("nan_frac", 0.0 if valid is None else mask_mean(~valid))
     updated = out.updated if out.updated is not None else out.keep
-    stats["updated_frac"] = float(updated.float().mean())
+    stats["updated_frac"] = mask_mean(updated)
     if how is not None:
         stats[f"combine/{how}"] = 1.0
     return Advantages(

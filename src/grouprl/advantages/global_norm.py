@@ -29,6 +29,7 @@ from grouprl.advantages._groups import (
     column_range,
     group_count,
     group_moments,
+    mask_mean,
     spread_collapsed,
     transposed,
     zero_rows_,
@@ -144,7 +145,7 @@ def _result(values, valid, rewards, scale, collapsed, zeroed_groups, **stats) ->
         keep=torch.ones(p, dtype=torch.bool, device=rewards.device),
         kl_weight=ones,
         scale=scale.to(rewards.dtype).expand(p).clone(),
-        stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
+        stats={"collapsed_frac": mask_mean(collapsed), **stats},
         updated=live,
     )
 

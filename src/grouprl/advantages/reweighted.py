@@ -16,6 +16,7 @@ from grouprl.advantages._groups import (
     check_positive,
     group_count,
     group_moments,
+    mask_mean,
     scale_dev,
     wrap_advantages,
 )
@@ -181,8 +182,8 @@ def remax(
         kl_weight=torch.ones_like(m.mean),
         scale=torch.ones_like(m.mean),
         stats={
-            "collapsed_frac": float(m.collapsed.float().mean()),
-            "remax/baseline_nan_frac": float(no_base.float().mean()),
+            "collapsed_frac": mask_mean(m.collapsed),
+            "remax/baseline_nan_frac": mask_mean(no_base),
         },
         updated=(values != 0).any(dim=1),
     )

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import torch
 
-from grouprl.advantages._groups import DEFAULT_TAU, group_count, group_moments, zero_where
+from grouprl.advantages._groups import (
+    DEFAULT_TAU,
+    group_count,
+    group_moments,
+    mask_mean,
+    zero_where,
+)
 from grouprl.advantages.baseline import DEFAULT_DDOF
 from grouprl.advantages.global_norm import EPS_MODES, whiten
 from grouprl.types import Advantages
@@ -154,7 +160,7 @@ def _token_result(token_values, mask, sample_valid, rewards, scale, collapsed, *
         keep=torch.ones(p, dtype=torch.bool, device=rewards.device),
         kl_weight=torch.ones(p, dtype=rewards.dtype, device=rewards.device),
         scale=scale,
-        stats={"collapsed_frac": float(collapsed.float().mean()), **stats},
+        stats={"collapsed_frac": mask_mean(collapsed), **stats},
         updated=live,
         token_values=token_values,
     )
@@ -202,7 +208,7 @@ def reinforce_pp_global_tokens(
     p = rewards.shape[0]
     none = torch.zeros(p, dtype=torch.bool, device=rewards.device)
     out = _token_result(values, mask, sv, rewards, s.expand(p).clone(), none, batch_mean=float(mu))
-    out.stats["collapsed_frac"] = float(m.collapsed.float().mean())
+    out.stats["collapsed_frac"] = mask_mean(m.collapsed)
     return out
 
 
@@ -253,7 +259,7 @@ def reinforce_pp_baseline_tokens(
     out = _token_result(
         values, mask, sv, rewards, s.expand(p).clone(), collapsed, batch_mean=float(mu)
     )
-    out.stats["collapsed_frac"] = float(m.collapsed.float().mean())
+    out.stats["collapsed_frac"] = mask_mean(m.collapsed)
     return out
 
 
@@ -379,7 +385,7 @@ def optimal_token_baseline(
         tau,
     )
     out = _token_result(values, mask, sv, rewards, torch.ones_like(rewards[:, 0]), dead)
-    out.stats["collapsed_frac"] = float(collapsed.float().mean())
+    out.stats["collapsed_frac"] = mask_mean(collapsed)
     return out
 
 
@@ -428,7 +434,7 @@ def tir_optimal_token_baseline(
     )
     values = torch.zeros_like(vals).scatter_(-1, order, vals)  # back to the original positions
     out = _token_result(values, mask, sv, rewards, torch.ones_like(rewards[:, 0]), dead)
-    out.stats["collapsed_frac"] = float(collapsed.float().mean())
+    out.stats["collapsed_frac"] = mask_mean(collapsed)
     return out
 
 
