@@ -665,7 +665,7 @@ def _check_token_tensor(name: str, x: Any, mask: torch.Tensor, dtype) -> torch.T
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != tuple(mask.shape):
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must have the mask's shape {tuple(mask.shape)}, got {got}")
-    x = x.to(mask.device, dtype).masked_fill(~mask, 0.0)
+    x = torch.where(mask, x.to(mask.device, dtype), 0.0)  # masked_fill(~mask) took ~1.3x
     # a finite sum has finite terms; a sum that overflowed is checked term by term
     if not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} is not finite at a valid (mask = 1) token")

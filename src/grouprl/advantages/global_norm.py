@@ -46,6 +46,7 @@ __all__ = [
     "reinforce_pp_baseline",
     "reinforce_pp_global",
     "whiten",
+    "whiten_scale",
 ]
 
 EPS_MODES = ("std", "var", "var_clamp")
@@ -111,19 +112,24 @@ def whiten(
         mu = (w * x0).sum() / n.clamp_min(tiny)  # []
         dev = x0 - mu
         var = (w * dev).mul_(dev).sum() / (n - ddof).clamp_min(tiny)
-    var = torch.where(n > ddof, var, torch.zeros_like(var))
-    if eps_mode == "std":
-        s = var.sqrt() + eps
-    elif eps_mode == "var":
-        s = (var + eps).sqrt()
-    else:
-        s = var.clamp_min(eps).sqrt()
-    out = dev.div_(
-        torch.where(s > 0, s, torch.ones_like(s))
-    )  # s = 0 (eps 0, constant batch): dev = 0
+    s = whiten_scale(var, n, ddof, eps, eps_mode)
+    out = dev.div_(torch.where(s > 0, s, torch.ones_like(s)))  # s = 0 (eps 0, constant batch): 0
     if valid is not None:
         out = zero_where(out, ~valid)
     return out, mu, s
+
+
+def whiten_scale(
+    var: torch.Tensor, n: torch.Tensor, ddof: int, eps: float, eps_mode: str
+) -> torch.Tensor:
+    """``s []`` of :func:`whiten` from the variance ``var []`` of ``n []`` (weighted) entries:
+    σ² is 0 when ``n <= ddof``, then ``eps`` enters as ``eps_mode`` says (:data:`EPS_MODES`)."""
+    var = torch.where(n > ddof, var, torch.zeros_like(var))
+    if eps_mode == "std":
+        return var.sqrt() + eps
+    if eps_mode == "var":
+        return (var + eps).sqrt()
+    return var.clamp_min(eps).sqrt()
 
 
 def _result(values, valid, rewards, scale, collapsed, zeroed_groups, **stats) -> Advantages:
