@@ -41,6 +41,26 @@ def timeit(fn, repeat: int) -> float:
     return statistics.median(times)
 
 
+def timeit_paired(fn, ref, repeat: int) -> tuple[float, float, float]:
+    """``(median of fn, median of ref, median of ref/fn)``: the two called in turn, each pair
+    on the same host minute. [OURS] On a shared machine the speed of both drifts by ±30 %
+    within minutes; the per-pair ratio cancels what both see."""
+    fn(), ref()  # warm-up
+    a, b = [], []
+    for _ in range(repeat):
+        t0 = _CLOCK[0]()
+        fn()
+        t1 = _CLOCK[0]()
+        ref()
+        b.append(_CLOCK[0]() - t1)
+        a.append(t1 - t0)
+    return (
+        statistics.median(a),
+        statistics.median(b),
+        statistics.median(y / x for x, y in zip(a, b)),
+    )
+
+
 def profile_call(fn, top: int = 8) -> dict[str, float]:
     """Share of self CPU time of the ``top`` operators of one call (after a warm-up)."""
     from torch.profiler import ProfilerActivity, profile
@@ -87,21 +107,29 @@ def make_rewards(p: int, g: int, seed: int = 0) -> torch.Tensor:
     return torch.where(torch.rand(p, 1, generator=gen) < 0.7, binary, partial)  # [P, G]
 
 
-def verl_paths(rewards: torch.Tensor, repeat: int, loop: bool) -> dict[str, float]:
+def verl_vectorized(rewards: torch.Tensor):
+    """verl's ``compute_grpo_vectorized_outcome_advantage`` on the flat view of ``rewards``,
+    as a call (None without verl): the reference every estimator is timed against."""
     try:
         from verl.trainer.ppo import core_algos
     except ImportError:
-        return {}
+        return None
     p, g = rewards.shape
     tokens = rewards.reshape(-1, 1).clone()
     mask = torch.ones_like(tokens)
     index = np.repeat(np.arange(p), g)
-    out = {
-        "verl_grpo_vectorized": timeit(
-            lambda: core_algos.compute_grpo_vectorized_outcome_advantage(tokens, mask, index),
-            repeat,
-        )
-    }
+    return lambda: core_algos.compute_grpo_vectorized_outcome_advantage(tokens, mask, index)
+
+
+def verl_paths(rewards: torch.Tensor, repeat: int, loop: bool, ref) -> tuple[dict, dict]:
+    """``(seconds, paired ratios)`` of our grpo through the verl adapter (paired with ``ref``)
+    and, with ``loop``, verl's Python-loop ``grpo`` (timed once)."""
+    from verl.trainer.ppo import core_algos
+
+    p, g = rewards.shape
+    tokens = rewards.reshape(-1, 1).clone()
+    mask = torch.ones_like(tokens)
+    index = np.repeat(np.arange(p), g)
     # our estimator through the verl adapter (grouprl.integrations.verl), called as verl's
     # compute_advantage calls it, on the same flat input: the flat -> [P, G] mapping included
     from omegaconf import OmegaConf
@@ -110,15 +138,17 @@ def verl_paths(rewards: torch.Tensor, repeat: int, loop: bool) -> dict[str, floa
 
     cfg = OmegaConf.create({"adv_estimator": "grouprl_grpo", "grouprl": {}})
     adapter = core_algos.get_adv_estimator_fn("grouprl_grpo")
-    out["adapter_grouprl_grpo"] = timeit(
+    ours, _, ratio = timeit_paired(
         lambda: adapter(token_level_rewards=tokens, response_mask=mask, index=index, config=cfg),
+        ref,
         repeat,
     )
+    out, paired = {"adapter_grouprl_grpo": ours}, {"adapter_grouprl_grpo": ratio}
     if loop:  # a Python loop over 1M samples: timed once
         t0 = time.perf_counter()
         core_algos.compute_grpo_outcome_advantage(tokens.clone(), mask, index)
         out["verl_grpo"] = time.perf_counter() - t0
-    return out
+    return out, paired
 
 
 def _flat(rewards: torch.Tensor, t: int, seed: int = 2):
@@ -129,6 +159,13 @@ def _flat(rewards: torch.Tensor, t: int, seed: int = 2):
     mask = torch.arange(t)[None, None, :] < lengths[..., None]  # [P, G, T]
     tok = advantages.tokens.outcome_to_tokens(rewards, mask).reshape(p * g, t)
     return mask, lengths, tok, mask.reshape(p * g, t).float(), np.repeat(np.arange(p), g)
+
+
+def paired_method(ours, theirs, peer: str, repeat: int) -> dict[str, float]:
+    """``{"ours", peer, "speedup_vs_<peer>"}``: :func:`timeit_paired`'s medians and its
+    median per-pair ratio."""
+    a, b, ratio = timeit_paired(ours, theirs, repeat)
+    return {"ours": a, peer: b, f"speedup_vs_{peer}": ratio}
 
 
 def _once(fn) -> float:
@@ -165,8 +202,11 @@ def peer_methods(rewards: torch.Tensor, repeat: int, token_prompts: int, t: int)
     out["reinforce_pp_baseline"]["verl"] = _once(
         lambda: c.compute_reinforce_plus_plus_baseline_outcome_advantage(tok.clone(), m, index)
     )
-    out["reinforce_pp_global"]["verl"] = timeit(
-        lambda: c.compute_reinforce_plus_plus_outcome_advantage(tok, m, config=cfg), repeat
+    out["reinforce_pp_global"] = paired_method(
+        lambda: advantages.compute("reinforce_pp_global", rewards, **verl_kw),
+        lambda: c.compute_reinforce_plus_plus_outcome_advantage(tok, m, config=cfg),
+        "verl",
+        repeat,
     )
     out["grpo_passk"]["verl"] = _once(
         lambda: c.compute_grpo_passk_outcome_advantage(tok, m, index, config=cfg)
@@ -174,8 +214,11 @@ def peer_methods(rewards: torch.Tensor, repeat: int, token_prompts: int, t: int)
     out["gpg"]["verl"] = _once(lambda: c.compute_gpg_outcome_advantage(tok.clone(), m, index))
     out["opo"]["verl"] = _once(lambda: c.compute_opo_outcome_advantage(tok.clone(), m, index))
     per_sample = base.repeat_interleave(g)
-    out["remax"]["verl"] = timeit(
-        lambda: c.compute_remax_outcome_advantage(tok, per_sample, m), repeat
+    out["remax"] = paired_method(
+        lambda: advantages.compute("remax", rewards, baseline=base),
+        lambda: c.compute_remax_outcome_advantage(tok, per_sample, m),
+        "verl",
+        repeat,
     )
     prompts = torch.zeros(p * g, 1)
     att = torch.cat([torch.ones(p * g, 1), m], 1).long()
@@ -222,17 +265,14 @@ def token_methods(rewards: torch.Tensor, repeat: int, t: int, c) -> dict:
         }
     cfg = type("Cfg", (), {"gamma": 0.99})()
     flat_tok = tok + dense.reshape(n, t)
-    out["reinforce_pp_global (tokens, KL, gamma 0.99)"] = {
-        "ours": timeit(
-            lambda: advantages.compute_tokens(
-                "reinforce_pp_global", rewards, mask, token_rewards=dense, gamma=0.99
-            ),
-            repeat,
+    out["reinforce_pp_global (tokens, KL, gamma 0.99)"] = paired_method(
+        lambda: advantages.compute_tokens(
+            "reinforce_pp_global", rewards, mask, token_rewards=dense, gamma=0.99
         ),
-        "verl": timeit(
-            lambda: c.compute_reinforce_plus_plus_outcome_advantage(flat_tok, m, config=cfg), repeat
-        ),
-    }
+        lambda: c.compute_reinforce_plus_plus_outcome_advantage(flat_tok, m, config=cfg),
+        "verl",
+        repeat,
+    )
     out.update(openrlhf_methods(rewards, mask, dense, repeat))
     return out
 
@@ -264,15 +304,14 @@ def openrlhf_methods(rewards, mask, dense, repeat) -> dict:
     )
     out = {}
     for theirs, name, kw in pairs:
-        out[f"{name} (tokens, KL; OpenRLHF {theirs})"] = {
-            "ours": timeit(
-                lambda nm=name, k=kw: advantages.compute_tokens(
-                    nm, rewards, mask, token_rewards=dense, **k
-                ),
-                repeat,
+        out[f"{name} (tokens, KL; OpenRLHF {theirs})"] = paired_method(
+            lambda nm=name, k=kw: advantages.compute_tokens(
+                nm, rewards, mask, token_rewards=dense, **k
             ),
-            "openrlhf": timeit(lambda th=theirs: ref.advantages(th, rewards, am, kl, 0.01), repeat),
-        }
+            lambda th=theirs: ref.advantages(th, rewards, am, kl, 0.01),
+            "openrlhf",
+            repeat,
+        )
     return out
 
 
@@ -305,22 +344,34 @@ def main() -> None:
     # a sorting network instead, advantages.scale._row_quantile); a reference, not a target
     seconds["floor_sort"] = timeit(lambda: rewards.sort(1), args.repeat)
     seconds.update(part_floors(rewards, args.repeat))
-    for name in advantages.names():
-        if advantages.needs(name):  # opo, remax: timed with their inputs in ``methods``
-            continue
-        seconds[name] = timeit(lambda n=name: advantages.compute(n, rewards), args.repeat)
-    seconds["grpo+nan"] = timeit(lambda: advantages.compute("grpo", with_nan), args.repeat)
-    seconds["grpo+focal"] = timeit(
-        lambda: advantages.compute("grpo", rewards, focal_gamma=0.5), args.repeat
-    )
-    seconds["maxnorm_rloo+delta_res"] = timeit(
-        lambda: advantages.compute("maxnorm_rloo", rewards, delta_res=1e-2), args.repeat
+    calls = {
+        name: (lambda n=name: advantages.compute(n, rewards))
+        for name in advantages.names()
+        if not advantages.needs(name)  # opo, remax: timed with their inputs in ``methods``
+    }
+    calls["grpo+nan"] = lambda: advantages.compute("grpo", with_nan)
+    calls["grpo+focal"] = lambda: advantages.compute("grpo", rewards, focal_gamma=0.5)
+    calls["maxnorm_rloo+delta_res"] = lambda: advantages.compute(
+        "maxnorm_rloo", rewards, delta_res=1e-2
     )
     for mode in advantages.transforms.VIRTUAL_MODES:
-        seconds[f"grpo+virtual_{mode}"] = timeit(
-            lambda m=mode: advantages.compute("grpo", rewards, virtual=m), args.repeat
+        calls[f"grpo+virtual_{mode}"] = lambda m=mode: advantages.compute(
+            "grpo", rewards, virtual=m
         )
-    seconds.update(verl_paths(rewards, args.repeat, loop=not args.no_verl_loop))
+    ref = verl_vectorized(rewards)
+    paired: dict[str, float] = {}  # ours paired with verl's vectorized call: ref/ours per pair
+    verl_times = []
+    for name, fn in calls.items():
+        if ref is None:
+            seconds[name] = timeit(fn, args.repeat)
+            continue
+        seconds[name], ref_s, paired[name] = timeit_paired(fn, ref, args.repeat)
+        verl_times.append(ref_s)
+    if ref is not None:
+        seconds["verl_grpo_vectorized"] = statistics.median(verl_times)
+        more, more_paired = verl_paths(rewards, args.repeat, not args.no_verl_loop, ref)
+        seconds.update(more)
+        paired.update(more_paired)
     methods = (
         {}
         if args.no_methods
@@ -341,10 +392,8 @@ def main() -> None:
     for k in ours:
         if "verl_grpo" in seconds:
             ratios[k]["speedup_vs_verl_grpo"] = seconds["verl_grpo"] / seconds[k]
-        if "verl_grpo_vectorized" in seconds:
-            ratios[k]["speedup_vs_verl_grpo_vectorized"] = (
-                seconds["verl_grpo_vectorized"] / seconds[k]
-            )
+        if k in paired:  # the median of the paired ratios (timeit_paired)
+            ratios[k]["speedup_vs_verl_grpo_vectorized"] = paired[k]
     met = [ratios[k] for k in direct]
     targets = {
         "within_10x_floor": all(r["x_floor"] <= 10 for r in met),
@@ -373,8 +422,8 @@ def main() -> None:
             "methods": {
                 k: {
                     **v,
-                    **{
-                        f"speedup_vs_{peer}": v[peer] / v["ours"]
+                    **{  # a paired method keeps its per-pair ratio
+                        f"speedup_vs_{peer}": v.get(f"speedup_vs_{peer}", v[peer] / v["ours"])
                         for peer in ("verl", "openrlhf")
                         if peer in v
                     },

@@ -15,6 +15,22 @@ G = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(G)
 
 
+def test_cpu_names_the_processor_and_its_vector_units():
+    got = G.cpu()
+    assert set(got) == {"model", "cores", "avx512", "amx"}
+    assert isinstance(got["model"], str) and got["model"]
+    assert got["cores"] == __import__("os").cpu_count()
+    flags = ""
+    if Path("/proc/cpuinfo").exists():
+        flags = next(
+            (ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")),
+            "",
+        )
+    words = set(flags.partition(":")[2].split())  # avx512f, not avx512fp16 alone
+    assert got["avx512"] == ("avx512f" in words)
+    assert got["amx"] == ("amx_tile" in words)
+
+
 def test_loaded_name():
     assert G.loaded_name("results/vs_trl_smollm2.json") == Path(
         "results/vs_trl_smollm2_loaded.json"
@@ -44,6 +60,7 @@ def test_write_keeps_the_headline_file_from_a_loaded_run(
         "load_average_before": before,
         "load_average_after": after,
         "loaded": loaded,
+        "cpu": G.cpu(),
     }
     if written != "x.json":
         assert json.loads(head.read_text()) == {"idle": True}  # untouched
@@ -52,7 +69,8 @@ def test_write_keeps_the_headline_file_from_a_loaded_run(
 def test_without_out_the_json_goes_to_stdout(capsys):
     assert G.write({"n": 2}, [0.1], out=None, load_after=[5.0]) is None
     assert json.loads(capsys.readouterr().out) == {
-        "n": 2, "load_average_before": [0.1], "load_average_after": [5.0], "loaded": True}  # fmt: skip
+        "n": 2, "load_average_before": [0.1], "load_average_after": [5.0], "loaded": True,
+        "cpu": G.cpu()}  # fmt: skip
 
 
 FAKE_LOAD = """
