@@ -344,7 +344,7 @@ def test_exact_multiples_by_hand():
 def test_top_two_and_column_range_equal_the_sort(g):
     x = batch(300, g, seed=40 + g).abs()  # ties: binary and 5-level rows
     ordered = x.sort(dim=1).values
-    second, first = scale._top_two(x.t().contiguous().unbind(0))
+    second, first = _groups.top_two(x.t().contiguous().unbind(0))
     assert torch.equal(first, ordered[:, -1]) and torch.equal(second, ordered[:, -2])
     lo, hi = _groups.column_range(x.t().contiguous().unbind(0))
     assert torch.equal(lo, ordered[:, 0]) and torch.equal(hi, ordered[:, -1])
@@ -559,3 +559,69 @@ def test_two_level_leaves_the_columns_plus_zero():
     cols = _groups.transposed(r)
     transforms._two_level(cols, torch.empty(2, dtype=torch.bool), 1e-2)
     assert torch.equal(cols.view(torch.int32), (r + 0.0).t().contiguous().view(torch.int32))
+
+
+# ---- grpo_passk and normalize_then_sum without NaN -----------------------------------------------
+
+
+@pytest.mark.parametrize("g", [2, 3, 8, 17, 32])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm_by_std", [True, False])
+def test_passk_on_columns_equals_the_masked_path(g, dtype, norm_by_std):
+    # the masked path (argmax and scatter on rows, the moments' σ) with a mask of all True:
+    # the same best sample, the same zeros and collapse flags; σ within a few ulps
+    r = batch(400, g, seed=70 + g).to(dtype)
+    r[2] = -0.0  # a constant group of -0
+    r[3] = 0.0
+    r[3, 0] = -0.0  # ±0 tie at the top: every sample 0
+    fast = advantages.reweighted.grpo_passk(r, None, norm_by_std=norm_by_std)
+    slow = advantages.reweighted.grpo_passk(
+        r, torch.ones_like(r, dtype=torch.bool), norm_by_std=norm_by_std
+    )
+    assert torch.equal(fast.values != 0, slow.values != 0)
+    assert torch.equal(fast.updated, slow.updated)
+    assert fast.stats == pytest.approx(slow.stats)
+    rtol = 1e-5 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(fast.values, slow.values, rtol=rtol, atol=0)
+    torch.testing.assert_close(fast.scale, slow.scale, rtol=rtol, atol=0)
+    assert (fast.values.view(_groups._INT_OF[dtype]) >= 0).all()  # +0 and gaps, never -0
+    if not norm_by_std:  # no σ: the same bits
+        assert torch.equal(fast.values, slow.values)
+
+
+@pytest.mark.parametrize("g", [1, 2, 3, 8, 33])
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_column_std_is_the_moments_std(g, ddof):
+    r = batch(500, g, seed=90 + g).double() * 3.0 - 1.0
+    want = _groups.group_moments(r, None, ddof).std
+    got = _groups.column_std(r.t().contiguous().unbind(0), ddof)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-15)
+    by_hand = [
+        math.sqrt(sum((v - sum(row) / g) ** 2 for v in row) / max(1, g - ddof)) if g > ddof else 0.0
+        for row in r[:5].tolist()
+    ]
+    assert got[:5].tolist() == pytest.approx(by_hand, rel=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("weights", [None, [0.5, 2.0, 1.0]])
+def test_normalize_then_sum_without_nan_equals_its_nan_path(k, weights):
+    # the NaN path (one [P·K, G] permutation) on the same groups plus one with a NaN: the
+    # groups without NaN get the same per-function statistics, the same sums (K <= 2: bits)
+    from grouprl.advantages import combine
+
+    w = None if weights is None else weights[:k]
+    gen = torch.Generator().manual_seed(k)
+    r = torch.stack([batch(40_000, 8, seed=10 * k + j) for j in range(k)], -1)  # > 2 slices
+    r[5, :, 0] = 0.25  # a collapsed function in one group
+    if k > 1:
+        r[5, :, 1] = torch.arange(8.0) / 8  # beside one that is not
+    fast = combine.normalize_then_sum(r, w)
+    holed = torch.cat([r, torch.rand(1, 8, k, generator=gen)])
+    holed[-1, 0, 0] = math.nan
+    slow = combine.normalize_then_sum(holed, w)[:-1]
+    if k <= 2:
+        assert torch.equal(fast, slow)
+    else:
+        torch.testing.assert_close(fast, slow, rtol=1e-6, atol=1e-6)
+    assert (fast[5].abs().sum() > 0) == (k > 1)  # the other function still counts there

@@ -16,9 +16,12 @@ import torch
 
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
+    _moments,
     check_positive,
     group_moments,
     keyword_defaults,
+    transposed,
+    zero_where,
 )
 
 __all__ = ["REWARD_COMBINATIONS", "combine", "normalize_then_sum", "weighted_sum"]
@@ -78,9 +81,10 @@ def normalize_then_sum(
     check_positive("eps", eps, allow_zero=True)
     p, g, k = rewards.shape
     w = _weights(weights, k, rewards)
+    if bool(torch.isfinite(rewards.sum())):  # no NaN (inf was refused): one function at a time
+        return _normalize_then_sum_plain(rewards, w, eps, ddof, tau, zero_collapsed)
     per_func = rewards.permute(0, 2, 1).reshape(p * k, g)  # [P·K, G]: one row per (group, fn)
-    has_nan = not bool(torch.isfinite(per_func.sum()))  # one reduction (inf was refused)
-    m = group_moments(per_func, ~torch.isnan(per_func) if has_nan else None, ddof, tau)
+    m = group_moments(per_func, ~torch.isnan(per_func), ddof, tau)
     scale = (m.std + eps).reciprocal_()  # [P·K]
     if zero_collapsed:
         scale = scale.masked_fill_(m.collapsed, 0.0)
@@ -89,7 +93,43 @@ def normalize_then_sum(
         total = norm.view(p, g) * w[0] if bool(w[0] != 1) else norm.view(p, g)
     else:
         total = (norm.view(p, k, g) * w[None, :, None]).sum(dim=1)  # [P, G]
-    return _unscorable(rewards, total) if has_nan else total
+    return _unscorable(rewards, total)
+
+
+def _normalize_then_sum_plain(rewards, w, eps, ddof, tau, zero_collapsed) -> torch.Tensor:
+    """:func:`normalize_then_sum` of a batch without NaN, :data:`_ROWS` groups at a time: the
+    K functions of a slice as contiguous ``[n, G]`` blocks (one transpose of its ``[n·G, K]``
+    view), each normalised in its groups, then summed in function order.
+
+    [OURS] Each function's group rows hold the same floats in the same order as the rows
+    of the ``[P·K, G]`` permutation, and a group's statistics do not depend on the groups
+    beside it, so they are the same bits. The slices keep every temporary in cache and out
+    of fresh pages (torch's strided ``[P, K, G]`` copy, the whole batch's centred rewards
+    and its middle-dimension sum took ~2x the time at P = 131,072, G = 8, K = 2); the sum
+    runs in function order; a weight of 1 multiplies nothing.
+    """
+    p, g, k = rewards.shape
+    total = torch.empty((p, g), dtype=rewards.dtype, device=rewards.device)  # [P, G]
+    for start in range(0, p, _ROWS):
+        part = rewards[start : start + _ROWS]  # [n, G, K]
+        n = part.shape[0]
+        blocks = transposed(part.reshape(n * g, k)).view(k, n, g) if k > 1 else part.view(1, n, g)
+        out = total[start : start + n]  # [n, G]
+        for j in range(k):
+            m = _moments(blocks[j], None, ddof, tau)
+            scale = (m.std + eps).reciprocal_()  # [n]
+            if zero_collapsed:
+                scale = zero_where(scale, m.collapsed)
+            norm = m.dev.mul_(scale[:, None])  # [n, G]
+            if bool(w[j] != 1):
+                norm = norm.mul_(w[j])
+            out.copy_(norm) if j == 0 else out.add_(norm)
+    return total
+
+
+_ROWS = 16384
+"""Groups :func:`_normalize_then_sum_plain` takes at a time (their K blocks stay near a
+core's L2 at G = 8)."""
 
 
 REWARD_COMBINATIONS: dict[str, Callable[..., torch.Tensor]] = {

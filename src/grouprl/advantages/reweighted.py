@@ -12,13 +12,21 @@ from __future__ import annotations
 import torch
 
 from grouprl.advantages._groups import (
+    _INT_OF,
     DEFAULT_TAU,
+    SORT_NETWORK_MAX,
     check_positive,
+    column_range,
+    column_std,
     group_count,
     group_moments,
     mask_mean,
     scale_dev,
+    spread_collapsed,
+    top_two,
+    transposed,
     wrap_advantages,
+    zero_where,
 )
 from grouprl.advantages.baseline import DEFAULT_DDOF, GRPO_EPS
 from grouprl.types import Advantages
@@ -44,6 +52,9 @@ def grpo_passk(
     valid rewards only; a collapsed group (σ_q < tau, or < 2 valid; verl raises on a
     singleton) gets 0. scale = σ_q + eps (or 1).
     """
+    g = rewards.shape[1]
+    if valid is None and 2 <= g <= SORT_NETWORK_MAX and rewards.dtype in _INT_OF:
+        return _passk_columns(rewards, norm_by_std, eps, ddof, tau)
     m = group_moments(rewards, valid, ddof, tau)
     scale = m.std + eps if norm_by_std else torch.ones_like(m.std)
     if rewards.shape[1] < 2:  # no second best: every group is collapsed
@@ -59,6 +70,31 @@ def grpo_passk(
     gap = (gap / scale).masked_fill(m.collapsed, 0.0)
     values = torch.zeros_like(rewards).scatter_(1, idx, gap[:, None])  # [P, G]
     return wrap_advantages(values, valid, m.collapsed, scale, zeroed=True)
+
+
+def _passk_columns(rewards, norm_by_std, eps, ddof, tau) -> Advantages:
+    """:func:`grpo_passk` of a batch without NaN, 2 <= G <= 32, on its G columns ``[P]``.
+
+    [OURS] The best and second best by :func:`top_two`, the collapse flag exactly as
+    :func:`group_moments` sets it (:func:`spread_collapsed`), σ_q by :func:`column_std`
+    (within a few ulps of the moments'), and the gap written to the column that equals the
+    best: ``r − best`` is +0 exactly there (a unique best; with a tie the gap is 0 for
+    every sample anyway), its sign bit a mask. No ``[P, G]`` broadcast, no scatter.
+    """
+    p, g = rewards.shape
+    bits = _INT_OF[rewards.dtype]
+    sign = torch.finfo(rewards.dtype).bits - 1
+    cols = transposed(rewards).unbind(0)  # G x [P]
+    second, first = top_two(cols)  # [P] each
+    lo, _ = column_range(cols)
+    collapsed = spread_collapsed(rewards, lo, first, ddof, tau)  # [P]
+    scale = column_std(cols, ddof).add_(eps) if norm_by_std else torch.ones_like(first)
+    gap = zero_where(torch.sub(first, second).div_(scale), collapsed)  # [P] >= 0
+    out = torch.empty((g, p), dtype=rewards.dtype, device=rewards.device)  # [G, P]
+    for k, c in enumerate(cols):  # -1 where c is the best (c − best = +0), else 0
+        hit = torch.sub(c, first, out=out[k]).view(bits).bitwise_right_shift_(sign)
+        hit.bitwise_not_().bitwise_and_(gap.view(bits))
+    return wrap_advantages(transposed(out), None, collapsed, scale, zeroed=True)
 
 
 GPG_ALPHA = ("paper", "verl")

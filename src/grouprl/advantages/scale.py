@@ -22,6 +22,7 @@ from grouprl.advantages._groups import (
     scale_dev,
     shared_statistics,
     sorted_rows,
+    top_two,
     transposed,
     wrap_advantages,
     zero_where,
@@ -116,14 +117,14 @@ def _row_quantile(
     Sort-based (:func:`sorted_rows`: a sorting network over the G columns): ``torch.nanquantile``
     is ~10x slower on many short rows, ``torch.sort`` ~10x slower than the network. Without
     NaN, when the two order statistics are the two largest (q·(G − 1) >= G − 2), one
-    :func:`_top_two` scan instead of the network. 0 for an empty row.
+    :func:`~grouprl.advantages._groups.top_two` scan instead of the network. 0 for an empty row.
     """
     g = x.shape[1]
     if valid is None:  # every row has G entries: the same two order statistics for all
         pos = q * torch.tensor(g - 1, dtype=x.dtype)  # [] in x's precision, as below
         lo = int(pos.floor())
         if 2 <= g <= SORT_NETWORK_MAX and lo >= g - 2:  # the two largest suffice (P90, G <= 11)
-            a, b = _top_two(transposed(x).unbind(0))  # [P] each: 2nd largest, largest
+            a, b = top_two(transposed(x).unbind(0))  # [P] each: 2nd largest, largest
             if lo == g - 1:
                 a = b
         else:
@@ -138,21 +139,6 @@ def _row_quantile(
     b = ordered.gather(0, hi[None]).squeeze(0)
     out = a + (pos - lo.to(x.dtype)) * (b - a)
     return out.masked_fill(count == 0, 0.0)
-
-
-def _top_two(cols: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(second, first)``, ``[P]`` each: the second largest and the largest of G >= 2 columns.
-
-    [OURS] One scan, 3 column passes per column (second = max(second, min(first, c)), then
-    first = max(first, c)): the same two values as sorting (order statistics are values, not
-    positions), in 3(G − 2) + 2 passes where the full network takes 2·19 at G = 8.
-    """
-    second, first = torch.minimum(cols[0], cols[1]), torch.maximum(cols[0], cols[1])
-    step = torch.empty_like(first)  # [P]
-    for c in cols[2:]:
-        torch.maximum(second, torch.minimum(first, c, out=step), out=second)
-        torch.maximum(first, c, out=first)
-    return second, first
 
 
 def _divide_by_card(m, valid, factor, card, tau_res) -> Advantages:
