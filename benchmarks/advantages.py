@@ -43,22 +43,39 @@ def timeit(fn, repeat: int) -> float:
 
 def timeit_paired(fn, ref, repeat: int) -> tuple[float, float, float]:
     """``(median of fn, median of ref, median of ref/fn)``: the two called in turn, each pair
-    on the same host minute. [OURS] On a shared machine the speed of both drifts by ±30 %
+    on the same host second. [OURS] On a shared machine the speed of both drifts by ±30 %
     within minutes; the per-pair ratio cancels what both see."""
-    fn(), ref()  # warm-up
-    a, b = [], []
+    return timeit_rounds({"fn": fn}, ref, repeat)["fn"]
+
+
+def timeit_rounds(calls: dict, ref, repeat: int) -> dict[str, tuple[float, float, float]]:
+    """:func:`timeit_paired` of every call in ``calls`` against ``ref``, round-robin: each
+    of the ``repeat`` rounds times every call once, each right before its own ``ref``.
+
+    [OURS] A slow phase of the host (seconds to minutes of a neighbour's load) then touches
+    one sample of every call instead of all the samples of the calls that ran during it;
+    the per-pair ratio cancels what a pair shares. ``{name: (median, ref median, median
+    ratio)}``."""
+    for fn in calls.values():  # warm-up
+        fn(), ref()
+    a: dict[str, list[float]] = {k: [] for k in calls}
+    b: dict[str, list[float]] = {k: [] for k in calls}
     for _ in range(repeat):
-        t0 = _CLOCK[0]()
-        fn()
-        t1 = _CLOCK[0]()
-        ref()
-        b.append(_CLOCK[0]() - t1)
-        a.append(t1 - t0)
-    return (
-        statistics.median(a),
-        statistics.median(b),
-        statistics.median(y / x for x, y in zip(a, b)),
-    )
+        for name, fn in calls.items():
+            t0 = _CLOCK[0]()
+            fn()
+            t1 = _CLOCK[0]()
+            ref()
+            b[name].append(_CLOCK[0]() - t1)
+            a[name].append(t1 - t0)
+    return {
+        k: (
+            statistics.median(a[k]),
+            statistics.median(b[k]),
+            statistics.median(y / x for x, y in zip(a[k], b[k])),
+        )
+        for k in calls
+    }
 
 
 def profile_call(fn, top: int = 8) -> dict[str, float]:
@@ -361,12 +378,12 @@ def main() -> None:
     ref = verl_vectorized(rewards)
     paired: dict[str, float] = {}  # ours paired with verl's vectorized call: ref/ours per pair
     verl_times = []
-    for name, fn in calls.items():
-        if ref is None:
-            seconds[name] = timeit(fn, args.repeat)
-            continue
-        seconds[name], ref_s, paired[name] = timeit_paired(fn, ref, args.repeat)
-        verl_times.append(ref_s)
+    if ref is None:
+        seconds.update({name: timeit(fn, args.repeat) for name, fn in calls.items()})
+    else:
+        for name, (ours_s, ref_s, ratio) in timeit_rounds(calls, ref, args.repeat).items():
+            seconds[name], paired[name] = ours_s, ratio
+            verl_times.append(ref_s)
     if ref is not None:
         seconds["verl_grpo_vectorized"] = statistics.median(verl_times)
         more, more_paired = verl_paths(rewards, args.repeat, not args.no_verl_loop, ref)
