@@ -25,6 +25,28 @@ import torch
 
 from grouprl import advantages
 
+
+def _map_large() -> bool:
+    from grouprl.train import malloc
+
+    return malloc.map_large_blocks(128 * 1024)
+
+
+def _keep_freed() -> bool:
+    from grouprl.train import malloc
+
+    return malloc.keep_freed_blocks()
+
+
+MALLOC_MODES = {"default": lambda: True, "keep": _keep_freed, "map": _map_large}
+"""``--malloc``: glibc's regime for every tensor of both sides. [OURS] A fresh ``[P, G]``
+tensor costs ~1,000 page faults (4 MiB) when its memory is new to the process, nothing when
+the heap kept a freed block of its size; by default glibc does one or the other by the
+process's history (its dynamic mmap threshold and the trims), so a call's time moved up to
+2x between runs. ``keep`` (:func:`grouprl.train.malloc.keep_freed_blocks`: no page faults,
+what a long-lived process reaches) and ``map`` (a fixed 128 KiB threshold, every block
+mapped fresh: grouprl's ``pretrained`` training profile) fix it."""
+
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 """``--clock``: wall seconds, or this process's CPU seconds. [OURS] On a shared machine the wall
 clock also counts the time other processes held the core; one thread's CPU seconds do not."""
@@ -345,8 +367,12 @@ def main() -> None:
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
     ap.add_argument("--profile", nargs="*", default=[], metavar="NAME",
                     help="estimators whose operators to profile (torch.profiler, one call)")  # fmt: skip
+    ap.add_argument("--malloc", choices=MALLOC_MODES, default="default",
+                    help="glibc's allocator regime for both sides (MALLOC_MODES)")  # fmt: skip
     loadguard.add_arguments(ap)
     args = ap.parse_args()
+    if not MALLOC_MODES[args.malloc]():
+        ap.error(f"--malloc {args.malloc}: glibc's mallopt is not available here")
     _CLOCK[0] = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
     load0 = loadguard.load_average()
@@ -427,6 +453,7 @@ def main() -> None:
             "samples": args.prompts * args.group,
             "threads": args.threads,
             "clock": args.clock,
+            "malloc": args.malloc,
             "torch": torch.__version__,
             "machine": platform.machine(),
             "seconds": seconds,

@@ -26,10 +26,22 @@ import functools
 import sys
 from typing import Any
 
-__all__ = ["M_MMAP_THRESHOLD", "map_large_blocks", "release_free_memory"]
+__all__ = [
+    "M_MMAP_THRESHOLD",
+    "M_TRIM_THRESHOLD",
+    "keep_freed_blocks",
+    "map_large_blocks",
+    "release_free_memory",
+]
 
 M_MMAP_THRESHOLD = -3
 """``mallopt`` parameter number of the mmap threshold (glibc ``malloc.h``)."""
+
+M_TRIM_THRESHOLD = -1
+"""``mallopt`` parameter number of the trim threshold (glibc ``malloc.h``)."""
+
+MAX_MMAP_THRESHOLD = 32 << 20
+"""The largest mmap threshold glibc accepts on 64-bit (``mallopt(3)``: HEAP_MAX / 2)."""
 
 
 @functools.cache
@@ -65,6 +77,23 @@ def map_large_blocks(threshold_bytes: int) -> bool:
     if mallopt is None or threshold_bytes <= 0:
         return False
     return bool(mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+
+
+def keep_freed_blocks(trim_bytes: int = 1 << 30) -> bool:
+    """The other way round from :func:`map_large_blocks`: blocks below 32 MiB come from the
+    heap and what is freed stays there (up to ``trim_bytes`` free at its top) for the next
+    allocation, so a tensor of a size freed before faults no page in. True when set.
+
+    What a long-lived process reaches on its own once its freed blocks have raised glibc's
+    dynamic threshold to its cap, without the trims that come and go with its history;
+    ``benchmarks/advantages.py --malloc keep`` times both sides in this state [OURS].
+    """
+    mallopt = _libc("mallopt", [ctypes.c_int, ctypes.c_int], ctypes.c_int)
+    if mallopt is None or trim_bytes <= 0:
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MAX_MMAP_THRESHOLD)) and bool(
+        mallopt(M_TRIM_THRESHOLD, int(trim_bytes))
+    )
 
 
 def release_free_memory() -> bool:
