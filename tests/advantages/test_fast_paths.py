@@ -625,3 +625,12 @@ def test_normalize_then_sum_without_nan_equals_its_nan_path(k, weights):
     else:
         torch.testing.assert_close(fast, slow, rtol=1e-6, atol=1e-6)
     assert (fast[5].abs().sum() > 0) == (k > 1)  # the other function still counts there
+
+
+@pytest.mark.parametrize("n", [0, 1, 1000, (1 << 17) + 3, 3 * (1 << 17), 1_000_003])
+def test_sum_squares_is_the_float64_sum_within_float32_rounding(n):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n)) + 0.5
+    want = float((x.double() ** 2).sum())
+    got = _groups.sum_squares(x.view(-1, 1) if n % 2 else x)  # any shape
+    assert got.dtype == torch.float32 and got.dim() == 0
+    assert float(got) == pytest.approx(want, rel=1e-6, abs=1e-30)

@@ -338,6 +338,27 @@ def column_std(cols: list[torch.Tensor] | tuple[torch.Tensor, ...], ddof: int = 
     return std.zero_() if g <= ddof else std
 
 
+def sum_squares(x: torch.Tensor) -> torch.Tensor:
+    """``[]`` Σ x² over every entry of ``x``, through a buffer of :data:`_SQUARES_CHUNK`
+    entries: no ``x``-sized square. [OURS] Each chunk's sum is ``torch.sum``'s (float32's
+    ``vector_norm`` of 1M entries was ~3e-5 off); a fresh ``x``-sized temporary costs a page
+    fault per 4 KiB where the heap holds no freed block of its size."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    if n <= _SQUARES_CHUNK:
+        return torch.mul(flat, flat).sum()
+    buf = torch.empty(_SQUARES_CHUNK, dtype=x.dtype, device=x.device)
+    parts = []
+    for start in range(0, n, _SQUARES_CHUNK):
+        part = flat[start : start + _SQUARES_CHUNK]
+        parts.append(torch.mul(part, part, out=buf[: part.numel()]).sum())
+    return torch.stack(parts).sum()
+
+
+_SQUARES_CHUNK = 1 << 17
+"""Entries :func:`sum_squares` squares at a time (512 KiB of float32)."""
+
+
 def mask_mean(mask: torch.Tensor) -> float:
     """``float(mask.float().mean())`` of a bool mask, the same float: the share of True.
 

@@ -31,6 +31,7 @@ from grouprl.advantages._groups import (
     group_moments,
     mask_mean,
     spread_collapsed,
+    sum_squares,
     transposed,
     zero_rows_,
     zero_where,
@@ -94,7 +95,7 @@ def whiten(
         x0, n = x, torch.tensor(float(x.numel()), dtype=x.dtype, device=x.device)
         mu = x.sum() / n.clamp_min(tiny)  # []
         dev = x - mu
-        var = torch.mul(dev, dev).sum() / (n - ddof).clamp_min(tiny)  # x·x: pow(x, 2) is slower
+        var = sum_squares(dev) / (n - ddof).clamp_min(tiny)  # no [P, G] square
     elif weights is None:  # a mask, unit weights: the same terms as below, by bit masks
         # [OURS] zero_where instead of torch.where and the float mask's products (each slow on
         # CPU); the masked terms are exact zeros either way, so the sums see the same values
