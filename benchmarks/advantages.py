@@ -2,10 +2,12 @@
 verl's ``grpo`` (a Python loop over prompt ids) and ``grpo_vectorized`` and a floor
 (``rewards.mean(1)``) on the same tensor, in one run. Prints JSON.
 
-    python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop] [--clock cpu]
+    python benchmarks/advantages.py [--prompts 131072] [--group 8] [--repeat 5] [--no-verl-loop] [--clock cpu] [--malloc default|keep|map]
 
 Targets: every estimator >= 100x faster than verl's grpo, >= 2x faster than
-grpo_vectorized, within 10x of the floor. ``methods``: each method a peer ships,
+grpo_vectorized, within 10x of the floor. The estimators are timed round-robin, each call
+right before its own call of verl's grpo_vectorized (:func:`timeit_rounds`); a speed-up is the
+median of those per-pair ratios. ``methods``: each method a peer ships,
 ours beside the peer's own function on the same input in this run — sequence level at the
 same P × G (verl's Python loops timed once), token level at ``--token-prompts`` × G × T. ``adapter_grouprl_grpo`` is our grpo called through
 the verl adapter on verl's flat input (its flat -> [P, G] mapping included); it is reported
