@@ -534,7 +534,10 @@ def compute(
     rewards, level, how = _combined(name, rewards, combine, reward_weights, combine_params)
     # advantages are constants of the loss (stop-gradient, ALGORITHMS.md §1): no gradient
     # reaches the rewards, and the estimators may work in place on what they were given
-    rewards = rewards.detach() if isinstance(rewards, torch.Tensor) else rewards
+    # (detached only when it has a graph: a new tensor object would lose what the
+    # combination handed the estimator for it, _groups.hand_columns)
+    if isinstance(rewards, torch.Tensor) and rewards.requires_grad:
+        rewards = rewards.detach()
     r_lo, r_hi = _check_transforms(focal_gamma, delta_res, virtual, reward_range)
     registered = _registered_transforms(transforms)
     if how not in (None, "sum") and (delta_res is not None or virtual is not None):
