@@ -649,3 +649,25 @@ def test_gdpo_through_compute_reads_the_columns_normalize_then_sum_hands_over():
     assert torch.equal(got.values, want.values)
     assert torch.equal(got.updated, want.updated) and not got.updated[7] and got.updated[8]
     assert got.stats["collapsed_frac"] == want.stats["collapsed_frac"] > 0
+
+
+@pytest.mark.parametrize("name", ["grpo", "gdpo"])
+def test_rewards_with_a_graph_give_constants_and_plain_ones_are_not_copied(name):
+    from grouprl.advantages import _constant
+
+    r = torch.rand(16, 4, 2 if name == "gdpo" else 1).squeeze(-1).requires_grad_()
+    out = advantages.compute(name, r)
+    assert not out.values.requires_grad  # stop-gradient: no graph reaches the rewards
+    plain = r.detach()
+    assert _constant(plain) is plain and _constant(r) is not r
+    assert not _constant(r).requires_grad
+    # the column paths write in place: a graph-carrying input takes the general path
+    if name == "gdpo":
+        from grouprl.advantages import combine
+
+        got = combine.normalize_then_sum(r)  # (its statistics are in place: no backward)
+        want = combine.normalize_then_sum(r.detach())
+        torch.testing.assert_close(got.detach(), want, rtol=2e-6, atol=2e-6)
+    else:
+        got = advantages.reweighted.grpo_passk(r, None)
+        assert torch.equal(got.values, advantages.reweighted.grpo_passk(r.detach(), None).values)

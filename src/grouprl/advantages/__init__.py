@@ -453,6 +453,16 @@ def _weighted(values: torch.Tensor, group_weight: Any, stats: dict[str, float]) 
     return values * gw.to(values.dtype)[:, None]
 
 
+def _constant(rewards: Any) -> Any:
+    """The rewards as constants of the loss (stop-gradient, ALGORITHMS.md §1): no gradient
+    reaches them, and the estimators may work in place on what they were given. Detached only
+    when they carry a graph: a new tensor object would lose what the reward combination
+    handed the estimator for them (``_groups.hand_columns``)."""
+    if isinstance(rewards, torch.Tensor) and rewards.requires_grad:
+        return rewards.detach()
+    return rewards
+
+
 def _sharing_moments(fn: Callable[..., Advantages]) -> Callable[..., Advantages]:
     """Run ``fn`` inside :func:`shared_moments`: the virtual-sample trigger and the estimator
     compute the group moments of one batch once."""
@@ -532,12 +542,7 @@ def compute(
     """
     fn = _estimator(name)
     rewards, level, how = _combined(name, rewards, combine, reward_weights, combine_params)
-    # advantages are constants of the loss (stop-gradient, ALGORITHMS.md §1): no gradient
-    # reaches the rewards, and the estimators may work in place on what they were given
-    # (detached only when it has a graph: a new tensor object would lose what the
-    # combination handed the estimator for it, _groups.hand_columns)
-    if isinstance(rewards, torch.Tensor) and rewards.requires_grad:
-        rewards = rewards.detach()
+    rewards = _constant(rewards)
     r_lo, r_hi = _check_transforms(focal_gamma, delta_res, virtual, reward_range)
     registered = _registered_transforms(transforms)
     if how not in (None, "sum") and (delta_res is not None or virtual is not None):

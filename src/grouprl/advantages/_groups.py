@@ -316,26 +316,37 @@ def top_two(
     return second, first
 
 
-def column_std(cols: list[torch.Tensor] | tuple[torch.Tensor, ...], ddof: int = 1) -> torch.Tensor:
-    """``[P]``: the std (``ddof``) of G columns ``[P]`` without NaN, :class:`Moments`'
-    formula √(Σ (r − r̄)²) / √max(1, G − ddof), 0 when G <= ddof.
+def column_moments(
+    cols: list[torch.Tensor] | tuple[torch.Tensor, ...],
+    ddof: int = 1,
+    dev: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(mean [P], std [P])`` of G columns ``[P]`` without NaN: :class:`Moments`' formulas,
+    r̄ = Σ r / G and σ = √(Σ (r − r̄)²) / √max(1, G − ddof) (0 when G <= ddof); ``dev``, a
+    ``[G, P]`` tensor, receives the centred columns r − r̄ when given.
 
-    [OURS] Column passes in ascending order (mean, then the squares), ~3G + 2 of them: the
-    ``[P, G]`` route broadcasts each group's mean over a short row, which took ~6x a
-    contiguous pass on CPU. Within a few ulps of ``group_moments(...).std`` (its row sums
-    associate differently); the collapse flag is exact only through :func:`spread_collapsed`.
+    [OURS] Column passes in ascending order, ~3G + 2 of them: the ``[P, G]`` route
+    broadcasts each group's mean over a short row and reduces over it, each ~6x a contiguous
+    pass on CPU. Within a few ulps of ``group_moments(...)`` (its row sums associate
+    differently); the collapse flag is exact only through :func:`spread_collapsed`.
     """
     g = len(cols)
     mean = cols[0].clone()
     for c in cols[1:]:
         mean.add_(c)
     mean.div_(g)  # [P]
-    ss, step = torch.zeros_like(mean), torch.empty_like(mean)
-    for c in cols:
-        torch.sub(c, mean, out=step)
-        ss.addcmul_(step, step)
+    ss = torch.zeros_like(mean)
+    step = torch.empty_like(mean) if dev is None else None
+    for i, c in enumerate(cols):
+        d = torch.sub(c, mean, out=step if dev is None else dev[i])
+        ss.addcmul_(d, d)
     std = ss.sqrt_().div_(math.sqrt(max(1, g - ddof)))
-    return std.zero_() if g <= ddof else std
+    return mean, std.zero_() if g <= ddof else std
+
+
+def column_std(cols: list[torch.Tensor] | tuple[torch.Tensor, ...], ddof: int = 1) -> torch.Tensor:
+    """``[P]``: :func:`column_moments`' σ of G columns ``[P]`` without NaN."""
+    return column_moments(cols, ddof)[1]
 
 
 def sum_squares(x: torch.Tensor) -> torch.Tensor:

@@ -17,8 +17,8 @@ import torch
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
     check_positive,
+    column_moments,
     column_range,
-    column_std,
     group_moments,
     hand_columns,
     keyword_defaults,
@@ -84,10 +84,12 @@ def normalize_then_sum(
     check_positive("eps", eps, allow_zero=True)
     p, g, k = rewards.shape
     w = _weights(weights, k, rewards)
-    if bool(torch.isfinite(rewards.sum())):  # no NaN (inf was refused): one function at a time
+    # no NaN (inf was refused) and no graph (the columns are written in place): on columns
+    if not rewards.requires_grad and bool(torch.isfinite(rewards.sum())):
         return _normalize_then_sum_plain(rewards, w, eps, ddof, tau, zero_collapsed)
     per_func = rewards.permute(0, 2, 1).reshape(p * k, g)  # [P·K, G]: one row per (group, fn)
-    m = group_moments(per_func, ~torch.isnan(per_func), ddof, tau)
+    has_nan = not bool(torch.isfinite(per_func.detach().sum()))
+    m = group_moments(per_func, ~torch.isnan(per_func) if has_nan else None, ddof, tau)
     scale = (m.std + eps).reciprocal_()  # [P·K]
     if zero_collapsed:
         scale = scale.masked_fill_(m.collapsed, 0.0)
@@ -96,13 +98,13 @@ def normalize_then_sum(
         total = norm.view(p, g) * w[0] if bool(w[0] != 1) else norm.view(p, g)
     else:
         total = (norm.view(p, k, g) * w[None, :, None]).sum(dim=1)  # [P, G]
-    return _unscorable(rewards, total)
+    return _unscorable(rewards, total) if has_nan else total
 
 
 def _normalize_then_sum_plain(rewards, w, eps, ddof, tau, zero_collapsed) -> torch.Tensor:
     """:func:`normalize_then_sum` of a batch without NaN, on columns: one transpose of the
     ``[P, G·K]`` view gives every function's G columns ``[P]``; each function's group mean
-    and σ (:func:`column_std`'s passes, ascending) and its collapse flag, exactly the
+    and σ (:func:`column_moments`' passes, ascending) and its collapse flag, exactly the
     moments' (:func:`spread_collapsed`), scale its centred columns, summed in function order.
 
     [OURS] No ``[P, G]`` broadcast of a group statistic and no row reduction over G (torch's
@@ -115,24 +117,21 @@ def _normalize_then_sum_plain(rewards, w, eps, ddof, tau, zero_collapsed) -> tor
     p, g, k = rewards.shape
     cols = transposed(rewards.reshape(p, g * k))  # [G·K, P]: row i·K + j = sample i, fn j
     total = torch.empty((g, p), dtype=rewards.dtype, device=rewards.device)  # [G, P]
-    step = torch.empty_like(total[0])  # [P]
+    dev = total if k == 1 else torch.empty_like(total)  # [G, P] a function's centred columns
     for j in range(k):
         fc = cols[j::k].unbind(0)  # G x [P]: function j
-        mean = fc[0].clone()
-        for c in fc[1:]:
-            mean.add_(c)
-        mean.div_(g)  # [P]
-        scale = column_std(fc, ddof).add_(eps).reciprocal_()  # [P] 1/(σ + eps)
+        _, std = column_moments(fc, ddof, dev=total if j == 0 else dev)  # [P]
+        scale = std.add_(eps).reciprocal_()  # [P] 1/(σ + eps)
         if zero_collapsed:
             lo, hi = column_range(fc)
             scale = zero_where(scale, spread_collapsed(rewards[..., j], lo, hi, ddof, tau))
         if bool(w[j] != 1):
             scale.mul_(w[j])
-        for i, c in enumerate(fc):  # the first function writes, the others add
+        for i in range(g):  # the first function writes, the others add
             if j == 0:
-                torch.sub(c, mean, out=total[i]).mul_(scale)
+                total[i].mul_(scale)
             else:
-                total[i].add_(torch.sub(c, mean, out=step).mul_(scale))
+                total[i].addcmul_(dev[i], scale)
     out = transposed(total)  # [P, G]
     hand_columns(out, lambda: total)
     return out

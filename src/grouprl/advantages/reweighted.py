@@ -54,6 +54,8 @@ def grpo_passk(
     """
     g = rewards.shape[1]
     if valid is None and 2 <= g <= SORT_NETWORK_MAX and rewards.dtype in _INT_OF:
+        if rewards.requires_grad:  # the columns are written in place: no graph through them
+            rewards = rewards.detach()
         return _passk_columns(rewards, norm_by_std, eps, ddof, tau)
     m = group_moments(rewards, valid, ddof, tau)
     scale = m.std + eps if norm_by_std else torch.ones_like(m.std)
