@@ -85,3 +85,20 @@ def clean_registry():
         axis.declarations.clear()
         axis.declarations.update(declarations)
     registry._LISTENERS[:] = listeners
+
+
+@pytest.fixture(autouse=True)
+def _process_env_restored():
+    """``grouprl.cli.main`` sets its process environment (``PROCESS_ENV``) for the process
+    it runs in; called in-process by a test, it would leave it for every later test and
+    every subprocess they start (a page-fault probe saw half its faults). Each test gets the
+    environment's values for those keys back."""
+    from grouprl.cli import PROCESS_ENV
+
+    before = {key: os.environ.get(key) for key in PROCESS_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
