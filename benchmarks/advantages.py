@@ -148,6 +148,14 @@ def make_rewards(p: int, g: int, seed: int = 0) -> torch.Tensor:
     return torch.where(torch.rand(p, 1, generator=gen) < 0.7, binary, partial)  # [P, G]
 
 
+def _verl_flat(rewards: torch.Tensor):
+    """verl's view of ``rewards [P, G]`` as one-token responses: ``(token_level_rewards
+    [P·G, 1], response_mask [P·G, 1], index [P·G])``."""
+    p, g = rewards.shape
+    tokens = rewards.reshape(-1, 1).clone()
+    return tokens, torch.ones_like(tokens), np.repeat(np.arange(p), g)
+
+
 def verl_vectorized(rewards: torch.Tensor):
     """verl's ``compute_grpo_vectorized_outcome_advantage`` on the flat view of ``rewards``,
     as a call (None without verl): the reference every estimator is timed against."""
@@ -155,10 +163,7 @@ def verl_vectorized(rewards: torch.Tensor):
         from verl.trainer.ppo import core_algos
     except ImportError:
         return None
-    p, g = rewards.shape
-    tokens = rewards.reshape(-1, 1).clone()
-    mask = torch.ones_like(tokens)
-    index = np.repeat(np.arange(p), g)
+    tokens, mask, index = _verl_flat(rewards)
     return lambda: core_algos.compute_grpo_vectorized_outcome_advantage(tokens, mask, index)
 
 
@@ -167,10 +172,7 @@ def verl_paths(rewards: torch.Tensor, repeat: int, loop: bool, ref) -> tuple[dic
     and, with ``loop``, verl's Python-loop ``grpo`` (timed once)."""
     from verl.trainer.ppo import core_algos
 
-    p, g = rewards.shape
-    tokens = rewards.reshape(-1, 1).clone()
-    mask = torch.ones_like(tokens)
-    index = np.repeat(np.arange(p), g)
+    tokens, mask, index = _verl_flat(rewards)
     # our estimator through the verl adapter (grouprl.integrations.verl), called as verl's
     # compute_advantage calls it, on the same flat input: the flat -> [P, G] mapping included
     from omegaconf import OmegaConf
@@ -227,17 +229,17 @@ def peer_methods(rewards: torch.Tensor, repeat: int, token_prompts: int, t: int)
 
     verl_kw = dict(lengths=lengths, weighting="token", eps_mode="var", eps=1e-8)
     out["reinforce_pp_baseline"] = {"ours": ours("reinforce_pp_baseline", **verl_kw)}
-    out["reinforce_pp_global"] = {"ours": ours("reinforce_pp_global", **verl_kw)}
     out["flash_reinforce"] = {"ours": ours("flash_reinforce")}
     out["grpo_passk"] = {"ours": ours("grpo_passk")}
     out["gpg"] = {"ours": ours("gpg", alpha="verl")}
     out["opo"] = {"ours": ours("opo", lengths=lengths)}
-    out["remax"] = {"ours": ours("remax", baseline=base)}
     r3 = torch.stack([rewards, rewards.roll(1, 0)], -1)  # two reward functions
     out["gdpo"] = {"ours": timeit(lambda: advantages.compute("gdpo", r3), repeat)}
     try:
         from verl.trainer.ppo import core_algos as c
-    except ImportError:
+    except ImportError:  # ours alone; with verl, these two are timed paired below
+        out["reinforce_pp_global"] = {"ours": ours("reinforce_pp_global", **verl_kw)}
+        out["remax"] = {"ours": ours("remax", baseline=base)}
         return out
     cfg = type("Cfg", (), {"get": lambda self, k, d=None: {"gamma": 1.0}.get(k, d), "gamma": 1.0})()
     out["reinforce_pp_baseline"]["verl"] = _once(

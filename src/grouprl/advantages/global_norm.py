@@ -19,6 +19,7 @@ NaN rewards are left out of every statistic and get advantage 0 (ALGORITHMS.md �
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -47,6 +48,7 @@ __all__ = [
     "reinforce_pp_baseline",
     "reinforce_pp_global",
     "whiten",
+    "whiten_kept_",
     "whiten_scale",
 ]
 
@@ -99,11 +101,10 @@ def whiten(
     elif weights is None:  # a mask, unit weights: the same terms as below, by bit masks
         # [OURS] zero_where instead of torch.where and the float mask's products (each slow on
         # CPU); the masked terms are exact zeros either way, so the sums see the same values
-        x0 = zero_where(x.clone(memory_format=torch.contiguous_format), ~valid)
+        drop = ~valid
+        x0 = zero_where(x.clone(memory_format=torch.contiguous_format), drop)
         n = valid.sum().to(x.dtype)  # [] exact count
-        mu = x0.sum() / n.clamp_min(tiny)  # []
-        dev = x0 - mu
-        var = zero_where(torch.mul(dev, dev), ~valid).sum() / (n - ddof).clamp_min(tiny)
+        return whiten_kept_(x0, lambda t: zero_where(t, drop), n, ddof, eps, eps_mode)
     else:
         w = valid.to(x.dtype) if weights is None else weights.to(x.dtype)
         if valid is not None and weights is not None:
@@ -118,6 +119,27 @@ def whiten(
     if valid is not None:
         out = zero_where(out, ~valid)
     return out, mu, s
+
+
+def whiten_kept_(
+    x0: torch.Tensor,
+    zero_dropped: Callable[[torch.Tensor], torch.Tensor],
+    n: torch.Tensor,
+    ddof: int,
+    eps: float,
+    eps_mode: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`whiten` with unit weights of ``x0`` (any shape, already 0 at the dropped
+    entries; ``n []`` the kept count in x0's type), in place; returns ``(x0, μ [], s [])``.
+    ``zero_dropped(t)`` sets t's dropped entries to +0 in place (a bool or a bit mask, as
+    the caller holds it). Σ (x − μ)² by :func:`sum_squares` (no square of x0's size)."""
+    tiny = torch.finfo(x0.dtype).tiny
+    mu = x0.sum() / n.clamp_min(tiny)  # []
+    zero_dropped(x0.sub_(mu))
+    var = sum_squares(x0) / (n - ddof).clamp_min(tiny)
+    s = whiten_scale(var, n, ddof, eps, eps_mode)
+    x0.div_(torch.where(s > 0, s, torch.ones_like(s)))  # s = 0 (eps 0, constant batch): 0
+    return x0, mu, s
 
 
 def whiten_scale(

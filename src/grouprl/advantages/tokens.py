@@ -22,12 +22,11 @@ from grouprl.advantages._groups import (
     group_count,
     group_moments,
     mask_mean,
-    sum_squares,
     transposed,
     zero_where,
 )
 from grouprl.advantages.baseline import DEFAULT_DDOF
-from grouprl.advantages.global_norm import EPS_MODES, whiten, whiten_scale
+from grouprl.advantages.global_norm import EPS_MODES, whiten, whiten_kept_
 from grouprl.types import Advantages
 
 __all__ = [
@@ -68,17 +67,6 @@ def outcome_to_tokens(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor
     hit = last >= 0
     src = torch.where(hit, rewards.nan_to_num(0.0), torch.zeros_like(rewards))
     return out.scatter_(-1, last.clamp_min(0)[..., None], src[..., None])
-
-
-def _add_outcome(tok: torch.Tensor, rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``tok [P, G, T]`` + :func:`outcome_to_tokens`, in place: each sample's reward added
-    on its last valid token (one scatter instead of a second ``[P, G, T]`` tensor)."""
-    t = mask.shape[-1]
-    small = torch.int16 if t < 2**15 else torch.long
-    pos = torch.arange(t, device=mask.device, dtype=small)
-    last = torch.where(mask, pos, -1).amax(dim=-1).long()  # [P, G], -1 for an empty completion
-    src = zero_where(rewards.nan_to_num(0.0), last < 0)  # [P, G]
-    return tok.scatter_add_(-1, last.clamp_min(0)[..., None], src[..., None].to(tok.dtype))
 
 
 def reward_to_go(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0):
@@ -169,21 +157,6 @@ def _returns_columns_(cols: torch.Tensor, on: torch.Tensor, gamma: float) -> tor
     for s in range(t - 2, -1, -1):
         cols[s].add_(cols[s + 1] if f is None else torch.mul(cols[s + 1], f[s], out=tmp))
     return _zero_dropped_(cols, on)
-
-
-def _whiten_columns_(
-    x: torch.Tensor, keep: torch.Tensor, n: torch.Tensor, ddof: int, eps: float, eps_mode: str
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`~grouprl.advantages.global_norm.whiten` of ``x [T, N]`` (0 where ``keep``
-    drops; ``n []`` the kept count, in x's type) over its kept entries, in place; returns
-    ``(x, μ [], s [])``; Σ (x − μ)² by :func:`sum_squares` (no ``[T, N]`` square)."""
-    tiny = torch.finfo(x.dtype).tiny
-    mu = x.sum() / n.clamp_min(tiny)  # []
-    _zero_dropped_(x.sub_(mu), keep)
-    var = sum_squares(x) / (n - ddof).clamp_min(tiny)
-    s = whiten_scale(var, n, ddof, eps, eps_mode)
-    x.div_(torch.where(s > 0, s, torch.ones_like(s)))  # s = 0 (eps 0, constant batch): 0
-    return x, mu, s
 
 
 def _columns_result(cols, kept, rewards, valid, scale, collapsed, **stats) -> Advantages:
@@ -307,7 +280,9 @@ def reinforce_pp_global_tokens(
         keep = _keep_mask(kept, cols.dtype)
         _zero_dropped_(cols, keep)
     count = kept.sum().to(cols.dtype)  # [] exact
-    cols, mu, s = _whiten_columns_(cols, keep, count, ddof, eps, eps_mode)
+    cols, mu, s = whiten_kept_(
+        cols, lambda x: _zero_dropped_(x, keep), count, ddof, eps, eps_mode
+    )  # over the kept tokens, in place
     m = group_moments(rewards, valid, ddof, tau)
     none = torch.zeros(p, dtype=torch.bool, device=rewards.device)
     out = _columns_result(
