@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -324,9 +325,7 @@ def test_spread_collapsed_catches_a_wrong_exact_multiple(monkeypatch):
     r = planted(8, torch.float32)
     want = _groups.group_moments(r, None, 1).collapsed
     assert not want[8]  # the 1000.1 row: live by the moments
-    monkeypatch.setattr(
-        _groups, "_exact_multiples", lambda v, g: torch.ones_like(v, dtype=torch.bool)
-    )
+    monkeypatch.setattr(_groups, "_exact_multiples", lambda v, g: v == v)  # all True
     lo, hi = _groups.column_range(_groups.transposed(r).unbind(0))
     assert not torch.equal(_groups.spread_collapsed(r, lo, hi, 1, _groups.DEFAULT_TAU), want)
 
@@ -335,6 +334,12 @@ def test_exact_multiples_by_hand():
     v = torch.tensor([0.0, -0.0, 1.0, 0.5, 3.0, 0.75, 0.1, 1000.1, 2.0**120, 1e-40, -2.0])
     want = [True, True, True, True, True, True, False, False, False, False, True]
     assert _groups._exact_multiples(v, 8).tolist() == want
+    assert _groups._exact_multiples(v.numpy(), 8).tolist() == want  # the host arrays' path
+    v64 = [0.0, -0.0, 1.0, 0.5, 3.0, 0.75, 0.1, 1000.1, 1e-320, 2.0**-1000, -2.0]
+    v64 = torch.tensor(v64, dtype=torch.float64)
+    want64 = want[:-3] + [False, False, True]  # 1e-320 subnormal, 2^-1000 below 2^-100
+    assert _groups._exact_multiples(v64, 8).tolist() == want64
+    assert _groups._exact_multiples(v64.numpy(), 8).tolist() == want64
     assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-20]), 8).tolist() == [True]
     assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-21]), 8).tolist() == [False]
     assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-21]), 4).tolist() == [True]
@@ -376,14 +381,36 @@ def test_resolution_plain_rows_and_exact_rows_equal_the_sort(g, dtype):
     ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, None), 1e-2)
     assert same(binned, ref_binned) and torch.equal(keep, ref_keep)
     rest = transforms._two_level(
-        _groups.transposed(r), torch.empty(r.shape[0], dtype=torch.bool), 1e-2
+        _groups.transposed(r).numpy(), np.empty(r.shape[0], dtype=bool), 1e-2
     )
     exact = torch.zeros(r.shape[0], dtype=torch.bool)
-    exact[rest] = True
+    exact[torch.from_numpy(rest)] = True
     assert not exact[[4, 5, 6, 20]].any()  # 0, 1, 0.5 constants and nice repeats: no bin means
     assert exact[11]  # 2^126 repeated: the exact path
     if g >= 3:  # 1000.1 and 0.1 three times or more: their sums round, so the exact path
         assert exact[8] and exact[21]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_two_level_edges_equal_the_sort(dtype):
+    # two levels exactly delta_res apart (2^-7: every float here exact) are two bins; a huge
+    # negative level repeated overflows in the sort's ascending sum (-inf), as a positive one
+    big = 2.0**126 if dtype == torch.float32 else 2.0**1022
+    rows = [
+        [0.25, 0.2578125, 0.25, 0.2578125, 0.25],  # gap exactly 2^-7: two bins, nice levels
+        [0.25, 0.25, 0.2578125 - 2.0**-12, 0.25, 0.25],  # gap just below: one bin
+        [-big, -big, -big, -big, -big],  # -4·big overflows: the exact path's -inf, not -big
+        [-big, 0.0, -big, -big, -big],
+        [big, 0.0, big, big, big],
+        [-0.0, 0.5, -0.0, 0.5, 0.5],
+    ]
+    r = torch.tensor(rows, dtype=dtype)
+    binned, keep = transforms.resolution(r, None, 2.0**-7)
+    ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, None), 2.0**-7)
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    assert torch.equal(binned.view(bits), ref_binned.view(bits))
+    assert keep.tolist() == ref_keep.tolist() == [True, False, False, True, True, True]
+    assert torch.isinf(binned[2:5]).any(dim=1).tolist() == [True, True, True]
 
 
 def test_resolution_plain_path_catches_overflowing_repeats(monkeypatch):
@@ -557,7 +584,7 @@ def test_two_level_leaves_the_columns_plus_zero():
     # the columns handed to the estimator are the transpose of the binned rewards: -0 is +0
     r = torch.tensor([[-0.0, 1.0, -0.0, 1.0], [0.3, -0.0, 0.7, 0.2]])
     cols = _groups.transposed(r)
-    transforms._two_level(cols, torch.empty(2, dtype=torch.bool), 1e-2)
+    transforms._two_level(cols.numpy(), np.empty(2, dtype=bool), 1e-2)
     assert torch.equal(cols.view(torch.int32), (r + 0.0).t().contiguous().view(torch.int32))
 
 

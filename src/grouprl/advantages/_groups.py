@@ -210,6 +210,7 @@ def spread_collapsed(
     if g < 2 or g <= ddof:  # every group collapsed, or σ_q is 0 by definition: the full rule
         return group_moments(rewards, None, ddof, tau).collapsed
     bound = 2.0 * tau * math.sqrt(2.0 * (g - ddof))
+    lo, hi = host(lo.contiguous()), host(hi.contiguous())  # numpy on CPU: cheap comparisons
     unsure = (hi - lo) <= bound  # [P]; an overflowing spread (inf) is sure, as σ_q is then
     if not tau > 0.0:  # σ_q < tau cannot hold: only the moments decide
         exact = unsure
@@ -231,56 +232,66 @@ def dev_collapsed(
     exceed 2^-60, so that the largest dev² is a normal float and cannot underflow to 0 (tiny
     tau). A group whose dev is all ±0 has σ_q = 0 exactly: collapsed when tau > 0. The rest
     (near-ties, constants of a value whose mean rounds) get their moments on those rows
-    alone. With finite means R is never NaN (dev is finite or ±inf), so each test is the
-    sign bit of a difference, spread across the word (torch's CPU comparisons into bool
-    take ~8x an arithmetic pass).
+    alone. With finite means R is never NaN (dev is finite or ±inf). The comparisons run on
+    :func:`host` arrays.
     """
     g = rewards.shape[1]
-    bits = _INT_OF.get(lo.dtype)
-    if bits is None or lo.device.type != "cpu":  # the comparisons themselves
-        spread = hi - lo
-        sure = (spread > 2.0 * tau * math.sqrt(2.0 * (g - ddof))) & (spread > 2.0**-60)
-        zero = (lo == 0) & (hi == 0) if tau > 0.0 else torch.zeros_like(sure)
-        return _flag_rows(rewards, zero, ~(sure | zero), ddof, tau)
-    sign = torch.finfo(lo.dtype).bits - 1
-    bound = max(2.0 * tau * math.sqrt(2.0 * (g - ddof)), 2.0**-60)
-    spread = torch.sub(hi, lo)  # [P] >= 0 (or -0), finite or +inf
-    exact = torch.sub(bound, spread, out=spread).view(bits)  # < 0: R > bound, live for certain
-    exact.bitwise_right_shift_(sign).bitwise_not_()  # -1: not certain
+    lo_, hi_ = host(lo.contiguous()), host(hi.contiguous())  # numpy on CPU: cheap comparisons
+    spread = hi_ - lo_  # [P] >= 0 (or -0), finite or +inf
+    sure = spread > max(2.0 * tau * math.sqrt(2.0 * (g - ddof)), 2.0**-60)  # live for certain
     if tau > 0.0:
-        live = lo.view(bits) | hi.view(bits)  # [P] int
-        live.bitwise_and_((1 << sign) - 1).neg_().bitwise_right_shift_(sign)  # -1: dev not all ±0
-        exact.bitwise_and_(live)
-        flag = live.bitwise_not_().to(torch.bool)  # dev all ±0: σ_q = 0 < tau
+        zero = (lo_ == 0) & (hi_ == 0)  # dev all ±0: σ_q = 0 < tau
     else:
-        flag = torch.zeros(lo.shape, dtype=torch.bool, device=lo.device)
-    if int(exact.amin()) == 0:  # nothing left to compute (an int reduction: no bool pass)
-        return flag
-    return _flag_rows(rewards, flag, exact.to(torch.bool), ddof, tau)
+        zero = sure & False
+    return _flag_rows(rewards, zero, ~(sure | zero), ddof, tau)
 
 
-def _flag_rows(
-    rewards: torch.Tensor, flag: torch.Tensor, exact: torch.Tensor, ddof: int, tau: float
-) -> torch.Tensor:
-    """``flag [P]`` with the rows where ``exact [P]`` is True replaced by their moments'
-    collapse flag, computed on those rows alone (a row's moments do not depend on the rows
-    beside it), in place."""
+def host(x: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """``x``'s memory as a numpy array when it is a CPU tensor outside autograd, else ``x``.
+
+    [OURS] For bookkeeping on ``[P]`` flags (comparisons, counts, any): torch's CPU
+    comparisons into bool take several arithmetic passes each, numpy's one; both follow
+    IEEE and compare a Python float scalar in the array's own precision."""
+    if x.device.type == "cpu" and not x.requires_grad and x.dtype in _NUMPY_DTYPES:
+        return x.numpy()
+    return x
+
+
+def as_tensor(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A :func:`host` array back as the CPU tensor over its memory (a tensor as it is)."""
+    return torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+
+
+_NUMPY_DTYPES = (torch.float16, torch.float32, torch.float64, torch.bool, torch.int32, torch.int64)
+"""Torch dtypes numpy holds as they are (bfloat16 is not among them)."""
+
+
+def _flag_rows(rewards: torch.Tensor, flag, exact, ddof: int, tau: float) -> torch.Tensor:
+    """``flag [P]`` (a bool tensor, or its :func:`host` array) with the rows where ``exact
+    [P]`` is True replaced by their moments' collapse flag, computed on those rows alone (a
+    row's moments do not depend on the rows beside it), as a tensor."""
+    flag, exact = as_tensor(flag), as_tensor(exact)
     if bool(exact.view(torch.uint8).amax()):  # any (a byte reduction: torch's any ~30x it)
         rows = true_rows(exact)  # [U]
         flag[rows] = _moments(rewards.index_select(0, rows), None, ddof, tau).collapsed
     return flag
 
 
-def _exact_multiples(v: torch.Tensor, g: int) -> torch.Tensor:
+def _exact_multiples(v, g: int):
     """``[P]`` bool: k·v is exact in v's float type for every k <= g (v = 0, or v normal, not
-    huge, with its ⌈log2 g⌉ lowest significand bits 0: k·v needs at most that many more)."""
-    bits = _INT_OF.get(v.dtype)
+    huge, with its ⌈log2 g⌉ lowest significand bits 0: k·v needs at most that many more).
+    ``v``: a tensor or its :func:`host` array; the result is of the same kind."""
+    low = (1 << max(0, (g - 1).bit_length())) - 1
+    if isinstance(v, np.ndarray):
+        bits = {4: np.int32, 8: np.int64}.get(v.itemsize) if v.dtype.kind == "f" else None
+        a = np.abs(v)
+    else:
+        bits = _INT_OF.get(v.dtype)
+        a = v.abs()
     if bits is None:
         return v == 0
-    low = (1 << max(0, (g - 1).bit_length())) - 1
-    a = v.abs()
     normal = (a >= 2.0**-100) & (a <= 2.0**100)
-    return (v == 0) | (normal & ((v.contiguous().view(bits) & low) == 0))
+    return (v == 0) | (normal & ((v.view(bits) & low) == 0))
 
 
 def column_range(
@@ -373,9 +384,14 @@ _SQUARES_CHUNK = 1 << 17
 def mask_mean(mask: torch.Tensor) -> float:
     """``float(mask.float().mean())`` of a bool mask, the same float: the share of True.
 
-    [OURS] Through ``uint8`` (the same 0/1 floats, so the same mean): torch's CPU bool to
-    float cast takes ~9x the byte-to-float one.
+    [OURS] On CPU, numpy's count over the float32 size (a float32 sum of fewer than 2^24
+    ones is that count exactly, and the mean divides it by the size in float32); elsewhere
+    through ``uint8`` (the same 0/1 floats, so the same mean): torch's CPU bool to float
+    cast takes ~9x the byte-to-float one.
     """
+    flags = host(mask)
+    if isinstance(flags, np.ndarray) and 0 < flags.size < 1 << 24:
+        return float(np.float32(np.count_nonzero(flags)) / np.float32(flags.size))
     return float(mask.view(torch.uint8).to(torch.float32).mean())
 
 

@@ -9,16 +9,17 @@ stop-gradient ``sg(c)``), and the KL term is not divided by ``s_q`` (``kl_weight
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from grouprl.advantages._groups import (
-    _INT_OF,
     DEFAULT_TAU,
     SORT_NETWORK_MAX,
     column_range,
     dev_collapsed,
     group_mean,
     group_moments,
+    host,
     scale_dev,
     shared_statistics,
     sorted_rows,
@@ -94,17 +95,15 @@ def _floor_frac(card: torch.Tensor, tau_res: float, collapsed: torch.Tensor) -> 
     """:func:`_frac` ``(card.clamp_min(tau_res) <= tau_res, collapsed)``, the same float, for a
     card that is never NaN: the share of live groups whose card is at most tau_res.
 
-    [OURS] Counted from bit masks (the sign of tau_res − card) by integer sums, then divided
-    as :func:`_frac` divides (two int64 tensors): torch's CPU comparisons into bool and bool
-    sums take several arithmetic passes each."""
-    bits = _INT_OF.get(card.dtype)
-    if bits is None or card.device.type != "cpu":
+    [OURS] Counted on :func:`~grouprl.advantages._groups.host` arrays (numpy's comparisons
+    and counts, where torch's CPU comparisons into bool take several passes), then divided
+    as :func:`_frac` divides (two int64 tensors)."""
+    card_, collapsed_ = host(card), host(collapsed)
+    if not isinstance(card_, np.ndarray):
         return _frac(card.clamp_min(tau_res) <= tau_res, collapsed)
-    sign = torch.finfo(card.dtype).bits - 1
-    above = torch.sub(tau_res, card).view(bits).bitwise_right_shift_(sign)  # -1: card > tau_res
-    live = collapsed.to(bits).sub_(1)  # -1: live
-    n_live = -int(live.sum(dtype=bits))
-    n_floor = n_live + int(above.bitwise_and_(live).sum(dtype=bits))
+    live = ~collapsed_
+    n_live = np.count_nonzero(live)
+    n_floor = np.count_nonzero((card_ <= tau_res) & live)
     on = card.device
     return float(torch.tensor(n_floor, device=on) / torch.tensor(n_live, device=on).clamp_min(1))
 

@@ -10,6 +10,7 @@ import functools
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from grouprl.advantages._groups import (
@@ -22,7 +23,6 @@ from grouprl.advantages._groups import (
     hand_columns,
     merge_network,
     transposed,
-    true_rows,
 )
 
 DEFAULT_DELTA_RES = 1e-2
@@ -46,9 +46,10 @@ def resolution(
     ``valid``: ``[P, G]`` mask of the non-NaN rewards, or None when every reward is valid.
     Returns ``(binned_rewards [P, G], keep [P])``; NaN entries stay NaN. A bin's mean is its
     members' sum, in ascending order from 0, over their count (the same floats for every
-    group size). Groups of up to ``SORT_NETWORK_MAX`` samples: :func:`_resolution_columns`.
+    group size and path). CPU float32/float64 groups of up to ``SORT_NETWORK_MAX`` samples:
+    :func:`_resolution_columns`; other groups, dtypes and devices: ``torch.sort`` of the rows.
     """
-    if rewards.shape[1] <= SORT_NETWORK_MAX:
+    if rewards.shape[1] <= SORT_NETWORK_MAX and _on_numpy(rewards):
         return _resolution_columns(rewards, valid, delta_res)
     valid = dense_valid(rewards, valid)
     p, g = rewards.shape
@@ -72,20 +73,30 @@ def resolution(
     return binned, keep
 
 
+def _on_numpy(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a CPU float32/float64 tensor outside autograd: memory numpy can work in."""
+    return x.device.type == "cpu" and x.dtype in _INT_OF and not x.requires_grad
+
+
 def _resolution_columns(
     rewards: torch.Tensor, valid: torch.Tensor | None, delta_res: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`resolution` on the G columns ``[P]``: without NaN, the groups that need no bin
-    means are found first (:func:`_resolution_plain_first`); the others, or every group of a
-    batch with NaN, get :func:`_resolution_exact`.
+    """:func:`resolution` on the G columns ``[P]`` of a CPU batch: without NaN, the groups
+    that need no bin means are found first (:func:`_resolution_plain_first`); the others,
+    or every group of a batch with NaN, get :func:`_resolution_exact`.
 
     [OURS] the same numbers as sorting each row (``torch.sort``, the branch above): a bin's
     running sum restarts at each bin's first member, ``0 + s_a + s_{a+1} + ...``, in
-    ascending order, and its count is exact.
+    ascending order, and its count is exact. The column passes are numpy ufuncs writing into
+    the tensors' memory (``out=``): the same IEEE operations as torch's, at a third of
+    torch's cost per call on CPU, which is most of a pass over a slice that stays in cache.
+    inf − inf (invalid entries) and overflowing sums are IEEE results here, as in torch, not
+    warnings.
     """
-    if valid is None and rewards.shape[1] > 1:
-        return _resolution_plain_first(rewards, delta_res)
-    return _resolution_exact(rewards, valid, delta_res)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if valid is None and rewards.shape[1] > 1:
+            return _resolution_plain_first(rewards, delta_res)
+        return _resolution_exact(rewards, valid, delta_res)
 
 
 def _resolution_plain_first(
@@ -100,86 +111,74 @@ def _resolution_plain_first(
     + 0.0 (the sort's sums start from 0, so −0 becomes +0). Two-level groups (every reward
     its group's min or max, as 0/1 verifier rewards) are found without sorting
     (:func:`_two_level_slice`), and only the groups left run :func:`_resolution_exact`, on
-    those groups (a group's bins do not depend on the groups beside it). [OURS] Sorting the
-    others first to find the plain ones among them did not pay: the exact path's own sort
-    is most of its cost.
+    those groups (a group's bins do not depend on the groups beside it), gathered by
+    ``index_select`` and put back by ``scatter_`` (``index_copy_`` takes ~4x as long on
+    CPU). [OURS] Sorting the others first to find the plain ones among them did not pay:
+    the exact path's own sort is most of its cost.
     """
-    p = rewards.shape[0]
-    cols = transposed(rewards)  # [G, P]
-    keep = torch.empty(p, dtype=torch.bool, device=rewards.device)  # [P]
-    rest = _two_level(cols, keep, delta_res)  # [U] the groups that are not plain two-level
-    binned = rewards + 0.0  # [P, G]
-    work = cols.index_select(1, rest)  # [G, U]: binned in place
-    if rest.numel():
-        keep.index_copy_(0, rest, _resolve_columns(work, False, delta_res))
-        binned.index_copy_(0, rest, transposed(work))
-
-    def binned_columns() -> torch.Tensor:  # [G, P] the transpose of binned, on request
-        return cols.index_copy_(1, rest, work) if rest.numel() else cols
-
-    hand_columns(binned, binned_columns)
+    cols = transposed(rewards)  # [G, P]: binned in place
+    keep = torch.empty(rewards.shape[0], dtype=torch.bool, device=rewards.device)  # [P]
+    rest = torch.from_numpy(_two_level(cols.numpy(), keep.numpy(), delta_res))  # [U]
+    if rest.numel():  # the groups that are not plain two-level
+        work = cols.index_select(1, rest)  # [G, U]
+        keep.scatter_(0, rest, torch.from_numpy(_resolve_columns(work.numpy(), False, delta_res)))
+        cols.scatter_(1, rest.expand(cols.shape[0], -1), work)
+    binned = transposed(cols)  # [P, G]
+    hand_columns(binned, lambda: cols)  # [G, P] binned's transpose, for a column estimator
     return binned, keep
 
 
-def _two_level(cols: torch.Tensor, keep: torch.Tensor, delta_res: float) -> torch.Tensor:
+def _two_level(cols: np.ndarray, keep: np.ndarray, delta_res: float) -> np.ndarray:
     """The groups of ``cols [G, P]`` (no NaN) that are not plain two-level groups, ``[U]``
-    long; ``keep [P]`` is written for the others (two bins: their two levels are
+    int64; ``keep [P]`` is written for the others (two bins: their two levels are
     ``>= delta_res`` apart), and ``cols`` becomes ``cols + 0.0`` in place.
 
     [OURS] A plain two-level group: every reward equals the group's min or max (one value
-    for a constant group), the two are ``>= delta_res`` apart or equal, and both are nice
-    in :func:`_resolution_plain_first`'s sense (their ⌈log2 G⌉ lowest significand bits 0,
-    magnitude below :data:`_HUGE`), so each bin's mean is its value. Membership is exact:
-    ``min(r − lo, hi − r)`` is 0 exactly where r is lo or hi (a difference of two floats
-    is 0 only when they are equal), so its max over the group is ±0 exactly for two-level
-    groups. Every test is a bit mask (-1 = fails): the sign bit of a difference shifted
-    across the word, ``-x >> sign`` for "x > 0" (torch's CPU comparisons into bool take
-    ~8x an arithmetic pass).
+    for a constant group; ±0 are equal), the two are ``>= delta_res`` apart or equal, and
+    both are nice in :func:`_resolution_plain_first`'s sense (their ⌈log2 G⌉ lowest
+    significand bits 0, magnitude at most :data:`_HUGE`), so each bin's mean is its value.
     """
     g, p = cols.shape
-    bits = _INT_OF[cols.dtype]
-    sign = torch.finfo(cols.dtype).bits - 1  # shift that spreads the sign bit over the word
-    lo, hi, spread = (torch.empty(p, dtype=cols.dtype, device=cols.device) for _ in range(3))
-    n = min(p, _SLICE)
-    buf = torch.empty((2, g, n), dtype=cols.dtype, device=cols.device)
+    lo, hi = np.empty(p, dtype=cols.dtype), np.empty(p, dtype=cols.dtype)  # [P] each
+    two = np.empty(p, dtype=bool)  # [P] every reward is lo or hi
+    buf = np.empty((2, g, min(p, _SLICE)), dtype=bool)
     for start in range(0, p, _SLICE):
         part = slice(start, start + _SLICE)
-        _two_level_slice(cols[:, part], lo[part], hi[part], spread[part], buf)
-    gap = torch.sub(hi, lo)  # [P] >= 0
-    small = torch.sub(gap, delta_res).view(bits).bitwise_right_shift_(sign)  # -1: gap < delta
-    keep.copy_(small.bitwise_not())  # two bins: the levels are >= delta_res apart
+        _two_level_slice(cols[:, part], lo[part], hi[part], two[part], buf)
+    gap = hi - lo  # [P] >= 0
+    delta = cols.dtype.type(delta_res)
+    np.greater_equal(gap, delta, out=keep)  # two bins: the levels are >= delta_res apart
+    bits = _NP_INT_OF[cols.dtype]
     low = (1 << (g - 1).bit_length()) - 1  # significand bits a multiple of up to G may need
-    bad = lo.view(bits) | hi.view(bits)  # [P] int
-    bad.bitwise_and_(low).bitwise_or_(spread.view(bits))  # not nice, or 3+ levels
-    bad.bitwise_or_(small.bitwise_and_(gap.view(bits)))  # 0 < gap < delta_res: one bin
-    bad.bitwise_and_((1 << sign) - 1)  # a sign bit here is a −0 spread or gap: fine
-    bad.neg_().bitwise_right_shift_(sign)  # -1: some term above is nonzero
-    if not (float(hi.amax()) < _HUGE and float(lo.amin()) > -_HUGE):  # rare: per group
-        top = torch.maximum(hi, lo.neg())  # [P] the larger magnitude
-        torch.sub(_HUGE, top, out=top)  # < 0: huge
-        bad.bitwise_or_(top.view(bits).bitwise_right_shift_(sign))
-    return true_rows(bad.to(torch.bool))
+    bad = ((lo.view(bits) | hi.view(bits)) & low) != 0  # [P] a level that is not nice
+    bad |= ~two  # three levels or more
+    bad |= (gap > 0) & (gap < delta)  # two levels in one bin
+    bad |= (hi > _HUGE) | (lo < -_HUGE)
+    return np.flatnonzero(bad)
 
 
 def _two_level_slice(
-    w: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, spread: torch.Tensor, buf: torch.Tensor
+    w: np.ndarray, lo: np.ndarray, hi: np.ndarray, two: np.ndarray, buf: np.ndarray
 ) -> None:
     """For a slice ``w [G, n]`` of the columns: each group's ``lo`` and ``hi`` ``[n]``, and
-    ``spread [n]``, the max over the group of ``min(r − lo, hi − r)`` (±0 exactly for a
-    two-level group); then ``w`` becomes ``w + 0.0`` in place (the exact bins of w + 0.0
-    are those of w: each bin's sum starts from +0). ``buf``: scratch of at least
-    ``[2, G, n]``, reused across slices."""
+    ``two [n]``, whether every reward equals one of them; then ``w`` becomes ``w + 0.0`` in
+    place (the exact bins of w + 0.0 are those of w: each bin's sum starts from +0).
+    ``buf``: bool scratch of at least ``[2, G, n]``, reused across slices. [OURS] Equality
+    tests into bool move a quarter of the bytes of float differences."""
     n = w.shape[1]
-    torch.amin(w, 0, out=lo)
-    torch.amax(w, 0, out=hi)
-    above = torch.sub(w, lo, out=buf[0, :, :n])  # [G, n] r − lo >= 0
-    torch.minimum(above, torch.sub(hi, w, out=buf[1, :, :n]), out=above)
-    torch.amax(above, 0, out=spread)
-    w.add_(0.0)  # the plain groups' binned rewards (−0 becomes +0), while w is in cache
+    np.minimum.reduce(w, axis=0, out=lo)
+    np.maximum.reduce(w, axis=0, out=hi)
+    at = np.equal(w, lo, out=buf[0, :, :n])  # [G, n]
+    np.logical_or(at, np.equal(w, hi, out=buf[1, :, :n]), out=at)
+    np.logical_and.reduce(at, axis=0, out=two)
+    np.add(w, w.dtype.type(0.0), out=w)  # the plain groups' binned rewards (−0 becomes +0)
 
 
 _HUGE = 2.0**100
 """Rewards beyond ±this take :func:`_resolution_exact`: up to G times them stays finite."""
+
+_NP_INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+"""The numpy integer type with a float type's width: its bit patterns, for masked selects."""
 
 
 def _resolution_exact(
@@ -200,15 +199,15 @@ def _resolution_exact(
     work = transposed(rewards)  # [G, P]: sorted, then the bin means, in place
     if valid is not None:
         work = work.nan_to_num_(nan=math.inf)  # NaN (the invalid entries) sort last
-    keep = _resolve_columns(work, valid is not None, delta_res)
-    return transposed(work), keep
+    keep = _resolve_columns(work.numpy(), valid is not None, delta_res)
+    return transposed(work), torch.from_numpy(keep)
 
 
-def _resolve_columns(work: torch.Tensor, has_nan: bool, delta_res: float) -> torch.Tensor:
+def _resolve_columns(work: np.ndarray, has_nan: bool, delta_res: float) -> np.ndarray:
     """:func:`_resolution_exact` on the columns ``work [G, P]`` (NaN entries +inf on entry),
     binned in place in slices of at most :data:`_SLICE` groups; returns ``keep [P]``."""
     p = work.shape[1]
-    keep = torch.zeros(p, dtype=torch.bool, device=work.device)  # [P] two bins or more
+    keep = np.zeros(p, dtype=bool)  # [P] two bins or more
     count = max(1, round(p / _SLICE))  # equal slices near _SLICE: a short one costs as many passes
     step = -(-p // count)
     for start in range(0, p, step):
@@ -222,56 +221,58 @@ _SLICE = 16384
 buffers stay near a core's L2 at G = 8 (the whole batch at once ran ~1.3x slower)."""
 
 
-def _resolve_slice(w: torch.Tensor, keep: torch.Tensor, has_nan: bool, delta_res: float) -> None:
+def _resolve_slice(w: np.ndarray, keep: np.ndarray, has_nan: bool, delta_res: float) -> None:
     """Bin one slice ``w [G, n]`` of the columns in place (each entry becomes its bin mean,
     NaN where it was invalid, +inf on entry) and write its ``keep [n]``."""
     g, n = w.shape
-    bits = _INT_OF[w.dtype]
-    sign = torch.finfo(w.dtype).bits - 1  # shift that spreads the sign bit over the word
+    bits = _NP_INT_OF[w.dtype]
+    sign = 8 * w.itemsize - 1  # shift that spreads the sign bit over the word
     blocks = network_blocks(g)
     swaps = []  # per block: [k, n] int, -1 where the pair exchanged
+    low = np.empty((g // 2, n), dtype=w.dtype)  # a block's minima
     for ia, ib in blocks:
         x, y = w[ia], w[ib]  # [k, n] views (strided rows)
-        swaps.append(torch.sub(y, x).view(bits).bitwise_right_shift_(sign))  # -1: x > y
-        lo = torch.minimum(x, y)
-        torch.maximum(x, y, out=y)
-        x.copy_(lo)
-    s = w.unbind(0)  # G x [n] sorted
-    ok = None if not has_nan else [c != math.inf for c in s]  # G x [n] valid, sorted
-    same = torch.empty((g, n), dtype=bits, device=w.device)  # [G, n]: -1 = continues a bin
-    acc, cnt = s[0] + 0.0, torch.ones_like(s[0])  # running sum and count of the bin
-    acc2, cnt2, step = torch.empty_like(acc), torch.empty_like(acc), torch.empty_like(acc)
+        swap = np.subtract(y, x).view(bits)
+        swaps.append(np.right_shift(swap, sign, out=swap))  # -1: x > y
+        lo = np.minimum(x, y, out=low[: x.shape[0]])
+        np.maximum(x, y, out=y)
+        x[...] = lo
+    s = list(w)  # G x [n] sorted
+    # -1 where the sorted entry is invalid (+inf): it never starts a bin and becomes NaN
+    bad = [np.negative((c == math.inf).astype(bits)) for c in s] if has_nan else None
+    same = np.empty((g, n), dtype=bits)  # [G, n]: -1 = continues a bin
+    one, delta = w.dtype.type(1.0), w.dtype.type(delta_res)
+    acc, cnt = np.add(s[0], w.dtype.type(0.0)), np.ones_like(s[0])  # running sum and count
+    acc2, cnt2, step = np.empty_like(acc), np.empty_like(acc), np.empty_like(acc)
+    step_bits = step.view(bits)
     for k in range(1, g):
-        torch.sub(s[k], s[k - 1], out=step).sub_(delta_res)  # < 0 where the gap < delta_res
-        m = torch.bitwise_right_shift(step.view(bits), sign, out=same[k])  # [n]
-        if ok is not None:  # an invalid entry never starts a bin (and becomes NaN)
-            m.bitwise_or_(ok[k].logical_not().to(bits).neg_())
+        np.subtract(np.subtract(s[k], s[k - 1], out=step), delta, out=step)  # < 0: gap < delta
+        m = np.right_shift(step_bits, sign, out=same[k])  # [n]
+        if bad is not None:
+            np.bitwise_or(m, bad[k], out=m)
         # acc_k = s_k + (acc_{k-1} or +0.0): s_k + 0.0 at a bin's start, as the sort's sums
-        torch.bitwise_and(acc.view(bits), m, out=step.view(bits))
-        torch.add(s[k], step, out=acc2)
-        torch.bitwise_and(cnt.view(bits), m, out=step.view(bits))
-        torch.add(step, 1.0, out=cnt2)
-        torch.div(acc, cnt, out=s[k - 1])  # the running mean at k - 1 (s_{k-1} is spent)
+        np.add(s[k], np.bitwise_and(acc.view(bits), m, out=step_bits).view(w.dtype), out=acc2)
+        np.add(np.bitwise_and(cnt.view(bits), m, out=step_bits).view(w.dtype), one, out=cnt2)
+        np.divide(acc, cnt, out=s[k - 1])  # the running mean at k - 1 (s_{k-1} is spent)
         acc, acc2, cnt, cnt2 = acc2, acc, cnt2, cnt
-    torch.div(acc, cnt, out=s[g - 1])
+    np.divide(acc, cnt, out=s[g - 1])
     mb = w.view(bits)  # [G, n] the means' bits
     for k in range(g - 2, -1, -1):  # carry each bin's mean (at its last entry) back
-        carry = same[k + 1] if ok is None else same[k + 1] & ok[k + 1].to(bits).neg_()
-        mb[k].bitwise_xor_(
-            torch.bitwise_xor(mb[k], mb[k + 1], out=step.view(bits)).bitwise_and_(carry)
-        )
-    if ok is not None:
+        carry = same[k + 1] if bad is None else np.bitwise_and(same[k + 1], ~bad[k + 1])
+        np.bitwise_and(np.bitwise_xor(mb[k], mb[k + 1], out=step_bits), carry, out=step_bits)
+        np.bitwise_xor(mb[k], step_bits, out=mb[k])
+    if bad is not None:
         for k in range(g):
-            s[k].masked_fill_(~ok[k], math.nan)
+            np.copyto(s[k], math.nan, where=bad[k] != 0)
     for (ia, ib), swap in zip(reversed(blocks), reversed(swaps)):  # undo the exchanges
-        t = torch.bitwise_xor(mb[ia], mb[ib]).bitwise_and_(swap)  # [k, n]
-        mb[ia].bitwise_xor_(t)
-        mb[ib].bitwise_xor_(t)
+        t = np.bitwise_and(np.bitwise_xor(mb[ia], mb[ib]), swap)  # [k, n]
+        np.bitwise_xor(mb[ia], t, out=mb[ia])
+        np.bitwise_xor(mb[ib], t, out=mb[ib])
     if g > 1:  # some entry after the first starts a bin (one entry is one bin: keep False)
-        starts = same[1].clone()
+        starts = same[1].copy()
         for k in range(2, g):
-            starts.bitwise_and_(same[k])
-        torch.eq(starts, 0, out=keep)
+            np.bitwise_and(starts, same[k], out=starts)
+        np.equal(starts, 0, out=keep)
 
 
 @functools.cache
