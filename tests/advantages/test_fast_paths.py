@@ -698,3 +698,34 @@ def test_rewards_with_a_graph_give_constants_and_plain_ones_are_not_copied(name)
     else:
         got = advantages.reweighted.grpo_passk(r, None)
         assert torch.equal(got.values, advantages.reweighted.grpo_passk(r.detach(), None).values)
+
+
+@pytest.mark.parametrize("g", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_transposed_times_is_the_product_transposed(g, dtype):
+    gen = torch.Generator().manual_seed(g)
+    cols = torch.randn(g, 1000, generator=gen).to(dtype)
+    cols[0, :3] = torch.tensor([-0.0, math.inf, 2.0**-140])
+    factor = torch.randn(1000, generator=gen).to(dtype)
+    factor[:2] = torch.tensor([0.0, -0.0])
+    before = cols.clone()
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16}
+    want = (cols * factor).t().contiguous()  # the product, then the copy: NaN from inf * 0
+    got = _groups.transposed_times(cols, factor)
+    assert got.shape == (1000, g) and got.is_contiguous()
+    assert torch.equal(got.view(bits[dtype]), want.view(bits[dtype]))
+    plain = _groups.transposed_times(cols, None)
+    assert torch.equal(plain.view(bits[dtype]), cols.t().contiguous().view(bits[dtype]))
+    assert torch.equal(cols.view(bits[dtype]), before.view(bits[dtype]))  # left as it was
+
+
+@pytest.mark.parametrize("name", ["maxnorm_rloo", "gopo", "grpo_passk", "grpo", "p90", "gdpo"])
+def test_extreme_rewards_take_the_host_paths_without_warnings(name):
+    # spreads that overflow float32 (hi − lo = inf) in the numpy bookkeeping are IEEE results,
+    # as in torch: no RuntimeWarning (the suite turns warnings into errors)
+    r = torch.tensor([[-3e38, 3e38, 0.0, 1.0], [0.0, 0.0, 1.0, 1.0], [0.5] * 4])
+    out = advantages.compute(name, r)
+    assert out.values.shape == (3, 4) and torch.equal(out.values[2], torch.zeros(4))
+    if name not in ("gdpo",):
+        binned = advantages.compute(name, r, delta_res=1e-2)
+        assert binned.keep.tolist() == [True, True, False]

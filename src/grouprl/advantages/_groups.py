@@ -211,7 +211,8 @@ def spread_collapsed(
         return group_moments(rewards, None, ddof, tau).collapsed
     bound = 2.0 * tau * math.sqrt(2.0 * (g - ddof))
     lo, hi = host(lo.contiguous()), host(hi.contiguous())  # numpy on CPU: cheap comparisons
-    unsure = (hi - lo) <= bound  # [P]; an overflowing spread (inf) is sure, as σ_q is then
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is inf, as in torch
+        unsure = (hi - lo) <= bound  # [P]; an overflowing spread (inf) is sure (so is σ_q)
     if not tau > 0.0:  # σ_q < tau cannot hold: only the moments decide
         exact = unsure
     else:  # a constant group of a value whose multiples k·v, k <= G, are exact (0, 1, 0.5...)
@@ -237,7 +238,8 @@ def dev_collapsed(
     """
     g = rewards.shape[1]
     lo_, hi_ = host(lo.contiguous()), host(hi.contiguous())  # numpy on CPU: cheap comparisons
-    spread = hi_ - lo_  # [P] >= 0 (or -0), finite or +inf
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is inf, as in torch
+        spread = hi_ - lo_  # [P] >= 0 (or -0), finite or +inf
     sure = spread > max(2.0 * tau * math.sqrt(2.0 * (g - ddof)), 2.0**-60)  # live for certain
     if tau > 0.0:
         zero = (lo_ == 0) & (hi_ == 0)  # dev all ±0: σ_q = 0 < tau
@@ -607,8 +609,8 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
         return x.t().clone(memory_format=torch.contiguous_format)
     a = x.numpy()
     rows, g = a.shape
-    if rows <= g:  # wide ([G, P]) to tall: numpy's copy is already sequential in its reads
-        return torch.from_numpy(a.T.copy())
+    if rows <= g:  # wide ([G, P]) to tall: each row of x read once, written row-strided
+        return transposed_times(x, None)
     out = np.empty((g, rows), dtype=a.dtype)
     step = max(1, _BLOCK_BYTES // (g * a.itemsize))
     for start in range(0, rows, step):
@@ -618,6 +620,30 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
 
 _BLOCK_BYTES = 1 << 17
 """Bytes of a ``[P, G]`` block :func:`transposed` copies at a time: inside a core's L2."""
+
+
+def transposed_times(cols: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
+    """``[P, G]``: ``transposed(cols * factor)`` for columns ``cols [G, P]`` and a per-group
+    ``factor [P]`` (None: 1), the same floats; ``cols`` is left as it was.
+
+    [OURS] On CPU each column's products are written straight to their row-major places
+    (one strided numpy pass per column): a multiply and then :func:`transposed` take ~1.4x
+    as long at P = 131,072, G = 8."""
+    if not (cols.device.type == "cpu" and cols.dtype in (torch.float32, torch.float64)):
+        return transposed(cols if factor is None else cols * factor)
+    if cols.requires_grad or (factor is not None and factor.requires_grad):
+        return transposed(cols if factor is None else cols * factor)
+    g, p = cols.shape
+    out = torch.empty((p, g), dtype=cols.dtype, device=cols.device)
+    o, c = out.numpy(), cols.numpy()
+    f = None if factor is None else factor.numpy()
+    with np.errstate(invalid="ignore", over="ignore", under="ignore"):  # IEEE, as torch's
+        for k in range(g):
+            if f is None:
+                o[:, k] = c[k]
+            else:
+                np.multiply(c[k], f, out=o[:, k])
+    return out
 
 
 def sorted_rows(x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ from grouprl.advantages._groups import (
     group_moments,
     spread_collapsed,
     transposed,
+    transposed_times,
     wrap_advantages,
     zero_where,
 )
@@ -52,7 +53,7 @@ def gopo(
     else:  # scaled on the columns (a [P] factor per column, no [P, 1] broadcast), one copy back
         if valid is not None:
             cols = transposed(rewards)  # [G, P]
-        values = transposed(_column_sign_sums(cols, valid is not None).mul_(factor))  # [P, G]
+        values = transposed_times(_column_sign_sums(cols, valid is not None), factor)  # [P, G]
     # collapsed groups are now exactly 0
     ones = torch.ones(rewards.shape[0], dtype=rewards.dtype, device=rewards.device)  # [P]
     return wrap_advantages(values, valid, collapsed, ones, zeroed=valid is None)

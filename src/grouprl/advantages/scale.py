@@ -25,6 +25,7 @@ from grouprl.advantages._groups import (
     sorted_rows,
     top_two,
     transposed,
+    transposed_times,
     wrap_advantages,
     zero_where,
 )
@@ -86,7 +87,7 @@ def _maxnorm_columns(kind, rewards, tau_res, ddof, tau) -> Advantages:
     else:
         collapsed = shared.collapsed
     s = card.clamp_min(tau_res)  # [P]
-    values = transposed(dev.mul_(zero_where(torch.div(factor, s), collapsed)))  # [P, G]
+    values = transposed_times(dev, zero_where(torch.div(factor, s), collapsed))  # [P, G]
     bound = _floor_frac(card, tau_res, collapsed)
     return wrap_advantages(values, None, collapsed, s, zeroed=True, tau_res_bound_frac=bound)
 
