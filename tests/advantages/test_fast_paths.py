@@ -337,7 +337,7 @@ def test_exact_multiples_by_hand():
     assert _groups._exact_multiples(v.numpy(), 8).tolist() == want  # the host arrays' path
     v64 = [0.0, -0.0, 1.0, 0.5, 3.0, 0.75, 0.1, 1000.1, 1e-320, 2.0**-1000, -2.0]
     v64 = torch.tensor(v64, dtype=torch.float64)
-    want64 = want[:-3] + [False, False, True]  # 1e-320 subnormal, 2^-1000 below 2^-100
+    want64 = [*want[:-3], False, False, True]  # 1e-320 subnormal, 2^-1000 below 2^-100
     assert _groups._exact_multiples(v64, 8).tolist() == want64
     assert _groups._exact_multiples(v64.numpy(), 8).tolist() == want64
     assert _groups._exact_multiples(torch.tensor([1.0 + 2.0**-20]), 8).tolist() == [True]
