@@ -729,3 +729,47 @@ def test_extreme_rewards_take_the_host_paths_without_warnings(name):
     if name not in ("gdpo",):
         binned = advantages.compute(name, r, delta_res=1e-2)
         assert binned.keep.tolist() == [True, True, False]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_column_mean_is_the_rows_mean_bit_for_bit(dtype):
+    # torch's own mean(1) of contiguous rows, for every group size up to the sorting network's
+    # and batches of one row to many: uniform values of mixed scales (any other order of
+    # additions rounds differently), -0 rows, sums that overflow, tiny values
+    gen = torch.Generator().manual_seed(5)
+    bits = {torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
+    for g in range(1, _groups.SORT_NETWORK_MAX + 1):
+        for p in (1, 3, 1000):
+            r = torch.rand(p, g, generator=gen, dtype=torch.float64)
+            r = r * torch.tensor([1.0, 7.0, 1e4, 1e-3], dtype=torch.float64)[
+                torch.randint(0, 4, (p, g), generator=gen)
+            ]
+            r = r.to(dtype)
+            if p > 3:
+                r[0], r[1], r[2, ::2] = -0.0, torch.finfo(dtype).tiny, torch.finfo(dtype).max
+            got = _groups.column_mean(r.t().contiguous())
+            assert got is not None, (g, p)  # this machine's order is known
+            assert torch.equal(got.view(bits), r.mean(1).view(bits)), (g, p)
+    big = batch(131_072, 8, seed=3).to(dtype)
+    got = _groups.column_mean(big.t().contiguous())
+    assert torch.equal(got.view(bits), big.mean(1).view(bits))
+
+
+def test_column_mean_refuses_an_order_it_cannot_reproduce(monkeypatch):
+    # planted bug: a plain running sum over the columns is torch's order at G = 8 (width 8)
+    # but not at G = 12; the probe must see that and hand the caller None, never wrong floats
+    def running(cols, width):
+        total = np.zeros_like(cols[0])
+        for c in cols:
+            total += c
+        return total
+
+    _groups._summation_width.cache_clear()
+    monkeypatch.setattr(_groups, "_torch_order_sum", running)
+    try:
+        assert _groups._summation_width(torch.float32, 12) is None
+        assert _groups.column_mean(torch.rand(12, 50)) is None
+        assert _groups._summation_width(torch.float32, 3) is not None  # the same order there
+    finally:
+        _groups._summation_width.cache_clear()
+    assert _groups.column_mean(torch.rand(12, 50, dtype=torch.float16)) is None  # not handled

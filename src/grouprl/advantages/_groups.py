@@ -92,6 +92,103 @@ def group_mean(rewards: torch.Tensor, valid: torch.Tensor | None) -> torch.Tenso
     return rewards.nansum(dim=1) / group_count(valid, rewards).clamp_min(1).to(rewards.dtype)
 
 
+def column_mean(cols: torch.Tensor) -> torch.Tensor | None:
+    """``[P]``: ``rows.mean(1)`` of the contiguous ``[P, G]`` batch whose columns are ``cols
+    [G, P]`` (no NaN), the same floats, from G column passes; None where that order of
+    additions is not known here (the caller then takes the rows' mean).
+
+    [OURS] torch's CPU sum over a short contiguous row (ATen's ``SumKernel.cpp``,
+    ``cascade_sum``) adds in a fixed order that depends on its vector width W: for G >= W,
+    W lane sums of every W-th entry, then the G mod W tail and the lanes into a running sum
+    from 0; for G < W, four interleaved partial sums (entries k, k + 4, ...), the tail into
+    the first, then the four in turn; the mean is that sum divided by G.
+    :func:`_summation_width` finds W once per (dtype, G), by comparing with torch's own mean
+    on a probe batch. The rows' mean of ``[131072, 8]`` float32 takes ~4x the column passes.
+    """
+    g = cols.shape[0]
+    if not (cols.device.type == "cpu" and cols.dtype in _INT_OF and 1 <= g <= SORT_NETWORK_MAX):
+        return None
+    if cols.requires_grad:
+        return None
+    width = _summation_width(cols.dtype, g)
+    if width is None:
+        return None
+    c = cols.numpy()
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = _torch_order_sum(list(c), width)
+        return torch.from_numpy(np.divide(total, c.dtype.type(g), out=total))
+
+
+def _torch_order_sum(cols: list[np.ndarray], width: int) -> np.ndarray:
+    """``[P]`` the sum of G columns in the order of torch's CPU row sum at vector width
+    ``width`` (:func:`column_mean`), for fewer than 64 terms per partial sum (no cascade
+    levels); a new array.
+
+    [OURS] torch starts every partial sum from +0; a sum from +0 is never −0 and differs
+    from the same additions without the +0 only in the sign of a zero, so this adds the
+    terms alone and +0 once at the end: G passes in all."""
+    g = len(cols)
+    if g < width:
+        total = _ilp_sum(cols)
+    else:
+        m = g // width  # whole vectors: lane l sums entries l, l + W, ...; then the tail
+        total = _chain(
+            cols[m * width :] + [_ilp_sum(cols[lane::width][:m]) for lane in range(width)]
+        )
+    return np.add(
+        total, total.dtype.type(0.0), out=None if any(total is c for c in cols) else total
+    )
+
+
+def _ilp_sum(terms: list[np.ndarray]) -> np.ndarray:
+    """torch's ``row_sum`` of fewer than 64 terms, up to the sign of a zero: four partial
+    sums of the terms k, k + 4, ... (k < 4, whole strides of four), the rest into the first,
+    then the other three added to it in turn."""
+    whole = len(terms) // 4
+    if not whole:
+        return _chain(terms)
+    partial = [_chain(terms[k : 4 * whole : 4]) for k in range(4)]
+    return _chain([_chain([partial[0], *terms[4 * whole :]]), *partial[1:]])
+
+
+def _chain(terms: list[np.ndarray]) -> np.ndarray:
+    """``((t0 + t1) + t2) + ...``: a new array, or ``t0`` itself when it is the only term."""
+    if len(terms) == 1:
+        return terms[0]
+    out = np.add(terms[0], terms[1])
+    for t in terms[2:]:
+        out += t
+    return out
+
+
+@functools.cache
+def _summation_width(dtype: torch.dtype, g: int) -> int | None:
+    """The vector width (in elements) at which :func:`_torch_order_sum` reproduces torch's
+    ``mean(1)`` of contiguous ``[P, g]`` rows of ``dtype`` on this machine, or None.
+
+    [OURS] Tried at 32, 64 and 16 bytes (AVX2 and the default build, AVX-512, 128-bit
+    vectors) on rows whose sums round differently in any other order: uniform values of
+    mixed scales, −0 rows and overflowing ones."""
+    gen = torch.Generator().manual_seed(0)
+    cpu = torch.device("cpu")  # never the default device
+    scale = torch.tensor([1.0, 3.0, 1e3, 0.1], dtype=torch.float64, device=cpu)
+    probe = torch.rand(4096, g, generator=gen, dtype=torch.float64, device=cpu)
+    pick = torch.randint(0, 4, (4096, g), generator=gen, device=cpu)
+    probe = probe.mul_(scale[pick]).to(dtype)
+    big = torch.finfo(dtype).max / 2
+    probe[0], probe[1, ::2], probe[2] = -0.0, big, -big
+    bits = _INT_OF[dtype]
+    want = probe.mean(1).view(bits)
+    cols = list(probe.t().contiguous().numpy())
+    with np.errstate(over="ignore", invalid="ignore"):
+        for width_bytes in (32, 64, 16):
+            width = width_bytes // probe.element_size()
+            got = torch.from_numpy(_torch_order_sum(cols, width) / cols[0].dtype.type(g))
+            if torch.equal(got.view(bits), want):
+                return width
+    return None
+
+
 class Moments(NamedTuple):
     """Per-group statistics of the valid rewards, computed once and reused by estimators."""
 

@@ -15,6 +15,7 @@ import torch
 from grouprl.advantages._groups import (
     DEFAULT_TAU,
     SORT_NETWORK_MAX,
+    column_mean,
     column_range,
     dev_collapsed,
     group_mean,
@@ -65,19 +66,25 @@ def _maxnorm_columns(kind, rewards, tau_res, ddof, tau) -> Advantages:
     card, A = u·(factor/s_q)), so it runs on the transposed ``[G, P]`` batch, where a
     per-group ``[P]`` operand is a contiguous row (a ``[P, 1]`` operand broadcast over a
     short last dimension costs ~3x as much on CPU). The mean is the rows' own
-    ``rewards.mean(1)`` (a sum's rounding depends on its order), and the collapse flag comes
+    ``rewards.mean(1)`` floats (a sum's rounding depends on its order), summed on the columns
+    where :func:`~grouprl.advantages._groups.column_mean` knows torch's order, and the collapse flag comes
     from the range of the centred rewards (:func:`~grouprl.advantages._groups.dev_collapsed`)
     instead of σ_q, which nothing else here reads. Every group has G samples, so the RLOO
     factor G/(G − 1) is one number.
     """
     g = rewards.shape[1]
     shared = shared_statistics(rewards, None, ddof, tau)  # the trigger's moments, if any
-    mean = group_mean(rewards, None) if shared is None else shared.mean  # [P]
+    cols = transposed(rewards)  # [G, P]
+    mean = shared.mean if shared is not None else None  # [P]
+    if mean is None and rewards.is_contiguous():
+        mean = column_mean(cols)  # the rows' mean floats, from the columns
+    if mean is None:
+        mean = group_mean(rewards, None)
     if not bool(torch.isfinite(mean.sum())):  # an overflowing group sum: the general path
         m, dev, factor = _numerator(kind, rewards, None, ddof, tau)
         lo, hi = column_range(transposed(dev).unbind(0))
         return _divide_by_card(m, None, factor, torch.maximum(hi, -lo) * factor, tau_res)
-    dev = transposed(rewards).sub_(mean)  # [G, P] rewards − mean, the rows' floats
+    dev = cols.sub_(mean)  # [G, P] rewards − mean, the rows' floats
     lo, hi = torch.amin(dev, 0), torch.amax(dev, 0)  # [P] each (exact, any order)
     one = torch.full((1,), g, dtype=torch.long, device=rewards.device)
     factor = rloo_factor(one, rewards.dtype) if kind == "rloo" else torch.ones_like(mean[:1])
