@@ -740,11 +740,9 @@ def test_column_mean_is_the_rows_mean_bit_for_bit(dtype):
     bits = {torch.float32: torch.int32, torch.float64: torch.int64}[dtype]
     for g in range(1, _groups.SORT_NETWORK_MAX + 1):
         for p in (1, 3, 1000):
-            r = torch.rand(p, g, generator=gen, dtype=torch.float64)
-            r = r * torch.tensor([1.0, 7.0, 1e4, 1e-3], dtype=torch.float64)[
-                torch.randint(0, 4, (p, g), generator=gen)
-            ]
-            r = r.to(dtype)
+            scale = torch.tensor([1.0, 7.0, 1e4, 1e-3], dtype=torch.float64)
+            pick = torch.randint(0, 4, (p, g), generator=gen)
+            r = torch.rand(p, g, generator=gen, dtype=torch.float64).mul_(scale[pick]).to(dtype)
             if p > 3:
                 r[0], r[1], r[2, ::2] = -0.0, torch.finfo(dtype).tiny, torch.finfo(dtype).max
             got = _groups.column_mean(r.t().contiguous())
