@@ -771,3 +771,27 @@ def test_column_mean_refuses_an_order_it_cannot_reproduce(monkeypatch):
     finally:
         _groups._summation_width.cache_clear()
     assert _groups.column_mean(torch.rand(12, 50, dtype=torch.float16)) is None  # not handled
+
+
+@pytest.mark.parametrize("slice_groups", [1, 7, 64])
+@pytest.mark.parametrize("with_nan", [False, True])
+def test_resolution_in_slices_equals_the_sort(monkeypatch, slice_groups, with_nan):
+    # the column passes run the batch in slices of _SLICE groups (uneven last ones too):
+    # each group's bins are its own, so any slicing gives the sort's bits
+    monkeypatch.setattr(transforms, "_SLICE", slice_groups)
+    r = two_level_batch(8, torch.float32)
+    if with_nan:
+        r[torch.rand(r.shape, generator=torch.Generator().manual_seed(9)) < 0.1] = math.nan
+    valid = _groups.validate_rewards(r)
+    binned, keep = transforms.resolution(r, valid, 1e-2)
+    ref_binned, ref_keep = old_resolution(r, _groups.dense_valid(r, valid), 1e-2)
+    assert same(binned, ref_binned) and torch.equal(keep, ref_keep)
+    if not with_nan:  # the plain groups found in slices are those found in one pass
+        cols, keep = _groups.transposed(r).numpy(), np.zeros(r.shape[0], dtype=bool)
+        rest = transforms._two_level(cols, keep, 1e-2)
+        monkeypatch.setattr(transforms, "_SLICE", 1 << 20)
+        cols1, keep1 = _groups.transposed(r).numpy(), np.zeros(r.shape[0], dtype=bool)
+        rest1 = transforms._two_level(cols1, keep1, 1e-2)
+        plain = np.setdiff1d(np.arange(r.shape[0]), rest1)
+        assert np.array_equal(rest, rest1) and np.array_equal(keep[plain], keep1[plain])
+        assert np.array_equal(cols.view(np.int32), cols1.view(np.int32))
