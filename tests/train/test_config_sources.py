@@ -83,7 +83,13 @@ def test_print_config_prints_and_trains_nothing(tmp_path, capsys):
         ("optim.lr=fast", "optim.lr must be float"),
         ("model.warm_start=1", "model.warm_start must be bool"),
         ("optim.minibatches=two", "optim.minibatches must be int or None"),
-        ("optim.betas=0.9", "optim.betas must be a list"),
+        ("optim.betas=0.9", "optim.betas must be a list of 2 floats, got 0.9$"),
+        ("optim.betas=[0.9]", r"optim.betas must be a list of 2 floats, got \[0.9\]"),
+        (
+            "optim.recompute=mlp",
+            r"a list of str, got 'mlp'; .* list of one: optim.recompute=\[mlp\]",
+        ),
+        ("eval.ks=8", r"eval.ks must be a list of int, got 8; .* eval.ks=\[8\]"),
     ],
 )
 def test_types_are_checked_by_the_field_types(override, message):

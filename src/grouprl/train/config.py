@@ -838,6 +838,13 @@ def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) in (types.UnionType, typing.Union):
         return " or ".join(_type_name(a) for a in args)
     if typing.get_origin(tp) is tuple:
+        if args and Ellipsis not in args and len(set(args)) == 1:
+            name = _type_name(args[0])
+            return (
+                f"a list of {len(args)} {name}s"
+                if name.isidentifier()
+                else f"a list of {len(args)} ({name})"
+            )
         return f"a list of {_type_name(args[0])}" if args else "a list"
     return getattr(tp, "__name__", str(tp))
 
@@ -857,6 +864,9 @@ def _check_type(tp: Any, value: Any) -> bool:
     if tp in (bool, str):
         return isinstance(value, tp)
     if origin is tuple:
+        fixed = args and Ellipsis not in args  # a fixed-length tuple: (0.9, 0.999), not [0.9]
+        if fixed and isinstance(value, (list, tuple)) and len(value) != len(args):
+            return False
         items = [a for a in args if a is not Ellipsis]
         return isinstance(value, (list, tuple)) and all(
             _check_type(items[min(i, len(items) - 1)], v) for i, v in enumerate(value)
@@ -869,7 +879,12 @@ def _coerce(cls: type, f: Any, value: Any, section: str) -> Any:
     type, not its text); ints become floats where the field is a float, lists tuples."""
     tp = _field_types(cls)[f.name]
     if not _check_type(tp, value):
-        raise ConfigError(f"{section}.{f.name} must be {_type_name(tp)}, got {value!r}")
+        hint = ""
+        variadic = any(Ellipsis in typing.get_args(k) for k in (tp, *typing.get_args(tp)))
+        if variadic and not isinstance(value, (list, tuple, dict)) and _check_type(tp, [value]):
+            shown = str(value).lower() if isinstance(value, bool) else value
+            hint = f"; a single item is a list of one: {section}.{f.name}=[{shown}]"
+        raise ConfigError(f"{section}.{f.name} must be {_type_name(tp)}, got {value!r}{hint}")
     if value is None:
         return None
     union = typing.get_origin(tp) in (types.UnionType, typing.Union)
