@@ -795,3 +795,17 @@ def test_resolution_in_slices_equals_the_sort(monkeypatch, slice_groups, with_na
         plain = np.setdiff1d(np.arange(r.shape[0]), rest1)
         assert np.array_equal(rest, rest1) and np.array_equal(keep[plain], keep1[plain])
         assert np.array_equal(cols.view(np.int32), cols1.view(np.int32))
+
+
+def test_resolution_takes_the_plain_first_columns_up_to_the_network(monkeypatch):
+    # CPU float groups of 2 .. SORT_NETWORK_MAX without NaN take the two-level shortcut first;
+    # beyond the network, other dtypes and with NaN: the sort or the exact columns
+    seen = []
+    real = transforms._resolution_plain_first
+    monkeypatch.setattr(
+        transforms, "_resolution_plain_first", lambda r, d: seen.append(r.shape[1]) or real(r, d)
+    )
+    for g in (1, 2, _groups.SORT_NETWORK_MAX, _groups.SORT_NETWORK_MAX + 1):
+        transforms.resolution(torch.rand(5, g), None, 1e-2)
+    transforms.resolution(torch.rand(5, 8).to(torch.bfloat16), None, 1e-2)
+    assert seen == [2, _groups.SORT_NETWORK_MAX]
