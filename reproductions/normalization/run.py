@@ -302,23 +302,25 @@ def plot(payload: dict, data: dict):
     ]
     _sigma_cv_panel(ax[0, 3], cv_rows, data, cfg["log_every"] * step)
     ax[0, 3].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in shared))
-    ax[0, 3].set_title("CV over prompts of σ_x = √(J(1−J)), best lr", fontsize=9)
-    ax[0, 3].set_xlabel("rollouts"), ax[0, 3].legend(fontsize=7)
-    ax[1, 3].set_xscale("log", base=2), ax[1, 3].set_yscale("log")
-    ax[1, 3].set_title("tabular: rollouts to 80 % vs lr", fontsize=9)
-    ax[1, 3].set_xlabel("lr"), ax[1, 3].legend(fontsize=6)
+    _cv_and_lr_titles(ax, 3, "CV over prompts of σ_x = √(J(1−J)), best lr", "tabular")
     blocks = [r for r in payload["table"] if r["part"] == "blocks"]
     bcfg = payload["config"].get("blocks")
     if blocks:
         cv_rows = [r for r in blocks if r["method"] in ("reinforce", "grpo")]
         _sigma_cv_panel(ax[0, 4], cv_rows, data, bcfg["log_every"] * step)
         ax[0, 4].set_xlim(0, 3 * max(r["rollouts to 80%"]["mean"] for r in blocks))
-    ax[0, 4].set_title("blocks: CV over prompts of σ_x, best lr", fontsize=9)
-    ax[0, 4].set_xlabel("rollouts"), ax[0, 4].legend(fontsize=7)
-    ax[1, 4].set_xscale("log", base=2), ax[1, 4].set_yscale("log")
-    ax[1, 4].set_title("blocks: rollouts to 80 % vs lr", fontsize=9)
-    ax[1, 4].set_xlabel("lr"), ax[1, 4].legend(fontsize=6)
+    _cv_and_lr_titles(ax, 4, "blocks: CV over prompts of σ_x, best lr", "blocks")
     return fig
+
+
+def _cv_and_lr_titles(ax: Any, j: int, cv_title: str, part: str) -> None:
+    """Column ``j``'s titles, axes and legends: the σ_x CV panel above, the rollouts-to-80 %
+    against lr panel (log-log) below."""
+    ax[0, j].set_title(cv_title, fontsize=9)
+    ax[0, j].set_xlabel("rollouts"), ax[0, j].legend(fontsize=7)
+    ax[1, j].set_xscale("log", base=2), ax[1, j].set_yscale("log")
+    ax[1, j].set_title(f"{part}: rollouts to 80 % vs lr", fontsize=9)
+    ax[1, j].set_xlabel("lr"), ax[1, j].legend(fontsize=6)
 
 
 def _sigma_cv_panel(a: Any, rows: list[dict], data: dict, every: int) -> None:
