@@ -746,11 +746,18 @@ def test_column_mean_is_the_rows_mean_bit_for_bit(dtype):
             if p > 3:
                 r[0], r[1], r[2, ::2] = -0.0, torch.finfo(dtype).tiny, torch.finfo(dtype).max
             got = _groups.column_mean(r.t().contiguous())
-            assert got is not None, (g, p)  # this machine's order is known
+            if got is None:  # an order the probe could not reproduce: the caller's rows
+                assert torch.backends.cpu.get_cpu_capability() not in VERIFIED_ORDERS, (g, p)
+                continue
             assert torch.equal(got.view(bits), r.mean(1).view(bits)), (g, p)
     big = batch(131_072, 8, seed=3).to(dtype)
     got = _groups.column_mean(big.t().contiguous())
-    assert torch.equal(got.view(bits), big.mean(1).view(bits))
+    assert got is None or torch.equal(got.view(bits), big.mean(1).view(bits))
+
+
+VERIFIED_ORDERS = ("AVX2", "DEFAULT")
+"""torch CPU capabilities on which column_mean's order was checked for every G <= 32 (the
+other ones, AVX-512 among them, rely on the probe: a width that reproduces torch or None)."""
 
 
 def test_column_mean_refuses_an_order_it_cannot_reproduce(monkeypatch):
