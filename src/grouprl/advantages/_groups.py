@@ -257,12 +257,19 @@ def _memo_key(rewards: torch.Tensor, valid: torch.Tensor | None, ddof: int, tau:
     (an in-place change moves a version on), and the parameters."""
     return (
         id(rewards),
-        rewards._version,
+        _version(rewards),
         id(valid),
-        valid is not None and valid._version,
+        valid is not None and _version(valid),
         ddof,
         tau,
     )
+
+
+def _version(x: torch.Tensor) -> int:
+    """``x._version``, which an in-place change moves on; -1 for a tensor made under
+    ``torch.inference_mode`` (it keeps no version counter; inside one estimator call nothing
+    changes it in place)."""
+    return -1 if x.is_inference() else x._version
 
 
 def _centred(rewards: torch.Tensor, valid: torch.Tensor | None, mean: torch.Tensor) -> torch.Tensor:
@@ -683,7 +690,7 @@ def hand_columns(x: torch.Tensor, make: Callable[[], torch.Tensor]) -> None:
     """
     memo = _MEMO.get()
     if memo is not None:
-        memo[("columns", id(x), x._version)] = (x, make)  # x kept alive: its id stays its own
+        memo[("columns", id(x), _version(x))] = (x, make)  # x kept alive: its id stays its own
 
 
 def transposed(x: torch.Tensor) -> torch.Tensor:
@@ -699,7 +706,7 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
     """
     memo = _MEMO.get()
     if memo is not None:
-        handed = memo.pop(("columns", id(x), x._version), None)
+        handed = memo.pop(("columns", id(x), _version(x)), None)
         if handed is not None:
             return handed[1]()
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad:
