@@ -90,6 +90,19 @@ def test_dispersion_ignores_nan():
         assert out[1] == 0.0
 
 
+def test_dispersion_of_a_broadcast_batch_is_its_copys():
+    # one reward per prompt broadcast over its group (stride 0 along the samples): torch's
+    # CPU nanmedian of such a view returns values that are not in it; the lower median reads
+    # a row-major copy; every group is constant, so its median deviation and IQR are 0
+    r = torch.rand(50, 1, generator=torch.Generator().manual_seed(4)).expand(50, 8)
+    for mode in ("std", "mad", "iqr"):
+        for median in ("lower", "mean_of_middle"):
+            got = agpo.dispersion(r, mode, median=median)
+            assert torch.equal(got, agpo.dispersion(r.contiguous(), mode, median=median))
+            if mode != "std":  # (σ from the rounded mean: a few 1e-8)
+                assert torch.equal(got, torch.zeros(50))
+
+
 def test_skewness_hand_values():
     # [1, 0, 0, 0]: mean .25, deviations .75, -.25 ×3; m2 = .75/4 = .1875,
     # m3 = (.421875 - 3·.015625)/4 = .09375; g1 = m3/m2^1.5 = 1.1547;

@@ -453,6 +453,13 @@ def _weighted(values: torch.Tensor, group_weight: Any, stats: dict[str, float]) 
     return values * gw.to(values.dtype)[:, None]
 
 
+def _row_major(x: Any) -> Any:
+    """A reward tensor in row-major memory (itself when it already is): a row's sum, and so
+    every statistic, then adds in one order whatever view the caller passed ([OURS]: a
+    transposed or sliced view would otherwise round differently, by an ulp here and there)."""
+    return x.contiguous() if isinstance(x, torch.Tensor) else x
+
+
 def _constant(rewards: Any) -> Any:
     """The rewards as constants of the loss (stop-gradient, ALGORITHMS.md §1): no gradient
     reaches them, and the estimators may work in place on what they were given. Detached only
@@ -541,6 +548,8 @@ def compute(
         **params: the estimator's own parameters (``eps``, ``ddof``, ``tau``, ``tau_res``...).
     """
     fn = _estimator(name)
+    rewards, verifier_rewards = _row_major(rewards), _row_major(verifier_rewards)
+    lengths = _row_major(lengths)
     rewards, level, how = _combined(name, rewards, combine, reward_weights, combine_params)
     rewards = _constant(rewards)
     r_lo, r_hi = _check_transforms(focal_gamma, delta_res, virtual, reward_range)

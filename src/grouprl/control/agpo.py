@@ -97,9 +97,11 @@ def _std(rewards: torch.Tensor, valid: torch.Tensor, ddof: int) -> tuple[torch.T
 
 
 def _median(x: torch.Tensor, median: str) -> torch.Tensor:
-    """``[P]`` NaN-ignoring median along dim 1 (an all-NaN row gives NaN)."""
+    """``[P]`` NaN-ignoring median along dim 1 (an all-NaN row gives NaN). [OURS] The lower
+    median reads a row-major copy: torch 2.13's CPU ``nanmedian`` of a broadcast (stride-0)
+    batch returns values that are not in it."""
     if median == "lower":
-        return torch.nanmedian(x, dim=1).values
+        return torch.nanmedian(x.contiguous(), dim=1).values
     return torch.nanquantile(x, 0.5, dim=1)
 
 
