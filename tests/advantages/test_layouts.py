@@ -65,3 +65,28 @@ def test_a_broadcast_row_is_read_not_written():
         want = advantages.compute(name, r.contiguous(), delta_res=1e-2)
         assert torch.equal(out.values, want.values)
     assert row.tolist() == [[0.0, 1.0, 0.25, 1.0]]
+
+
+@pytest.mark.parametrize("name", list(advantages.TOKEN_ESTIMATORS))
+def test_token_tensors_as_views_give_the_bits_of_their_copies(name):
+    gen = torch.Generator().manual_seed(14)
+    r = torch.rand(6, 4, generator=gen)
+    mask = torch.rand(6, 4, 5, generator=gen) < 0.8
+    mask[..., 0] = True
+    kw = {"token_rewards": torch.rand(6, 4, 5, generator=gen) * 0.1}
+    if "optimal" in name:
+        kw = {
+            "old_logp": -torch.rand(6, 4, 5, generator=gen),
+            "sum_pi_squared": torch.rand(6, 4, 5),
+        }
+
+    def view(x):  # the same values in reversed-dimension memory
+        dims = tuple(range(x.dim()))[::-1]
+        return x.permute(dims).contiguous().permute(dims)
+
+    want = advantages.compute_tokens(name, r, mask, **kw)
+    got = advantages.compute_tokens(
+        name, view(r), view(mask), **{k: view(v) for k, v in kw.items()}
+    )
+    assert torch.equal(got.token_values.view(torch.int32), want.token_values.view(torch.int32))
+    assert torch.equal(got.values.view(torch.int32), want.values.view(torch.int32))

@@ -727,6 +727,9 @@ def compute_tokens(
     fn_tok = TOKEN_ESTIMATORS.get(name)
     if fn_tok is None:
         _estimator(name)  # the usual error for an unknown name
+    rewards, mask, token_rewards = _row_major(rewards), _row_major(mask), _row_major(token_rewards)
+    old_logp, sum_pi_squared = _row_major(old_logp), _row_major(sum_pi_squared)
+    is_weights = _row_major(is_weights)
     combined, _, how = _combined(name, rewards, combine, reward_weights, combine_params)
     valid = validate_rewards(combined)
     p, g = combined.shape
