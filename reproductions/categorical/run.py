@@ -282,6 +282,9 @@ def readme_block(payload: dict) -> str:
         f"{C.checks_block(payload['checks'])}\n\n"
         f"({len(payload['seeds'])} seeds; |A| = {cfg['n_actions']:,}, {cfg['steps']} steps; "
         f"{payload['seconds']:.0f} s wall on {payload.get('threads', 1)} thread(s), shared machine"
+        + "".join(
+            f", then --add {k} {v:.0f} s" for k, v in payload.get("seconds_added", {}).items()
+        )
         + (f"; parts not run: {', '.join(not_run)}" if not_run else "")
         + ")"
     )
