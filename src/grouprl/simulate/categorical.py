@@ -464,7 +464,9 @@ def fig2_claims(cfg: CategoricalConfig, lr: float, curves: dict[int, dict]) -> l
             "small_n_slow_gain_and_retains" + at,
             n_min != ns[0] and _above(*dq) and _above(*lo),
             f"N={ns[0]} vs N={n_min}: Q_pos gain lower by {dq[0]:.4f} ± {dq[1]:.2g}, M_ret higher "
-            f"by {lo[0]:+.4f} ± {lo[1]:.2g}",
+            f"by {lo[0]:+.4f} ± {lo[1]:.2g}"
+            if n_min != ns[0]
+            else f"the lowest M_ret(T) is at the smallest N={ns[0]} itself: no regime I below it",
         ),
         Claim(
             "largest_n_keeps_m_ret_throughout" + at,
