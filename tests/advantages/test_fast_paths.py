@@ -816,3 +816,16 @@ def test_resolution_takes_the_plain_first_columns_up_to_the_network(monkeypatch)
         transforms.resolution(torch.rand(5, g), None, 1e-2)
     transforms.resolution(torch.rand(5, 8).to(torch.bfloat16), None, 1e-2)
     assert seen == [2, _groups.SORT_NETWORK_MAX]
+
+
+def test_resolution_of_rewards_that_carry_a_graph_is_the_constants_binning():
+    # numpy cannot hold a tensor with a graph: such rewards take the sort, the same bins
+    r = two_level_batch(8, torch.float32)
+    binned, keep = transforms.resolution(r.clone().requires_grad_(), None, 1e-2)
+    want, want_keep = transforms.resolution(r, None, 1e-2)
+    assert torch.equal(binned.detach().view(torch.int32), want.view(torch.int32))
+    assert torch.equal(keep, want_keep)
+    cols = r.t().contiguous().requires_grad_()
+    assert _groups.column_mean(cols) is None  # the caller takes the rows' mean
+    got = _groups.transposed_times(cols, torch.full((r.shape[0],), 2.0))
+    assert torch.equal(got.detach(), (r * 2.0))

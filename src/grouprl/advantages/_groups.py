@@ -106,9 +106,7 @@ def column_mean(cols: torch.Tensor) -> torch.Tensor | None:
     on a probe batch. The rows' mean of ``[131072, 8]`` float32 takes ~4x the column passes.
     """
     g = cols.shape[0]
-    if not (cols.device.type == "cpu" and cols.dtype in _INT_OF and 1 <= g <= SORT_NETWORK_MAX):
-        return None
-    if cols.requires_grad:
+    if not (numpy_floats(cols) and 1 <= g <= SORT_NETWORK_MAX):
         return None
     width = _summation_width(cols.dtype, g)
     if width is None:
@@ -389,7 +387,7 @@ def _exact_multiples(v, g: int):
     ``v``: a tensor or its :func:`host` array; the result is of the same kind."""
     low = (1 << max(0, (g - 1).bit_length())) - 1
     if isinstance(v, np.ndarray):
-        bits = {4: np.int32, 8: np.int64}.get(v.itemsize) if v.dtype.kind == "f" else None
+        bits = _NP_INT_OF.get(v.dtype)
         a = np.abs(v)
     else:
         bits = _INT_OF.get(v.dtype)
@@ -632,6 +630,15 @@ def sort_columns(
 _INT_OF = {torch.float32: torch.int32, torch.float64: torch.int64}
 """The integer type with a float type's width: its bit patterns, for exact masked selects."""
 
+_NP_INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+""":data:`_INT_OF` for numpy arrays."""
+
+
+def numpy_floats(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a CPU float32/float64 tensor outside autograd: memory the column
+    passes work in through numpy (``x.numpy()``, the same IEEE operations)."""
+    return x.device.type == "cpu" and x.dtype in _INT_OF and not x.requires_grad
+
 
 def select(cond: torch.Tensor, a: torch.Tensor | float, b: torch.Tensor | float) -> torch.Tensor:
     """``torch.where(cond, a, b)``, the same bits. [OURS] For same-shape float32/float64 CPU
@@ -709,7 +716,7 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
         handed = memo.pop(("columns", id(x), _version(x)), None)
         if handed is not None:
             return handed[1]()
-    if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64) or x.requires_grad:
+    if not numpy_floats(x):
         return x.t().clone(memory_format=torch.contiguous_format)
     a = x.numpy()
     rows, g = a.shape
@@ -733,9 +740,7 @@ def transposed_times(cols: torch.Tensor, factor: torch.Tensor | None) -> torch.T
     [OURS] On CPU each column's products are written straight to their row-major places
     (one strided numpy pass per column): a multiply and then :func:`transposed` take ~1.4x
     as long at P = 131,072, G = 8."""
-    if not (cols.device.type == "cpu" and cols.dtype in (torch.float32, torch.float64)):
-        return transposed(cols if factor is None else cols * factor)
-    if cols.requires_grad or (factor is not None and factor.requires_grad):
+    if not numpy_floats(cols) or (factor is not None and factor.requires_grad):
         return transposed(cols if factor is None else cols * factor)
     g, p = cols.shape
     out = torch.empty((p, g), dtype=cols.dtype, device=cols.device)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from grouprl.advantages._groups import (
-    _INT_OF,
+    _NP_INT_OF,
     DEFAULT_TAU,
     SORT_NETWORK_MAX,
     dense_valid,
@@ -22,6 +22,7 @@ from grouprl.advantages._groups import (
     group_moments,
     hand_columns,
     merge_network,
+    numpy_floats,
     transposed,
 )
 
@@ -49,7 +50,7 @@ def resolution(
     group size and path). CPU float32/float64 groups of up to ``SORT_NETWORK_MAX`` samples:
     :func:`_resolution_columns`; other groups, dtypes and devices: ``torch.sort`` of the rows.
     """
-    if rewards.shape[1] <= SORT_NETWORK_MAX and _on_numpy(rewards):
+    if rewards.shape[1] <= SORT_NETWORK_MAX and numpy_floats(rewards):
         return _resolution_columns(rewards, valid, delta_res)
     valid = dense_valid(rewards, valid)
     p, g = rewards.shape
@@ -71,11 +72,6 @@ def resolution(
     n_bins = (bin_id * sorted_valid).amax(dim=1) + 1  # [P]
     keep = (n_bins > 1) & (valid.sum(dim=1) > 1)
     return binned, keep
-
-
-def _on_numpy(x: torch.Tensor) -> bool:
-    """Whether ``x`` is a CPU float32/float64 tensor outside autograd: memory numpy can work in."""
-    return x.device.type == "cpu" and x.dtype in _INT_OF and not x.requires_grad
 
 
 def _resolution_columns(
@@ -176,9 +172,6 @@ def _two_level_slice(
 
 _HUGE = 2.0**100
 """Rewards beyond ±this take :func:`_resolution_exact`: up to G times them stays finite."""
-
-_NP_INT_OF = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
-"""The numpy integer type with a float type's width: its bit patterns, for masked selects."""
 
 
 def _resolution_exact(
